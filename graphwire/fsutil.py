@@ -1,0 +1,103 @@
+"""Atomic file output and checksums, shared by every writer in graphwire.
+
+Nothing graphwire writes is ever seen half-written: a file goes to a temporary
+name beside its target and is renamed into place; a folder is filled under a
+temporary name and renamed as a whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "atomic_dir",
+    "atomic_file",
+    "save_npy",
+    "sha256_file",
+    "write_json",
+]
+
+
+@contextmanager
+def atomic_dir(
+    target: str | os.PathLike[str], overwrite: bool = False
+) -> Iterator[Path]:
+    """Yield a temporary folder that becomes ``target`` when the block succeeds.
+
+    On any exception the temporary folder is removed and ``target`` is untouched.
+    With ``overwrite`` an existing ``target`` is replaced; without it, it is an error.
+    """
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise FileExistsError(
+            f"{target}: already exists (pass overwrite to replace it)"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(
+        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    )
+    try:
+        yield tmp
+        if target.exists():
+            trash = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, trash)
+            os.replace(tmp, target)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def atomic_file(target: str | os.PathLike[str], mode: str = "w") -> Iterator[Any]:
+    """Open a temporary file beside ``target``; rename it into place on success."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+    )
+    os.close(fd)
+    try:
+        with open(tmp_name, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file, read in chunks (constant memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_npy(folder: Path, name: str, array: np.ndarray) -> str:
+    """Write ``folder/name.npy`` and return its SHA-256 (for ``meta.json``)."""
+    path = folder / f"{name}.npy"
+    np.save(path, np.ascontiguousarray(array), allow_pickle=False)
+    return sha256_file(path)
+
+
+def write_json(path: str | os.PathLike[str], payload: Any) -> None:
+    """Write JSON atomically, pretty-printed with sorted keys."""
+    with atomic_file(path) as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.write("\n")

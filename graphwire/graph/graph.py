@@ -1,0 +1,407 @@
+"""The `Graph`: an immutable CSR of in-edges plus node data.
+
+Row ``v`` of the CSR lists the sources of the edges that end at ``v``
+(``indices[indptr[v]:indptr[v + 1]]``), so aggregating messages into a node is a
+row-wise reduction. This is the layout DGL calls "in-CSR" and PyG gets from
+``SparseTensor(row=dst, col=src)``.
+
+Shapes (N nodes, E edges, F features):
+    indptr    int64 [N + 1]
+    indices   int64 [E]        source node of each in-edge
+    x         float32 [N, F]   optional
+    y         int64 [N]        optional, class labels
+    train_idx, val_idx, test_idx   int64 [*]  optional node-index splits
+
+Everything is a ``torch.Tensor``; arrays that came from ``np.load(mmap_mode="r")``
+stay memory-mapped (``torch.from_numpy`` shares their memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Graph", "GraphError"]
+
+
+class GraphError(ValueError):
+    """A graph or its node data is malformed (wrong dtype, shape or index range)."""
+
+
+def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        tensor = value
+    else:
+        array = np.asarray(value)
+        if not array.flags.writeable:
+            # Read-only (memory-mapped) arrays are shared as they are; torch warns
+            # about non-writable memory, but Graph never writes into its arrays.
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                tensor = torch.from_numpy(array)
+        else:
+            tensor = torch.from_numpy(array)
+    if tensor.dtype != dtype:
+        if not dtype.is_floating_point and (
+            tensor.dtype.is_floating_point or tensor.dtype == torch.bool
+        ):
+            raise GraphError(f"{name}: expected an integer dtype, found {tensor.dtype}")
+        tensor = tensor.to(dtype)
+    return tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A directed graph stored as CSR over in-edges, with node data.
+
+    Build one with :meth:`from_edge_index`, :meth:`from_scipy`, :meth:`from_pyg`
+    or :meth:`from_dgl`; the plain constructor takes a ready CSR and validates it.
+    """
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+    train_idx: torch.Tensor | None = None
+    val_idx: torch.Tensor | None = None
+    test_idx: torch.Tensor | None = None
+    name: str = "graph"
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "indptr", _as_tensor(self.indptr, torch.int64, "indptr"))
+        set_(self, "indices", _as_tensor(self.indices, torch.int64, "indices"))
+        if self.indptr.dim() != 1 or self.indptr.numel() < 1:
+            raise GraphError(
+                f"indptr: expected a 1-D array of length num_nodes + 1, "
+                f"found shape {tuple(self.indptr.shape)}"
+            )
+        if self.indices.dim() != 1:
+            raise GraphError(
+                f"indices: expected a 1-D array, found shape "
+                f"{tuple(self.indices.shape)}"
+            )
+        num_nodes = self.indptr.numel() - 1
+        if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.indices.numel():
+            raise GraphError(
+                f"indptr: must start at 0 and end at len(indices)="
+                f"{self.indices.numel()}, found {int(self.indptr[0])}..."
+                f"{int(self.indptr[-1])}"
+            )
+        if num_nodes > 0 and bool((self.indptr[1:] < self.indptr[:-1]).any()):
+            raise GraphError("indptr: must be non-decreasing")
+        if self.indices.numel() > 0:
+            low, high = int(self.indices.min()), int(self.indices.max())
+            if low < 0 or high >= num_nodes:
+                raise GraphError(
+                    f"indices: node IDs must lie in [0, {num_nodes}), "
+                    f"found range [{low}, {high}]"
+                )
+        if self.x is not None:
+            x = self.x
+            if not isinstance(x, torch.Tensor):
+                x = _as_tensor(x, torch.float32, "x")
+            if not x.dtype.is_floating_point:
+                raise GraphError(
+                    f"x: expected floating-point features, found {x.dtype}"
+                )
+            if x.dtype != torch.float32:
+                x = x.to(torch.float32)
+            if x.dim() != 2 or x.shape[0] != num_nodes:
+                raise GraphError(
+                    f"x: expected shape [num_nodes={num_nodes}, F], "
+                    f"found {tuple(x.shape)}"
+                )
+            set_(self, "x", x)
+        if self.y is not None:
+            y = _as_tensor(self.y, torch.int64, "y")
+            if y.dim() != 1 or y.shape[0] != num_nodes:
+                raise GraphError(
+                    f"y: expected shape [num_nodes={num_nodes}], found {tuple(y.shape)}"
+                )
+            if y.numel() and int(y.min()) < -1:
+                raise GraphError("y: labels must be >= 0 (or -1 for unlabelled)")
+            set_(self, "y", y)
+        for split in ("train_idx", "val_idx", "test_idx"):
+            value = getattr(self, split)
+            if value is None:
+                continue
+            idx = _as_tensor(value, torch.int64, split)
+            if idx.dim() != 1:
+                raise GraphError(
+                    f"{split}: expected a 1-D index array, found {tuple(idx.shape)}"
+                )
+            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= num_nodes):
+                raise GraphError(
+                    f"{split}: node IDs must lie in [0, {num_nodes}), found range "
+                    f"[{int(idx.min())}, {int(idx.max())}]"
+                )
+            set_(self, split, idx)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_nodes(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.indices.numel()
+
+    @property
+    def num_features(self) -> int:
+        return 0 if self.x is None else int(self.x.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        if self.y is None or self.y.numel() == 0:
+            return 0
+        return int(self.y.max()) + 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Graph(name={self.name!r}, num_nodes={self.num_nodes}, "
+            f"num_edges={self.num_edges}, num_features={self.num_features}, "
+            f"num_classes={self.num_classes})"
+        )
+
+    # ----------------------------------------------------------- constructors
+    @classmethod
+    def from_edge_index(
+        cls,
+        src: Any,
+        dst: Any,
+        num_nodes: int | None = None,
+        **node_data: Any,
+    ) -> Graph:
+        """Build from parallel source/destination arrays (edge ``src[k] -> dst[k]``).
+
+        Edges keep their input order within each destination row (stable sort).
+        Duplicates and self-loops are kept; see :meth:`deduplicate`.
+        """
+        src_np = np.asarray(src.numpy() if isinstance(src, torch.Tensor) else src)
+        dst_np = np.asarray(dst.numpy() if isinstance(dst, torch.Tensor) else dst)
+        if src_np.shape != dst_np.shape or src_np.ndim != 1:
+            raise GraphError(
+                f"edge index: src and dst must be 1-D arrays of equal length, "
+                f"found shapes {src_np.shape} and {dst_np.shape}"
+            )
+        for label, arr in (("src", src_np), ("dst", dst_np)):
+            if arr.size and not np.issubdtype(arr.dtype, np.integer):
+                raise GraphError(
+                    f"edge index: {label} must be integers, found {arr.dtype}"
+                )
+        src_np = src_np.astype(np.int64, copy=False)
+        dst_np = dst_np.astype(np.int64, copy=False)
+        if num_nodes is None:
+            num_nodes = int(max(src_np.max(initial=-1), dst_np.max(initial=-1))) + 1
+        if src_np.size:
+            low = int(min(src_np.min(), dst_np.min()))
+            high = int(max(src_np.max(), dst_np.max()))
+            if low < 0 or high >= num_nodes:
+                raise GraphError(
+                    f"edge index: node IDs must lie in [0, {num_nodes}), "
+                    f"found range [{low}, {high}]"
+                )
+        indptr, indices = _csr_from_coo(src_np, dst_np, num_nodes)
+        return cls(indptr=indptr, indices=indices, **node_data)
+
+    @classmethod
+    def from_scipy(cls, matrix: Any, **node_data: Any) -> Graph:
+        """Build from a square scipy sparse adjacency ``A`` with ``A[src, dst] != 0``."""
+        import scipy.sparse as sp
+
+        if not sp.issparse(matrix) or matrix.shape[0] != matrix.shape[1]:
+            raise GraphError(
+                f"scipy matrix: expected a square sparse matrix, found "
+                f"{type(matrix).__name__} of shape {getattr(matrix, 'shape', None)}"
+            )
+        in_csr = sp.csr_matrix(matrix.T)  # row = dst
+        in_csr.sort_indices()
+        return cls(
+            indptr=in_csr.indptr.astype(np.int64),
+            indices=in_csr.indices.astype(np.int64),
+            **node_data,
+        )
+
+    @classmethod
+    def from_pyg(cls, data: Any) -> Graph:
+        """Build from a ``torch_geometric.data.Data`` (needs PyG only to make one)."""
+        edge_index = data.edge_index
+        node_data: dict[str, Any] = {}
+        if getattr(data, "x", None) is not None:
+            node_data["x"] = data.x
+        if getattr(data, "y", None) is not None:
+            node_data["y"] = data.y.view(-1)
+        for mask_name, split in (
+            ("train_mask", "train_idx"),
+            ("val_mask", "val_idx"),
+            ("test_mask", "test_idx"),
+        ):
+            mask = getattr(data, mask_name, None)
+            if mask is not None:
+                node_data[split] = mask.nonzero().view(-1)
+        return cls.from_edge_index(
+            edge_index[0], edge_index[1], num_nodes=int(data.num_nodes), **node_data
+        )
+
+    @classmethod
+    def from_dgl(cls, graph: Any) -> Graph:
+        """Build from a homogeneous ``dgl.DGLGraph`` (needs DGL only to make one)."""
+        src, dst = graph.edges()
+        ndata = graph.ndata
+        node_data: dict[str, Any] = {}
+        for key, target in (("feat", "x"), ("label", "y")):
+            if key in ndata:
+                node_data[target] = ndata[key]
+        for key, split in (
+            ("train_mask", "train_idx"),
+            ("val_mask", "val_idx"),
+            ("test_mask", "test_idx"),
+        ):
+            if key in ndata:
+                node_data[split] = ndata[key].nonzero().view(-1)
+        return cls.from_edge_index(
+            src, dst, num_nodes=int(graph.num_nodes()), **node_data
+        )
+
+    # -------------------------------------------------------------- accessors
+    def edge_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(src, dst)``, int64 [E] each, in CSR order."""
+        return self.indices, self.dst_of_edges
+
+    @cached_property
+    def dst_of_edges(self) -> torch.Tensor:
+        """int64 [E]: the destination of every CSR entry."""
+        return torch.repeat_interleave(
+            torch.arange(self.num_nodes, dtype=torch.int64), self.in_degrees()
+        )
+
+    def in_degrees(self) -> torch.Tensor:
+        """int64 [N]: number of in-edges of each node."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    @cached_property
+    def _out_degrees(self) -> torch.Tensor:
+        return torch.bincount(self.indices, minlength=self.num_nodes)
+
+    def out_degrees(self) -> torch.Tensor:
+        """int64 [N]: number of out-edges of each node."""
+        return self._out_degrees
+
+    def to_scipy(self) -> Any:
+        """The in-adjacency as ``scipy.sparse.csr_matrix`` [N, N] (row = dst)."""
+        import scipy.sparse as sp
+
+        data = np.ones(self.num_edges, dtype=np.float32)
+        return sp.csr_matrix(
+            (data, self.indices.numpy(), self.indptr.numpy()),
+            shape=(self.num_nodes, self.num_nodes),
+        )
+
+    def replace(self, **changes: Any) -> Graph:
+        """A copy with some fields replaced (structure or node data)."""
+        return dataclasses.replace(self, **changes)
+
+    def node_data(self) -> dict[str, Any]:
+        return {
+            "x": self.x,
+            "y": self.y,
+            "train_idx": self.train_idx,
+            "val_idx": self.val_idx,
+            "test_idx": self.test_idx,
+            "name": self.name,
+        }
+
+    # ----------------------------------------------------- structural helpers
+    def _rebuild(self, src: np.ndarray, dst: np.ndarray) -> Graph:
+        indptr, indices = _csr_from_coo(src, dst, self.num_nodes)
+        return Graph(indptr=indptr, indices=indices, **self.node_data())
+
+    def _coo(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.indices.numpy(), self.dst_of_edges.numpy()
+
+    @cached_property
+    def reverse(self) -> Graph:
+        """The graph with every edge flipped (CSR of out-edges of this one)."""
+        src, dst = self._coo()
+        return self._rebuild(dst, src)
+
+    @cached_property
+    def symmetric(self) -> Graph:
+        """``u -> v`` and ``v -> u`` for every edge, without duplicates."""
+        src, dst = self._coo()
+        return self._rebuild(
+            np.concatenate([src, dst]), np.concatenate([dst, src])
+        ).deduplicate()
+
+    def symmetrize(self) -> Graph:
+        return self.symmetric
+
+    def deduplicate(self) -> Graph:
+        """Drop repeated edges; each row's sources come out sorted."""
+        src, dst = self._coo()
+        key = dst * np.int64(self.num_nodes) + src
+        key = np.unique(key)
+        return self._rebuild(key % self.num_nodes, key // self.num_nodes)
+
+    def remove_self_loops(self) -> Graph:
+        src, dst = self._coo()
+        keep = src != dst
+        if keep.all():
+            return self
+        return self._rebuild(src[keep], dst[keep])
+
+    def add_self_loops(self) -> Graph:
+        """Add one ``v -> v`` edge to every node (existing self-loops removed first)."""
+        base = self.remove_self_loops()
+        src, dst = base._coo()
+        loops = np.arange(self.num_nodes, dtype=np.int64)
+        return self._rebuild(np.concatenate([src, loops]), np.concatenate([dst, loops]))
+
+    @cached_property
+    def gcn_norm(self) -> torch.Tensor:
+        """float32 [E]: GCN edge weights ``1 / sqrt(deg_out(src) * deg_in(dst))``.
+
+        Degrees are taken of this graph as it is (add self-loops first for the
+        Kipf & Welling ``D^-1/2 (A + I) D^-1/2``); zero degrees count as one.
+        """
+        in_deg = self.in_degrees().clamp(min=1).to(torch.float32)
+        out_deg = self.out_degrees().clamp(min=1).to(torch.float32)
+        src, dst = self.edge_index()
+        return (out_deg[src] * in_deg[dst]).rsqrt()
+
+    def subgraph_in_edges(
+        self, nodes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """CSR rows of ``nodes``: returns ``(indptr [k + 1], sources [*])`` in global IDs."""
+        counts = self.in_degrees()[nodes]
+        indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=indptr[1:])
+        starts = self.indptr[nodes]
+        offsets = torch.arange(
+            int(indptr[-1]), dtype=torch.int64
+        ) - torch.repeat_interleave(indptr[:-1], counts)
+        sources = self.indices[torch.repeat_interleave(starts, counts) + offsets]
+        return indptr, sources
+
+
+def _csr_from_coo(
+    src: np.ndarray, dst: np.ndarray, num_nodes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sort edges by destination (stable) into CSR ``(indptr, indices)``."""
+    counts = np.bincount(dst, minlength=num_nodes).astype(np.int64)
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    if dst.size and np.all(dst[1:] >= dst[:-1]):
+        indices = np.ascontiguousarray(src, dtype=np.int64)
+    else:
+        order = np.argsort(dst, kind="stable")
+        indices = src[order].astype(np.int64, copy=False)
+    return indptr, indices
