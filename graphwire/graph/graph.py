@@ -210,11 +210,15 @@ class Graph:
                     f"found range [{low}, {high}]"
                 )
         indptr, indices = _csr_from_coo(src_np, dst_np, num_nodes)
-        return cls(indptr=indptr, indices=indices, **node_data)
+        return cls(
+            indptr=torch.from_numpy(indptr),
+            indices=torch.from_numpy(indices),
+            **node_data,
+        )
 
     @classmethod
     def from_scipy(cls, matrix: Any, **node_data: Any) -> Graph:
-        """Build from a square scipy sparse adjacency ``A`` with ``A[src, dst] != 0``."""
+        """Build from a square scipy sparse adjacency ``A`` (``A[src, dst] != 0``)."""
         import scipy.sparse as sp
 
         if not sp.issparse(matrix) or matrix.shape[0] != matrix.shape[1]:
@@ -225,8 +229,8 @@ class Graph:
         in_csr = sp.csr_matrix(matrix.T)  # row = dst
         in_csr.sort_indices()
         return cls(
-            indptr=in_csr.indptr.astype(np.int64),
-            indices=in_csr.indices.astype(np.int64),
+            indptr=torch.from_numpy(in_csr.indptr.astype(np.int64)),
+            indices=torch.from_numpy(in_csr.indices.astype(np.int64)),
             **node_data,
         )
 
@@ -322,7 +326,11 @@ class Graph:
     # ----------------------------------------------------- structural helpers
     def _rebuild(self, src: np.ndarray, dst: np.ndarray) -> Graph:
         indptr, indices = _csr_from_coo(src, dst, self.num_nodes)
-        return Graph(indptr=indptr, indices=indices, **self.node_data())
+        return Graph(
+            indptr=torch.from_numpy(indptr),
+            indices=torch.from_numpy(indices),
+            **self.node_data(),
+        )
 
     def _coo(self) -> tuple[np.ndarray, np.ndarray]:
         return self.indices.numpy(), self.dst_of_edges.numpy()
@@ -380,7 +388,7 @@ class Graph:
     def subgraph_in_edges(
         self, nodes: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """CSR rows of ``nodes``: returns ``(indptr [k + 1], sources [*])`` in global IDs."""
+        """CSR rows of ``nodes`` as ``(indptr [k + 1], sources [*])``, global IDs."""
         counts = self.in_degrees()[nodes]
         indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=indptr[1:])
