@@ -49,8 +49,10 @@ def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
         else:
             tensor = torch.from_numpy(array)
     if tensor.dtype != dtype:
-        if not dtype.is_floating_point and (
-            tensor.dtype.is_floating_point or tensor.dtype == torch.bool
+        if (
+            not dtype.is_floating_point
+            and tensor.numel() > 0
+            and (tensor.dtype.is_floating_point or tensor.dtype == torch.bool)
         ):
             raise GraphError(f"{name}: expected an integer dtype, found {tensor.dtype}")
         tensor = tensor.to(dtype)

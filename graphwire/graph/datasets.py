@@ -1,0 +1,150 @@
+"""Dataset specs: one string names any graph graphwire can load or make.
+
+    synthetic:products?nodes=200000&degree=20&features=100&classes=47&seed=0
+    synthetic:rmat?scale=20&edge_factor=16
+    planetoid:PATH/cora          (the folder holding ind.cora.*, then the name)
+    ogb:PATH                     (an OGB node-property-prediction folder)
+    npz:FILE                     (arrays src, dst, x, y, split indices)
+    edgelist:FILE                (lines "src dst")
+    PATH                         (a folder saved in graphwire's own format)
+
+Each scheme maps to one loader in a plain dict; options after ``?`` are passed
+to it as keyword arguments (typed from the loader's config where one exists).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+from graphwire.graph.graph import Graph
+from graphwire.graph.synthetic import (
+    ProductsConfig,
+    RmatConfig,
+    products_graph,
+    rmat_graph,
+)
+
+__all__ = ["DEFAULT_SPEC", "load_dataset", "parse_spec"]
+
+DEFAULT_SPEC = (
+    "synthetic:products?nodes=100000&degree=20&features=100&classes=47&seed=0"
+)
+
+
+def parse_spec(spec: str) -> tuple[str, str, dict[str, str]]:
+    """Split ``scheme:target?key=value&...`` into its parts.
+
+    A spec without a known scheme is a path (a graphwire-format folder).
+    """
+    scheme, sep, rest = spec.partition(":")
+    if not sep or scheme not in _LOADERS:
+        return "folder", spec, {}
+    target, _, query = rest.partition("?")
+    options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=False))
+    return scheme, target, options
+
+
+def load_dataset(spec: str) -> Graph:
+    """Load or generate the graph a spec names (see module doc)."""
+    scheme, target, options = parse_spec(spec)
+    return _LOADERS[scheme](target, options)
+
+
+def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(config_type)}
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"dataset {spec_name}: unknown option(s) {unknown}; known: {sorted(fields)}"
+        )
+    kwargs: dict[str, Any] = {}
+    defaults = config_type()
+    for key, text in options.items():
+        default = getattr(defaults, key)
+        try:
+            value = float(text)
+            if isinstance(default, int) and not value.is_integer():
+                raise ValueError(text)
+            kwargs[key] = int(value) if isinstance(default, int) else value
+        except ValueError as error:
+            raise ValueError(
+                f"dataset {spec_name}: option {key}={text!r} is not a "
+                f"{type(default).__name__}"
+            ) from error
+    return config_type(**kwargs)
+
+
+def _synthetic(target: str, options: dict[str, str]) -> Graph:
+    makers: dict[str, tuple[type, Callable[[Any], Graph]]] = {
+        "products": (ProductsConfig, products_graph),
+        "rmat": (RmatConfig, rmat_graph),
+    }
+    if target not in makers:
+        raise ValueError(
+            f"dataset synthetic:{target}: unknown generator; known: {sorted(makers)}"
+        )
+    config_type, make = makers[target]
+    return make(_typed(config_type, options, f"synthetic:{target}"))
+
+
+def _planetoid(target: str, options: dict[str, str]) -> Graph:
+    from graphwire.graph.planetoid import load_planetoid
+
+    path = Path(target)
+    normalize = options.pop("normalize_features", "1") not in ("0", "false", "False")
+    _no_options(options, "planetoid")
+    return load_planetoid(path.parent, path.name, normalize_features=normalize)
+
+
+def _ogb(target: str, options: dict[str, str]) -> Graph:
+    from graphwire.graph.ogb import load_ogb
+
+    return load_ogb(target, **options)
+
+
+def _npz(target: str, options: dict[str, str]) -> Graph:
+    from graphwire.graph.files import load_npz
+
+    _no_options(options, "npz")
+    return load_npz(target)
+
+
+def _edgelist(target: str, options: dict[str, str]) -> Graph:
+    from graphwire.graph.files import load_edgelist
+
+    num_nodes = options.pop("num_nodes", None)
+    _no_options(options, "edgelist")
+    return load_edgelist(
+        target, num_nodes=None if num_nodes is None else int(num_nodes)
+    )
+
+
+def _folder(target: str, options: dict[str, str]) -> Graph:
+    if not Path(target).is_dir():
+        raise ValueError(
+            f"dataset {target!r}: not a known scheme "
+            f"({', '.join(s for s in _LOADERS if s != 'folder')}) "
+            "and not a graphwire graph folder"
+        )
+    from graphwire.graph.native import load_graph
+
+    return load_graph(target)
+
+
+def _no_options(options: dict[str, str], scheme: str) -> None:
+    if options:
+        raise ValueError(f"dataset {scheme}: unknown option(s) {sorted(options)}")
+
+
+_LOADERS: dict[str, Callable[[str, dict[str, str]], Graph]] = {
+    "synthetic": _synthetic,
+    "planetoid": _planetoid,
+    "ogb": _ogb,
+    "npz": _npz,
+    "edgelist": _edgelist,
+    "folder": _folder,
+}

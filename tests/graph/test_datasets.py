@@ -1,0 +1,37 @@
+"""Dataset specs resolve to the right loader with typed options."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphwire.graph.datasets import load_dataset, parse_spec
+
+
+def test_parse_spec() -> None:
+    assert parse_spec("synthetic:rmat?scale=5&edge_factor=2") == (
+        "synthetic",
+        "rmat",
+        {"scale": "5", "edge_factor": "2"},
+    )
+    assert parse_spec("planetoid:/data/cora") == ("planetoid", "/data/cora", {})
+    assert parse_spec("/some/folder") == ("folder", "/some/folder", {})
+
+
+def test_synthetic_spec_options_are_typed() -> None:
+    graph = load_dataset("synthetic:products?nodes=2e3&degree=6&features=8&classes=3")
+    assert graph.num_nodes == 2000 and graph.num_features == 8
+    assert graph.num_classes == 3
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("synthetic:products?nodes=1.5", "nodes='1.5' is not a int"),
+        ("synthetic:products?colour=red", "unknown option"),
+        ("synthetic:cube", "unknown generator"),
+        ("/no/such/folder", "not a graphwire graph folder"),
+    ],
+)
+def test_bad_specs_are_named(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_dataset(spec)

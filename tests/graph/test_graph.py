@@ -1,0 +1,111 @@
+"""The Graph core: construction, validation and structural helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from graphwire.graph.graph import Graph, GraphError
+
+
+@st.composite
+def edge_lists(draw):
+    n = draw(st.integers(1, 30))
+    m = draw(st.integers(0, 80))
+    src = draw(st.lists(st.integers(0, n - 1), min_size=m, max_size=m))
+    dst = draw(st.lists(st.integers(0, n - 1), min_size=m, max_size=m))
+    return n, np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+
+
+def _edge_multiset(graph: Graph) -> list[tuple[int, int]]:
+    src, dst = graph.edge_index()
+    return sorted(zip(src.tolist(), dst.tolist(), strict=True))
+
+
+@given(edge_lists())
+def test_csr_holds_exactly_the_input_edges(case) -> None:
+    n, src, dst = case
+    graph = Graph.from_edge_index(src, dst, num_nodes=n)
+    assert graph.num_nodes == n and graph.num_edges == src.size
+    assert _edge_multiset(graph) == sorted(zip(src.tolist(), dst.tolist(), strict=True))
+    assert torch.equal(
+        graph.in_degrees(), torch.bincount(torch.from_numpy(dst), minlength=n)
+    )
+    assert torch.equal(
+        graph.out_degrees(), torch.bincount(torch.from_numpy(src), minlength=n)
+    )
+
+
+@given(edge_lists())
+def test_structural_helpers(case) -> None:
+    n, src, dst = case
+    graph = Graph.from_edge_index(src, dst, num_nodes=n)
+    pairs = set(zip(src.tolist(), dst.tolist(), strict=True))
+    assert _edge_multiset(graph.deduplicate()) == sorted(pairs)
+    sym = {(a, b) for a, b in pairs} | {(b, a) for a, b in pairs}
+    assert _edge_multiset(graph.symmetric) == sorted(sym)
+    no_loops = [(a, b) for a, b in _edge_multiset(graph) if a != b]
+    assert _edge_multiset(graph.remove_self_loops()) == no_loops
+    looped = graph.add_self_loops()
+    assert _edge_multiset(looped) == sorted(no_loops + [(v, v) for v in range(n)])
+    assert _edge_multiset(graph.reverse) == sorted(
+        (b, a) for a, b in _edge_multiset(graph)
+    )
+
+
+def test_gcn_norm_matches_dense_formula() -> None:
+    graph = Graph.from_edge_index([0, 1, 1, 2, 3], [1, 0, 2, 1, 1]).add_self_loops()
+    dense = torch.zeros(4, 4)
+    src, dst = graph.edge_index()
+    dense[dst, src] = 1.0
+    d_in = dense.sum(1).rsqrt()
+    d_out = dense.sum(0).rsqrt()
+    expected = (d_in[:, None] * dense * d_out[None, :])[dst, src]
+    torch.testing.assert_close(graph.gcn_norm, expected)
+
+
+def test_from_scipy_and_back() -> None:
+    adjacency = sp.random(20, 20, density=0.2, random_state=0, format="coo")
+    graph = Graph.from_scipy(adjacency)
+    assert (graph.to_scipy() != (adjacency.T != 0).astype(np.float32)).nnz == 0
+
+
+def test_subgraph_in_edges() -> None:
+    graph = Graph.from_edge_index([0, 2, 3, 1, 0], [1, 1, 2, 3, 3])
+    indptr, sources = graph.subgraph_in_edges(torch.tensor([3, 1]))
+    assert indptr.tolist() == [0, 2, 4]
+    assert sources.tolist() == [1, 0, 0, 2]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(indptr=[0, 2, 1], indices=[0]), "indptr"),
+        (dict(indptr=[1, 2], indices=[0]), "indptr"),
+        (dict(indptr=[0, 1], indices=[5]), r"indices: node IDs must lie in \[0, 1\)"),
+        (dict(indptr=[0, 1], indices=[0.5]), "indices: expected an integer dtype"),
+        (dict(indptr=[0, 0, 0], indices=[], x=np.zeros((3, 2))), r"x: expected shape"),
+        (dict(indptr=[0, 0, 0], indices=[], y=[0]), r"y: expected shape"),
+        (dict(indptr=[0, 0, 0], indices=[], train_idx=[2]), "train_idx"),
+        (
+            dict(indptr=[0, 0, 0], indices=[], x=np.zeros((2, 2, 1))),
+            "x: expected shape",
+        ),
+    ],
+)
+def test_validation_names_the_problem(kwargs, message) -> None:
+    with pytest.raises(GraphError, match=message):
+        Graph(**kwargs)
+
+
+def test_edge_index_validation() -> None:
+    with pytest.raises(GraphError, match="equal length"):
+        Graph.from_edge_index([0, 1], [1])
+    with pytest.raises(GraphError, match="must lie in"):
+        Graph.from_edge_index([0, -1], [1, 1], num_nodes=2)
+    with pytest.raises(GraphError, match="integers"):
+        Graph.from_edge_index([0.5], [1.0])

@@ -1,0 +1,100 @@
+"""The synthetic generators: deterministic, well-formed, and shaped as promised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graphwire.graph.synthetic import (
+    ProductsConfig,
+    RmatConfig,
+    products_graph,
+    rmat_graph,
+)
+
+
+def _assert_simple_symmetric(graph) -> None:
+    src, dst = (t.numpy() for t in graph.edge_index())
+    assert not np.any(src == dst), "self-loops"
+    keys = dst * graph.num_nodes + src
+    assert np.unique(keys).size == keys.size, "duplicate edges"
+    reverse = np.sort(src * graph.num_nodes + dst)
+    assert np.array_equal(np.sort(keys), reverse), "not symmetric"
+
+
+def test_products_same_seed_same_graph() -> None:
+    config = dict(nodes=3000, degree=8, features=16, classes=5)
+    a = products_graph(ProductsConfig(**config, seed=3))
+    b = products_graph(ProductsConfig(**config, seed=3))
+    c = products_graph(ProductsConfig(**config, seed=4))
+    for field in ("indptr", "indices", "x", "y", "train_idx", "val_idx", "test_idx"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+    assert not torch.equal(a.y, c.y)
+
+
+def test_products_shape_and_structure() -> None:
+    cfg = ProductsConfig(nodes=20_000, degree=12, features=32, classes=10, seed=0)
+    graph = products_graph(cfg)
+    _assert_simple_symmetric(graph)
+    assert graph.num_nodes == 20_000
+    # Dedup and self-loop removal lose a little; the mean degree stays close.
+    assert 0.9 * 12 <= graph.num_edges / graph.num_nodes <= 12
+    assert graph.x.shape == (20_000, 32) and graph.x.dtype == torch.float32
+    assert graph.num_classes == 10
+    src, dst = graph.edge_index()
+    homophily = float((graph.y[src] == graph.y[dst]).float().mean())
+    assert homophily == pytest.approx(cfg.homophily, abs=0.05)
+    degrees = graph.in_degrees().numpy()
+    assert degrees.max() > 10 * degrees.mean(), "expected a heavy-tailed degree"
+    splits = [graph.train_idx, graph.val_idx, graph.test_idx]
+    assert sum(s.numel() for s in splits) == graph.num_nodes
+    assert torch.unique(torch.cat(splits)).numel() == graph.num_nodes
+    assert graph.train_idx.numel() == int(cfg.train_fraction * cfg.nodes)
+    # Popular nodes train (like the sales-rank split of ogbn-products).
+    assert degrees[graph.train_idx].mean() > degrees[graph.test_idx].mean()
+
+
+def test_products_features_carry_class_signal() -> None:
+    graph = products_graph(ProductsConfig(nodes=5000, features=64, classes=4))
+    centroids = torch.stack([graph.x[graph.y == k].mean(0) for k in range(4)])
+    nearest = torch.cdist(graph.x, centroids).argmin(1)
+    own = float((nearest == graph.y).float().mean())
+    assert own > 0.3  # better than the 0.25 chance of 4 classes
+
+
+def test_rmat_structure_and_options() -> None:
+    graph = rmat_graph(RmatConfig(scale=12, edge_factor=8, features=5, classes=3))
+    _assert_simple_symmetric(graph)
+    assert graph.num_nodes == 4096
+    assert graph.x.shape == (4096, 5)
+    assert graph.num_classes == 3
+    bare = rmat_graph(RmatConfig(scale=8, edge_factor=4))
+    assert bare.x is None and bare.y is None
+    again = rmat_graph(RmatConfig(scale=8, edge_factor=4))
+    assert torch.equal(bare.indices, again.indices)
+    # R-MAT skew: the busiest node has far more than the mean degree.
+    degrees = graph.in_degrees().float()
+    assert float(degrees.max()) > 8 * float(degrees.mean())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(nodes=1),
+        dict(degree=0),
+        dict(homophily=1.5),
+        dict(exponent=1.0),
+        dict(train_fraction=0.6, val_fraction=0.5),
+    ],
+)
+def test_products_rejects_bad_config(bad) -> None:
+    with pytest.raises(ValueError):
+        ProductsConfig(**bad)
+
+
+def test_rmat_rejects_bad_config() -> None:
+    with pytest.raises(ValueError, match="scale"):
+        RmatConfig(scale=0)
+    with pytest.raises(ValueError):
+        RmatConfig(a=0.5, b=0.3, c=0.3)
