@@ -1,0 +1,170 @@
+"""The ``graphwire`` command: data, partition, train, bench.
+
+Each subcommand parses its flags (or a YAML config standing in for them), builds
+what it needs, runs, prints a table, and writes its outputs atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from graphwire.graph.datasets import DEFAULT_SPEC
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graphwire",
+        description="Distributed GNN training with small, visible, fast communication.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    data = commands.add_parser("data", help="generate, convert or describe a graph")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    generate = data_commands.add_parser(
+        "generate", help="make or load a dataset and save it in graphwire's format"
+    )
+    _dataset_flag(generate)
+    generate.add_argument("--out", required=True, help="folder to write")
+    generate.add_argument("--overwrite", action="store_true")
+    generate.set_defaults(handler=_handler("graphwire.commands.data", "generate"))
+    info = data_commands.add_parser("info", help="print a dataset's statistics")
+    _dataset_flag(info)
+    info.set_defaults(handler=_handler("graphwire.commands.data", "info"))
+
+    part = commands.add_parser(
+        "partition", help="partition a graph and write its parts"
+    )
+    _dataset_flag(part)
+    part.add_argument("--method", default="metis", help="random, chunk or metis")
+    part.add_argument("--parts", type=int, default=4)
+    part.add_argument("--seed", type=int, default=0)
+    part.add_argument("--out", help="folder for the partitioned graph")
+    part.add_argument("--overwrite", action="store_true")
+    part.set_defaults(handler=_handler("graphwire.commands.partition", "run"))
+
+    train = commands.add_parser("train", help="train a GNN and report accuracy")
+    _dataset_flag(train)
+    train.add_argument("--config", help="YAML file whose keys stand in for flags")
+    train.add_argument("--model", default="sage", choices=["gcn", "sage", "gat"])
+    train.add_argument(
+        "--mode", default="fullgraph", choices=["fullgraph", "minibatch"]
+    )
+    train.add_argument("--epochs", type=int, default=200)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--hidden", type=int, help="hidden width (model default)")
+    train.add_argument("--layers", type=int, default=2)
+    train.add_argument("--lr", type=float, help="learning rate (model default)")
+    train.add_argument("--dropout", type=float, help="dropout (model default)")
+    train.add_argument("--weight-decay", type=float, help="L2 (model default)")
+    train.add_argument("--patience", type=int, help="early-stopping patience (epochs)")
+    train.add_argument(
+        "--fanouts", help="mini-batch fan-outs, input layer first: 10,25"
+    )
+    train.add_argument("--batch-size", type=int, help="mini-batch seeds per step")
+    train.add_argument(
+        "--partition", help="also partition (random/chunk/metis) and report"
+    )
+    train.add_argument("--parts", type=int, default=4, help="parts for --partition")
+    train.add_argument("--out", help="run folder for metrics.jsonl (default runs/...)")
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    train.set_defaults(handler=_handler("graphwire.commands.train", "run"))
+
+    bench = commands.add_parser("bench", help="run a benchmark that prints ratios")
+    bench.add_argument("name", help="benchmark name ('list' shows them)")
+    bench.add_argument("--nodes", type=int, default=1_000_000)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--repeat", type=int, default=5)
+    bench.set_defaults(handler=_handler("graphwire.commands.bench", "run"))
+    return parser
+
+
+def _dataset_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dataset",
+        default=DEFAULT_SPEC,
+        help="dataset spec, e.g. synthetic:products?nodes=200000, "
+        "planetoid:PATH/cora, ogb:PATH, npz:FILE, or a graphwire folder "
+        f"(default: {DEFAULT_SPEC})",
+    )
+
+
+def _handler(module: str, function: str) -> Callable[[argparse.Namespace], int]:
+    """Import a command's module only when it runs (keeps ``--help`` fast)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        result: int = getattr(importlib.import_module(module), function)(args)
+        return result
+
+    return run
+
+
+def apply_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]
+) -> argparse.Namespace:
+    """Fill flags not given on the command line from ``--config FILE`` (YAML)."""
+    path = getattr(args, "config", None)
+    if not path:
+        return args
+    try:
+        with open(path) as handle:
+            config = yaml.safe_load(handle) or {}
+    except OSError as error:
+        raise SystemExit(f"graphwire: --config {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise SystemExit(
+            f"graphwire: --config {path}: not valid YAML: {error}"
+        ) from error
+    if not isinstance(config, dict):
+        raise SystemExit(
+            f"graphwire: --config {path}: expected a mapping of flag: value"
+        )
+    given = {
+        a.split("=")[0].lstrip("-").replace("-", "_") for a in argv if a[:2] == "--"
+    }
+    known = set(vars(args))
+    for key, value in config.items():
+        name = str(key).replace("-", "_")
+        if name not in known or name in ("command", "handler", "config"):
+            raise SystemExit(f"graphwire: --config {path}: unknown key {key!r}")
+        if name in given:
+            continue  # the command line wins
+        if name == "fanouts" and isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        setattr(args, name, value)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args = apply_config(parser, args, argv)
+    try:
+        code: Any = args.handler(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
+        print(f"graphwire: error: {error}", file=sys.stderr)
+        return 2
+    return int(code or 0)
+
+
+def run_folder(out: str | None, prefix: str) -> Path:
+    """``out`` or a fresh ``runs/<prefix>-<timestamp>`` folder."""
+    if out:
+        return Path(out)
+    import time
+
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

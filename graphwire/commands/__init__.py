@@ -1,0 +1,1 @@
+"""Subcommands of the ``graphwire`` CLI, one module each (imported lazily)."""

@@ -1,0 +1,90 @@
+"""Console output shared by the subcommands: tables, spinners, progress bars."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from graphwire.graph.datasets import load_dataset
+from graphwire.graph.graph import Graph
+
+console = Console(highlight=False)
+
+
+def print_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> None:
+    table = Table(title=title, title_justify="left")
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    for row in rows:
+        table.add_row(*(_cell(value) for value in row))
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+@contextmanager
+def step(message: str, quiet: bool = False) -> Iterator[None]:
+    """A spinner while a long single step runs, then its duration."""
+    start = time.perf_counter()
+    if quiet:
+        yield
+    else:
+        with console.status(message):
+            yield
+        console.print(f"{message} done in {time.perf_counter() - start:.1f}s")
+
+
+def epoch_progress(total: int, quiet: bool = False) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+        transient=False,
+    )
+
+
+def load_with_status(spec: str, quiet: bool = False) -> Graph:
+    with step(f"loading {spec}", quiet):
+        return load_dataset(spec)
+
+
+def graph_rows(graph: Graph) -> list[tuple[str, Any]]:
+    degrees = graph.in_degrees().float()
+    rows: list[tuple[str, Any]] = [
+        ("name", graph.name),
+        ("nodes", graph.num_nodes),
+        ("edges (directed)", graph.num_edges),
+        ("features", graph.num_features),
+        ("classes", graph.num_classes),
+        ("mean in-degree", float(degrees.mean()) if graph.num_nodes else 0.0),
+        ("max in-degree", int(degrees.max()) if graph.num_nodes else 0),
+        ("isolated nodes", int((graph.in_degrees() + graph.out_degrees() == 0).sum())),
+    ]
+    for split in ("train_idx", "val_idx", "test_idx"):
+        index = getattr(graph, split)
+        rows.append((split.replace("_idx", ""), 0 if index is None else index.numel()))
+    return rows

@@ -1,0 +1,145 @@
+"""``graphwire train``: one training run, single process for now.
+
+Parses flags into a :class:`~graphwire.training.TrainConfig`, loads the dataset,
+optionally partitions it (to report what distributed training would face), runs
+the full-graph or mini-batch loop, and reports accuracy, the time split and the
+summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+from graphwire.cli import run_folder
+from graphwire.commands.common import (
+    console,
+    epoch_progress,
+    graph_rows,
+    load_with_status,
+    print_table,
+)
+from graphwire.runlog import MetricsLog, format_summary, peak_rss_mb
+from graphwire.training import EpochRecord, TrainConfig, TrainResult
+
+# Flag name -> TrainConfig field, for the flags that override a model default.
+_OVERRIDES = {
+    "hidden": "hidden",
+    "lr": "lr",
+    "dropout": "dropout",
+    "weight_decay": "weight_decay",
+    "patience": "patience",
+    "batch_size": "batch_size",
+}
+
+
+def build_config(args: argparse.Namespace) -> TrainConfig:
+    fields: dict[str, Any] = {
+        "model": args.model,
+        "epochs": int(args.epochs),
+        "seed": int(args.seed),
+        "num_layers": int(args.layers),
+    }
+    for flag, field in _OVERRIDES.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            fields[field] = value
+    if args.fanouts:
+        try:
+            fields["fanouts"] = [int(v) for v in str(args.fanouts).split(",")]
+        except ValueError as error:
+            raise ValueError(
+                f"--fanouts: expected comma-separated integers, got {args.fanouts!r}"
+            ) from error
+    return TrainConfig(**fields)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = build_config(args)
+    out = run_folder(args.out, f"train-{args.model}")
+    graph = load_with_status(args.dataset, args.quiet)
+    if graph.x is None or graph.y is None or graph.train_idx is None:
+        raise ValueError(
+            f"dataset {args.dataset}: training needs features, labels and a split "
+            "(for R-MAT add features=F&classes=C to the spec)"
+        )
+    print_table("dataset", ["field", "value"], graph_rows(graph))
+
+    with MetricsLog(out) as log:
+        log.write("config", dataset=args.dataset, mode=args.mode, **config.as_dict())
+        partition_fields: dict[str, Any] = {}
+        if args.partition:
+            from graphwire.commands.partition import partition_and_report
+
+            stats = partition_and_report(
+                graph, args.partition, int(args.parts), int(args.seed), args.quiet
+            )
+            partition_fields = stats
+            log.write("partition", **stats)
+
+        result = _train(graph, config, args.mode, log, args.quiet)
+        _print_time_split(result)
+        summary = _summary(result, partition_fields)
+        log.write("summary", **summary)
+    console.print(f"metrics: {out / 'metrics.jsonl'}")
+    print(format_summary(summary), flush=True)
+    return 0
+
+
+def _train(
+    graph: Any, config: TrainConfig, mode: str, log: MetricsLog, quiet: bool
+) -> TrainResult:
+    if mode == "minibatch":
+        from graphwire.minibatch.trainer import train_minibatch as train
+    else:
+        from graphwire.fullgraph.trainer import train_fullgraph as train
+
+    with epoch_progress(config.epochs, quiet) as progress:
+        task = progress.add_task(
+            f"{mode} {config.model}", total=config.epochs, status=""
+        )
+
+        def on_epoch(record: EpochRecord) -> None:
+            log.write("epoch", **record.as_dict())
+            progress.update(
+                task,
+                completed=record.epoch + 1,
+                status=f"loss {record.loss:.3f} val {record.val_acc:.3f}",
+            )
+
+        result = train(graph, config, on_epoch=on_epoch)
+        progress.update(task, total=result.epochs_run, completed=result.epochs_run)
+    return result
+
+
+def _epoch_seconds(record: EpochRecord) -> float:
+    return sum(v for k, v in record.times.items() if k != "eval_s")
+
+
+def _print_time_split(result: TrainResult) -> None:
+    totals: dict[str, float] = {}
+    for record in result.records:
+        for key, value in record.times.items():
+            totals[key] = totals.get(key, 0.0) + value
+    grand = sum(totals.values()) or 1.0
+    rows = [
+        (k.removesuffix("_s"), v, f"{100 * v / grand:.1f}%") for k, v in totals.items()
+    ]
+    print_table("time split (all epochs)", ["phase", "seconds", "share"], rows)
+
+
+def _summary(result: TrainResult, partition_fields: dict[str, Any]) -> dict[str, Any]:
+    epoch_s = [_epoch_seconds(r) for r in result.records] or [0.0]
+    summary: dict[str, Any] = {
+        "test_acc": result.test_acc,
+        "val_acc": result.val_acc,
+        "epochs": result.epochs_run,
+        "best_epoch": result.best_epoch,
+        "epoch_s_median": statistics.median(epoch_s),
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+    for key in ("edge_cut", "halo_max", "imbalance_nodes"):
+        if key in partition_fields:
+            summary[key] = partition_fields[key]
+    return summary

@@ -1,0 +1,91 @@
+"""Run output: ``metrics.jsonl`` records, the summary line, resource readings.
+
+Every run appends one JSON record per epoch to ``metrics.jsonl`` and ends with a
+``{"kind": "summary", ...}`` record whose fields are also printed as one
+machine-readable line::
+
+    summary test_acc=0.8150 val_acc=0.7960 epochs=200 epoch_s_median=0.012
+
+The file is written to a temporary name and renamed when the run closes, so a
+crashed run never leaves a ``metrics.jsonl`` that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["MetricsLog", "format_summary", "peak_rss_mb"]
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (Linux ru_maxrss is KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3g}"
+    return str(value)
+
+
+def format_summary(fields: dict[str, Any]) -> str:
+    """``summary k1=v1 k2=v2 ...`` in the given key order, floats to 4 places."""
+    return "summary " + " ".join(f"{k}={_format_value(v)}" for k, v in fields.items())
+
+
+class MetricsLog:
+    """Collects records for one run and writes ``<out>/metrics.jsonl``.
+
+    Use as a context manager; records go to ``metrics.jsonl.partial`` as they
+    come (so a long run can be watched) and the file is renamed to
+    ``metrics.jsonl`` only when the run closes without an error.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike[str] | None) -> None:
+        self.out_dir = None if out_dir is None else Path(out_dir)
+        self._handle: Any = None
+        self._started = time.time()
+
+    def __enter__(self) -> MetricsLog:
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self._partial, "w")  # noqa: SIM115 - closed in __exit__
+        return self
+
+    @property
+    def _partial(self) -> Path:
+        assert self.out_dir is not None
+        return self.out_dir / "metrics.jsonl.partial"
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.out_dir is None else self.out_dir / "metrics.jsonl"
+
+    def write(self, kind: str, **fields: Any) -> None:
+        """Append one record ``{"kind": kind, "time": ..., **fields}``."""
+        if self._handle is None:
+            return
+        record = {"kind": kind, "time": round(time.time() - self._started, 4), **fields}
+        self._handle.write(json.dumps(record, sort_keys=False) + "\n")
+        self._handle.flush()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._handle is None:
+            return
+        self._handle.close()
+        if exc_type is None:
+            assert self.path is not None
+            os.replace(self._partial, self.path)
