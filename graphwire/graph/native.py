@@ -1,0 +1,235 @@
+"""graphwire's own on-disk graph format: one ``.npy`` per array plus ``meta.json``.
+
+A graph folder holds::
+
+    indptr.npy   int64 [N + 1]     in-edge CSR (row = destination)
+    indices.npy  int64 [E]         source of each in-edge
+    x.npy        float32 [N, F]    only if the graph has features
+    y.npy        int64 [N]         only if it has labels
+    train_idx.npy, val_idx.npy, test_idx.npy   int64 [*], those present
+    meta.json    {"format": "graphwire.graph", "version": 1, "name", "num_nodes",
+                  "num_edges", "num_features", "num_classes",
+                  "arrays": {name: {"dtype", "shape", "sha256"}}}
+
+The folder is written under a temporary name and renamed into place, so a reader
+never sees half of one. Loading memory-maps every array (no parsing, no copy):
+the returned tensors share the page cache, so several workers on one machine
+load a large graph once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphwire.fsutil import atomic_dir, save_npy, sha256_file, write_json
+from graphwire.graph.errors import DatasetError
+from graphwire.graph.graph import Graph, GraphError
+
+__all__ = ["FORMAT", "VERSION", "is_graph_folder", "load_graph", "save_graph"]
+
+FORMAT = "graphwire.graph"
+VERSION = 1
+META = "meta.json"
+_ARRAYS = ("indptr", "indices", "x", "y", "train_idx", "val_idx", "test_idx")
+_REQUIRED = ("indptr", "indices")
+
+
+def save_graph(
+    graph: Graph, folder: str | os.PathLike[str], overwrite: bool = False
+) -> Path:
+    """Write ``graph`` to ``folder`` atomically (all files appear at once or none).
+
+    Args:
+        graph: The graph to save; absent node arrays (``None``) are not written.
+        folder: The folder to create.
+        overwrite: Replace ``folder`` if it exists (otherwise that is an error).
+
+    Returns:
+        ``folder`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        FileExistsError: ``folder`` exists and ``overwrite`` is false.
+    """
+    folder = Path(folder)
+    with atomic_dir(folder, overwrite=overwrite) as tmp:
+        arrays: dict[str, dict[str, Any]] = {}
+        for name in _ARRAYS:
+            tensor = getattr(graph, name)
+            if tensor is None:
+                continue
+            array = np.ascontiguousarray(tensor.detach().cpu().numpy())
+            arrays[name] = {
+                "dtype": array.dtype.name,
+                "shape": list(array.shape),
+                "sha256": save_npy(tmp, name, array),
+            }
+        write_json(
+            tmp / META,
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "name": graph.name,
+                "num_nodes": graph.num_nodes,
+                "num_edges": graph.num_edges,
+                "num_features": graph.num_features,
+                "num_classes": graph.num_classes,
+                "arrays": arrays,
+            },
+        )
+    return folder
+
+
+def load_graph(
+    folder: str | os.PathLike[str], mmap: bool = True, verify: bool = False
+) -> Graph:
+    """Load a folder written by :func:`save_graph`.
+
+    Args:
+        folder: The graph folder.
+        mmap: Memory-map the arrays (read-only, shared page cache) instead of
+            reading them into memory.
+        verify: Also check every array's SHA-256 against ``meta.json`` (reads
+            every byte once).
+
+    Returns:
+        The :class:`Graph`; with ``mmap`` its tensors are views of the files.
+
+    Raises:
+        DatasetError: ``meta.json`` is missing, not JSON, of another format or
+            version, or malformed; an array file is missing, truncated, corrupt,
+            of another dtype/shape than ``meta.json`` says, or (with ``verify``)
+            fails its checksum; or the arrays do not form a valid graph.
+    """
+    folder = Path(folder)
+    meta = read_meta(folder)
+    arrays: dict[str, np.ndarray] = {}
+    for name, entry in meta["arrays"].items():
+        arrays[name] = _load_array(folder / f"{name}.npy", entry, mmap, verify)
+    meta_path = folder / META
+    for field, found in (
+        ("num_nodes", arrays["indptr"].shape[0] - 1),
+        ("num_edges", arrays["indices"].shape[0]),
+    ):
+        if meta[field] != found:
+            raise DatasetError(
+                meta_path, f"{field} is {meta[field]} but the arrays hold {found}"
+            )
+    try:
+        return Graph(**_as_tensors(arrays), name=str(meta["name"]))
+    except GraphError as error:
+        raise DatasetError(folder, f"arrays do not form a graph: {error}") from error
+
+
+def is_graph_folder(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a folder whose ``meta.json`` names this format."""
+    try:
+        with open(Path(path) / META) as handle:
+            meta = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """Read and check ``folder/meta.json`` (format, version, field types)."""
+    path = folder / META
+    if not folder.is_dir():
+        raise DatasetError(folder, "not a folder (expected a graphwire graph folder)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as error:
+        raise DatasetError(path, "missing (not a graphwire graph folder)") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise DatasetError(path, f"cannot be read ({error})") from error
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DatasetError(path, f"not valid JSON ({error})") from error
+    if not isinstance(meta, dict):
+        raise DatasetError(path, f"expected a JSON object, found {type(meta).__name__}")
+    if meta.get("format") != FORMAT:
+        raise DatasetError(
+            path, f"format is {meta.get('format')!r}, expected {FORMAT!r}"
+        )
+    if meta.get("version") != VERSION:
+        raise DatasetError(
+            path,
+            f"unknown version {meta.get('version')!r} (this graphwire reads "
+            f"version {VERSION}; a newer graphwire may have written it)",
+        )
+    for field, kind in (
+        ("name", str),
+        ("num_nodes", int),
+        ("num_edges", int),
+        ("arrays", dict),
+    ):
+        if not isinstance(meta.get(field), kind):
+            raise DatasetError(
+                path,
+                f"field {field!r} must be a {kind.__name__}, found {meta.get(field)!r}",
+            )
+    arrays = meta["arrays"]
+    unknown = sorted(set(arrays) - set(_ARRAYS))
+    if unknown:
+        raise DatasetError(path, f"unknown arrays {unknown}; known: {list(_ARRAYS)}")
+    for name in _REQUIRED:
+        if name not in arrays:
+            raise DatasetError(path, f"arrays lacks the required {name!r}")
+    for name, entry in arrays.items():
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("dtype"), str)
+            and isinstance(entry.get("shape"), list)
+            and all(isinstance(n, int) for n in entry["shape"])
+            and isinstance(entry.get("sha256"), str)
+        ):
+            raise DatasetError(
+                path,
+                f"arrays.{name} must be {{'dtype': str, 'shape': [int, ...], "
+                f"'sha256': str}}, found {entry!r}",
+            )
+    return meta
+
+
+def _load_array(
+    path: Path, entry: dict[str, Any], mmap: bool, verify: bool
+) -> np.ndarray:
+    if not path.is_file():
+        raise DatasetError(path, "missing (listed in meta.json)")
+    if verify:
+        digest = sha256_file(path)
+        if digest != entry["sha256"]:
+            raise DatasetError(
+                path,
+                f"checksum mismatch: sha256 is {digest}, meta.json says "
+                f"{entry['sha256']} (the file changed after it was saved)",
+            )
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
+    if not isinstance(array, np.ndarray):
+        raise DatasetError(path, "expected one array, found an archive")
+    if array.dtype.name != entry["dtype"] or list(array.shape) != entry["shape"]:
+        raise DatasetError(
+            path,
+            f"holds {array.dtype.name} {list(array.shape)}, but meta.json says "
+            f"{entry['dtype']} {entry['shape']}",
+        )
+    return array
+
+
+def _as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Share each array's memory with a tensor (no copy, mmap stays mmap)."""
+    with warnings.catch_warnings():
+        # Memory-mapped arrays are read-only; torch warns that writing through
+        # the tensor would be undefined. Graph never writes into its arrays.
+        warnings.simplefilter("ignore", UserWarning)
+        return {name: torch.from_numpy(array) for name, array in arrays.items()}
