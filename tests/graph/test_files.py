@@ -76,7 +76,7 @@ def test_failed_npz_save_leaves_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
-def _npz(**arrays: Any) -> Callable[[Path], None]:
+def _npz(**arrays: Any) -> Callable[[Path], object]:
     base: dict[str, Any] = {"src": np.array([0, 1]), "dst": np.array([1, 2])}
     base.update(arrays)
     contents = {k: v for k, v in base.items() if v is not None}
@@ -106,7 +106,7 @@ def _pickled(path: Path) -> None:
     np.savez(path, src=np.array([0]), dst=np.array([1]), y=np.array([{}, 1], object))
 
 
-BAD_NPZ: list[tuple[str, Callable[[Path], None], str]] = [
+BAD_NPZ: list[tuple[str, Callable[[Path], object], str]] = [
     ("missing", lambda path: None, "missing"),
     ("not zip", lambda path: path.write_bytes(b"hello"), "not a readable .npz"),
     ("truncated", _truncated, "truncated or corrupt archive"),
@@ -133,7 +133,7 @@ BAD_NPZ: list[tuple[str, Callable[[Path], None], str]] = [
     "make, message", [b[1:] for b in BAD_NPZ], ids=[b[0] for b in BAD_NPZ]
 )
 def test_bad_npz_is_named(
-    tmp_path: Path, make: Callable[[Path], None], message: str
+    tmp_path: Path, make: Callable[[Path], object], message: str
 ) -> None:
     path = tmp_path / "g.npz"
     make(path)
@@ -191,7 +191,7 @@ def _gz_truncated(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
-BAD_EDGELISTS: list[tuple[str, str, bytes | Callable[[Path], None], str]] = [
+BAD_EDGELISTS: list[tuple[str, str, bytes | Callable[[Path], object], str]] = [
     ("one column", "g.txt", b"0 1\n2\n", "cannot parse.*number of columns"),
     ("three columns", "g.txt", b"0 1 2\n", "expected 2 columns per line, found 3"),
     ("word", "g.txt", b"0 1\n2 x\n", "cannot parse.*'x'"),

@@ -130,7 +130,7 @@ def test_is_graph_folder(saved: Path, tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ bad input
-def edit_meta(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+def edit_meta(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], object]:
     def apply(folder: Path) -> None:
         meta = json.loads((folder / "meta.json").read_text())
         change(meta)
@@ -139,7 +139,7 @@ def edit_meta(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]
     return apply
 
 
-def truncate(name: str) -> Callable[[Path], None]:
+def truncate(name: str) -> Callable[[Path], object]:
     def apply(folder: Path) -> None:
         data = (folder / name).read_bytes()
         (folder / name).write_bytes(data[: len(data) // 2])
@@ -147,11 +147,11 @@ def truncate(name: str) -> Callable[[Path], None]:
     return apply
 
 
-def resave(name: str, array: np.ndarray) -> Callable[[Path], None]:
+def resave(name: str, array: np.ndarray) -> Callable[[Path], object]:
     return lambda folder: np.save(folder / f"{name}.npy", array)
 
 
-def flip_last_byte(name: str) -> Callable[[Path], None]:
+def flip_last_byte(name: str) -> Callable[[Path], object]:
     def apply(folder: Path) -> None:
         data = bytearray((folder / name).read_bytes())
         data[-1] ^= 0xFF
@@ -160,7 +160,7 @@ def flip_last_byte(name: str) -> Callable[[Path], None]:
     return apply
 
 
-BAD_FOLDERS: list[tuple[str, Callable[[Path], None], str, str]] = [
+BAD_FOLDERS: list[tuple[str, Callable[[Path], object], str, str]] = [
     ("no meta", lambda f: (f / "meta.json").unlink(), "meta.json", "missing"),
     (
         "bad json",
@@ -247,7 +247,7 @@ BAD_FOLDERS: list[tuple[str, Callable[[Path], None], str, str]] = [
 )
 @pytest.mark.parametrize("mmap", [True, False])
 def test_bad_folder_is_named(
-    saved: Path, spoil: Callable[[Path], None], file: str, message: str, mmap: bool
+    saved: Path, spoil: Callable[[Path], object], file: str, message: str, mmap: bool
 ) -> None:
     spoil(saved)
     with pytest.raises(DatasetError, match=message) as info:

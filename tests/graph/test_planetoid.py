@@ -84,6 +84,7 @@ def test_cora_matches_kipf_reference(cora_dir: Path) -> None:
     adj.eliminate_zeros()
 
     graph = load_planetoid(cora_dir, "cora", normalize_features=False)
+    assert graph.x is not None and graph.y is not None and graph.test_idx is not None
     assert torch.equal(graph.x, torch.from_numpy(features.toarray()))
     assert torch.equal(graph.y, torch.from_numpy(labels.argmax(1)))
     assert (graph.to_scipy() != (adj != 0)).nnz == 0
@@ -118,6 +119,8 @@ def test_isolated_test_nodes_are_padded_and_edges_cleaned(tmp_path: Path) -> Non
     write_planetoid(tmp_path, "toy", **parts)
     g = load_planetoid(tmp_path, "toy", normalize_features=False)
     assert g.num_nodes == 12 and g.name == "toy"
+    assert g.x is not None and g.y is not None
+    assert g.train_idx is not None and g.val_idx is not None and g.test_idx is not None
     expected_x = np.zeros((12, 4), np.float32)
     expected_x[:6] = allx
     expected_x[test_index] = tx
@@ -131,6 +134,7 @@ def test_isolated_test_nodes_are_padded_and_edges_cleaned(tmp_path: Path) -> Non
     assert pairs == [(0, 1), (1, 0), (1, 2), (2, 1), (3, 8), (6, 11), (8, 3), (11, 6)]
 
     normalized = load_planetoid(tmp_path, "toy").x
+    assert normalized is not None
     sums = expected_x.sum(1, keepdims=True)
     expected = np.divide(
         expected_x, sums, out=np.zeros_like(expected_x), where=sums > 0
