@@ -163,8 +163,9 @@ class _RunsCommand:
 
 @pytest.mark.parametrize("part", ["x", "graph"])
 @pytest.mark.parametrize("how", ["os.system", "builtins.exec"])
+@pytest.mark.parametrize("protocol", [2, 5])  # GLOBAL and STACK_GLOBAL opcodes
 def test_code_running_pickle_is_refused(
-    cora_dir: Path, tmp_path: Path, part: str, how: str
+    cora_dir: Path, tmp_path: Path, part: str, how: str, protocol: int
 ) -> None:
     marker = tmp_path / "pwned"
     if how == "os.system":
@@ -174,7 +175,7 @@ def test_code_running_pickle_is_refused(
     folder = linked_cora(cora_dir, tmp_path)
     for p in PARTS:
         (folder / f"ind.evil.{p}").symlink_to(cora_dir / f"ind.cora.{p}")
-    path = replace(folder, part, pickle.dumps(payload, protocol=2), name="evil")
+    path = replace(folder, part, pickle.dumps(payload, protocol=protocol), name="evil")
     with pytest.raises(DatasetError, match="forbidden global") as info:
         load_planetoid(folder, "evil")
     assert info.value.path == str(path) and str(path) in str(info.value)
