@@ -1,0 +1,421 @@
+"""The on-disk partitioned graph: one folder per part, each loadable alone.
+
+Layout of a partitioned folder (ARCHITECTURE §3)::
+
+    meta.json       {"format": "graphwire.partitioned", "version": 1, "name",
+                     "num_nodes", "num_edges", "num_features", "num_classes",
+                     "num_parts", "method", "params", "offsets",
+                     "parts": [{"num_owned", "num_halo", "num_in_edges",
+                                "arrays": {name: {"dtype", "shape", "sha256"}}}],
+                     "stats": PartitionStats.as_dict()}
+    part_<i>/       the arrays of part i (.npy, memory-mappable)
+
+Nodes are relabelled (see :class:`~graphwire.partition.book.PartitionBook`): part
+``i`` owns new global IDs ``offsets[i] .. offsets[i + 1] - 1``. Per part, with
+``n`` owned nodes, ``h`` halo nodes and ``e`` stored in-edges:
+
+    orig_nid     int64 [n]       original ID of each owned node, in new-ID order
+    indptr       int64 [n + 1]   local CSR of the owned nodes' in-edges
+    indices      int64 [e]       source of each in-edge, in LOCAL numbering:
+                                 ``0 .. n-1`` owned, ``n + k`` the k-th halo node
+    halo_nid     int64 [h]       new global IDs of the halo nodes, ascending
+    x            float32 [n, F]  owned features (if the graph has them)
+    y            int64 [n]       owned labels (if the graph has them)
+    train_local / val_local / test_local   int64 [*]  owned-local indices of the
+                                 split's nodes, ascending (if the graph has it)
+
+Every in-edge of the graph is stored exactly once, in its destination's part, in
+the order it has in the graph's CSR row. The whole folder is written under a
+temporary name and renamed into place; :func:`load_part` reads ``meta.json`` and
+the one part's files, never another part's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from graphwire.fsutil import atomic_dir, save_npy, sha256_file, write_json
+from graphwire.graph.errors import DatasetError
+from graphwire.graph.graph import Graph
+from graphwire.partition.base import Partition
+from graphwire.partition.book import PartitionBook
+from graphwire.partition.local import LocalPart
+from graphwire.partition.stats import PartitionStats
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "load_part",
+    "load_partition_meta",
+    "part_folder",
+    "write_partitioned",
+]
+
+FORMAT = "graphwire.partitioned"
+VERSION = 1
+META = "meta.json"
+_REQUIRED = ("orig_nid", "indptr", "indices", "halo_nid")
+_OPTIONAL = ("x", "y", "train_local", "val_local", "test_local")
+_SPLITS = ("train", "val", "test")
+
+
+def part_folder(folder: str | os.PathLike[str], part_id: int) -> Path:
+    """``folder/part_<part_id>``."""
+    return Path(folder) / f"part_{part_id}"
+
+
+def write_partitioned(
+    graph: Graph,
+    partition: Partition,
+    folder: str | os.PathLike[str],
+    overwrite: bool = False,
+    *,
+    stats: PartitionStats | None = None,
+) -> Path:
+    """Write ``graph`` split by ``partition`` to ``folder``, atomically.
+
+    Args:
+        graph: The whole graph (its arrays may be memory-mapped).
+        partition: One part ID per node of ``graph``.
+        folder: The folder to create.
+        overwrite: Replace ``folder`` if it exists (otherwise that is an error).
+        stats: Precomputed :class:`PartitionStats` to store (computed if None).
+
+    Returns:
+        ``folder`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: ``partition`` does not match ``graph``.
+        FileExistsError: ``folder`` exists and ``overwrite`` is false.
+    """
+    partition.check_graph(graph)
+    folder = Path(folder)
+    if stats is None:
+        stats = PartitionStats.compute(graph, partition)
+    book = PartitionBook.from_partition(partition)
+    assert book.new_from_orig is not None and book.orig_from_new is not None
+    new_from_orig = book.new_from_orig.numpy()
+    orig_from_new = book.orig_from_new.numpy()
+    offsets = book.offsets.numpy()
+    # The whole CSR with rows in new-ID order and sources in new IDs: part p's
+    # rows are offsets[p]:offsets[p+1], so each part is a slice of it.
+    indptr_t, src_orig = graph.subgraph_in_edges(book.orig_from_new)
+    indptr_new = indptr_t.numpy()
+    src_new = new_from_orig[src_orig.numpy()]
+    split_new = {
+        split: np.sort(new_from_orig[idx.numpy()])
+        for split in _SPLITS
+        if (idx := getattr(graph, f"{split}_idx")) is not None
+    }
+    x = None if graph.x is None else graph.x.numpy()
+    y = None if graph.y is None else graph.y.numpy()
+
+    parts_meta: list[dict[str, Any]] = []
+    with atomic_dir(folder, overwrite=overwrite) as tmp:
+        for part_id in range(partition.num_parts):
+            start, stop = int(offsets[part_id]), int(offsets[part_id + 1])
+            first, last = int(indptr_new[start]), int(indptr_new[stop])
+            src = src_new[first:last]
+            owned = (src >= start) & (src < stop)
+            halo_nid = np.unique(src[~owned])
+            num_owned = stop - start
+            local = np.where(
+                owned, src - start, num_owned + np.searchsorted(halo_nid, src)
+            )
+            orig_nid = orig_from_new[start:stop]
+            arrays: dict[str, np.ndarray] = {
+                "orig_nid": orig_nid,
+                "indptr": indptr_new[start : stop + 1] - first,
+                "indices": local.astype(np.int64, copy=False),
+                "halo_nid": halo_nid,
+            }
+            if x is not None:
+                arrays["x"] = x[orig_nid]
+            if y is not None:
+                arrays["y"] = y[orig_nid]
+            for split, ids in split_new.items():
+                low, high = np.searchsorted(ids, [start, stop])
+                arrays[f"{split}_local"] = ids[low:high] - start
+            out = part_folder(tmp, part_id)
+            out.mkdir()
+            parts_meta.append(
+                {
+                    "num_owned": num_owned,
+                    "num_halo": int(halo_nid.shape[0]),
+                    "num_in_edges": last - first,
+                    "arrays": {
+                        name: {
+                            "dtype": array.dtype.name,
+                            "shape": list(array.shape),
+                            "sha256": save_npy(out, name, array),
+                        }
+                        for name, array in arrays.items()
+                    },
+                }
+            )
+        write_json(
+            tmp / META,
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "name": graph.name,
+                "num_nodes": graph.num_nodes,
+                "num_edges": graph.num_edges,
+                "num_features": graph.num_features,
+                "num_classes": graph.num_classes,
+                "num_parts": partition.num_parts,
+                "method": partition.method,
+                "params": partition.params,
+                "offsets": [int(o) for o in offsets],
+                "parts": parts_meta,
+                "stats": stats.as_dict(),
+            },
+        )
+    return folder
+
+
+def load_part(
+    folder: str | os.PathLike[str],
+    part_id: int,
+    mmap: bool = True,
+    verify: bool = False,
+) -> LocalPart:
+    """Load part ``part_id`` of a partitioned folder, touching no other part.
+
+    Args:
+        folder: A folder written by :func:`write_partitioned`.
+        part_id: Which part, in ``[0, num_parts)``.
+        mmap: Memory-map the arrays (read-only, shared page cache).
+        verify: Check the part's SHA-256 checksums and the values of its CSR
+            (reads every byte of the part once).
+
+    Returns:
+        The :class:`LocalPart`.
+
+    Raises:
+        ValueError: ``part_id`` is out of range.
+        DatasetError: ``meta.json`` is missing, malformed, of another format or
+            version; one of the part's files is missing, truncated, of another
+            dtype or shape than ``meta.json`` says, or (with ``verify``) fails
+            its checksum or holds out-of-range IDs.
+    """
+    folder = Path(folder)
+    meta = load_partition_meta(folder)
+    num_parts = meta["num_parts"]
+    if isinstance(part_id, bool) or not isinstance(part_id, int):
+        raise ValueError(f"part_id: expected an int, found {part_id!r}")
+    if not 0 <= part_id < num_parts:
+        raise ValueError(
+            f"part_id: {folder} has {num_parts} parts, found part_id={part_id}"
+        )
+    entry = meta["parts"][part_id]
+    where = part_folder(folder, part_id)
+    arrays = {
+        name: _load_array(where / f"{name}.npy", spec, mmap, verify)
+        for name, spec in entry["arrays"].items()
+    }
+    offsets = torch.tensor(meta["offsets"], dtype=torch.int64)
+    num_owned = int(offsets[part_id + 1] - offsets[part_id])
+    _check_part(where, arrays, num_owned, meta["num_nodes"], verify)
+    tensors = _as_tensors(arrays)
+    return LocalPart(
+        part_id=part_id,
+        book=PartitionBook(offsets),
+        orig_nid=tensors["orig_nid"],
+        indptr=tensors["indptr"],
+        indices=tensors["indices"],
+        halo_nid=tensors["halo_nid"],
+        x=tensors.get("x"),
+        y=tensors.get("y"),
+        train_local=tensors.get("train_local"),
+        val_local=tensors.get("val_local"),
+        test_local=tensors.get("test_local"),
+        meta={k: v for k, v in meta.items() if k != "parts"},
+    )
+
+
+def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check ``folder/meta.json`` (format, version, field types, offsets).
+
+    Raises:
+        DatasetError: naming ``meta.json`` and the field that is wrong.
+    """
+    folder = Path(folder)
+    path = folder / META
+    if not folder.is_dir():
+        raise DatasetError(folder, "not a folder (expected a partitioned graph)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise DatasetError(path, "missing (not a partitioned graph folder)") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise DatasetError(path, f"cannot be read ({error})") from error
+    except json.JSONDecodeError as error:
+        raise DatasetError(path, f"not valid JSON ({error})") from error
+    if not isinstance(meta, dict):
+        raise DatasetError(path, f"expected a JSON object, found {type(meta).__name__}")
+    if meta.get("format") != FORMAT:
+        raise DatasetError(
+            path, f"format is {meta.get('format')!r}, expected {FORMAT!r}"
+        )
+    if meta.get("version") != VERSION:
+        raise DatasetError(
+            path,
+            f"unknown version {meta.get('version')!r} (this graphwire reads "
+            f"version {VERSION}; a newer graphwire may have written it)",
+        )
+    for name, kind in (
+        ("name", str),
+        ("num_nodes", int),
+        ("num_edges", int),
+        ("num_parts", int),
+        ("method", str),
+        ("params", dict),
+        ("offsets", list),
+        ("parts", list),
+    ):
+        if not isinstance(meta.get(name), kind):
+            raise DatasetError(
+                path,
+                f"field {name!r} must be a {kind.__name__}, found {meta.get(name)!r}",
+            )
+    num_parts, offsets = meta["num_parts"], meta["offsets"]
+    if (
+        num_parts < 1
+        or len(offsets) != num_parts + 1
+        or not all(isinstance(o, int) for o in offsets)
+        or offsets[0] != 0
+        or offsets[-1] != meta["num_nodes"]
+        or any(b < a for a, b in zip(offsets, offsets[1:], strict=False))
+    ):
+        raise DatasetError(
+            path,
+            f"offsets must be {num_parts + 1} non-decreasing ints from 0 to "
+            f"num_nodes={meta['num_nodes']}, found {offsets[:8]!r}",
+        )
+    if len(meta["parts"]) != num_parts:
+        raise DatasetError(
+            path, f"parts lists {len(meta['parts'])} entries, num_parts is {num_parts}"
+        )
+    for part_id, entry in enumerate(meta["parts"]):
+        _check_part_entry(path, part_id, entry)
+    return meta
+
+
+def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
+    where = f"parts[{part_id}]"
+    if not isinstance(entry, dict) or not isinstance(entry.get("arrays"), dict):
+        raise DatasetError(path, f"{where} must be an object with an 'arrays' object")
+    arrays = entry["arrays"]
+    missing = [n for n in _REQUIRED if n not in arrays]
+    unknown = sorted(set(arrays) - set(_REQUIRED) - set(_OPTIONAL))
+    if missing or unknown:
+        raise DatasetError(
+            path, f"{where}.arrays: missing {missing}, unknown {unknown}"
+        )
+    for name, spec in arrays.items():
+        if not (
+            isinstance(spec, dict)
+            and isinstance(spec.get("dtype"), str)
+            and isinstance(spec.get("shape"), list)
+            and all(isinstance(n, int) for n in spec["shape"])
+            and isinstance(spec.get("sha256"), str)
+        ):
+            raise DatasetError(
+                path,
+                f"{where}.arrays.{name} must be {{'dtype': str, 'shape': [int, "
+                f"...], 'sha256': str}}, found {spec!r}",
+            )
+
+
+def _load_array(
+    path: Path, spec: dict[str, Any], mmap: bool, verify: bool
+) -> np.ndarray:
+    if not path.is_file():
+        raise DatasetError(path, "missing (listed in meta.json)")
+    if verify:
+        digest = sha256_file(path)
+        if digest != spec["sha256"]:
+            raise DatasetError(
+                path,
+                f"checksum mismatch: sha256 is {digest}, meta.json says "
+                f"{spec['sha256']} (the file changed after it was written)",
+            )
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
+    if not isinstance(array, np.ndarray):
+        raise DatasetError(path, "expected one array, found an archive")
+    if array.dtype.name != spec["dtype"] or list(array.shape) != spec["shape"]:
+        raise DatasetError(
+            path,
+            f"holds {array.dtype.name} {list(array.shape)}, but meta.json says "
+            f"{spec['dtype']} {spec['shape']}",
+        )
+    return array
+
+
+def _check_part(
+    where: Path,
+    arrays: dict[str, np.ndarray],
+    num_owned: int,
+    num_nodes: int,
+    verify: bool,
+) -> None:
+    """Shapes and CSR ends always (cheap); every value with ``verify``."""
+
+    def fail(name: str, problem: str) -> DatasetError:
+        return DatasetError(where / f"{name}.npy", problem)
+
+    rows = {"orig_nid": num_owned, "indptr": num_owned + 1, "x": num_owned}
+    rows["y"] = num_owned
+    for name, expected in rows.items():
+        if name in arrays and arrays[name].shape[0] != expected:
+            raise fail(
+                name,
+                f"expected {expected} rows (part owns {num_owned} nodes by the "
+                f"meta.json offsets), found {arrays[name].shape[0]}",
+            )
+    indptr, indices = arrays["indptr"], arrays["indices"]
+    if int(indptr[0]) != 0 or int(indptr[-1]) != indices.shape[0]:
+        raise fail(
+            "indptr",
+            f"must run from 0 to len(indices)={indices.shape[0]}, found "
+            f"{int(indptr[0])}..{int(indptr[-1])}",
+        )
+    if not verify:
+        return
+    num_local = num_owned + arrays["halo_nid"].shape[0]
+    if not bool((np.diff(indptr) >= 0).all()):
+        raise fail("indptr", "must be non-decreasing")
+    if not _in_range(indices, num_local):
+        raise fail("indices", f"local IDs must lie in [0, {num_local})")
+    halo = arrays["halo_nid"]
+    if not (_in_range(halo, num_nodes) and bool((np.diff(halo) > 0).all())):
+        raise fail("halo_nid", f"must be ascending global IDs in [0, {num_nodes})")
+    if not _in_range(arrays["orig_nid"], num_nodes):
+        raise fail("orig_nid", f"original IDs must lie in [0, {num_nodes})")
+    for split in _SPLITS:
+        name = f"{split}_local"
+        if name in arrays and not _in_range(arrays[name], num_owned):
+            raise fail(name, f"owned-local IDs must lie in [0, {num_owned})")
+
+
+def _in_range(values: np.ndarray, high: int) -> bool:
+    return values.size == 0 or (int(values.min()) >= 0 and int(values.max()) < high)
+
+
+def _as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Share each array's memory with a tensor (no copy, mmap stays mmap)."""
+    with warnings.catch_warnings():
+        # Memory-mapped arrays are read-only; nothing writes through these tensors.
+        warnings.simplefilter("ignore", UserWarning)
+        return {name: torch.from_numpy(array) for name, array in arrays.items()}
