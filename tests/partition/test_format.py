@@ -1,0 +1,339 @@
+"""The partitioned folder: every node and edge exactly once, parts load alone.
+
+Graphs here have ``x[i] = [i, -i]`` and ``y[i] = i``, so one comparison with the
+original IDs checks that every part holds the right rows.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import graphwire.partition.format as fmt
+from graphwire.graph.errors import DatasetError
+from graphwire.graph.graph import Graph
+from graphwire.partition import (
+    Partition,
+    PartitionBook,
+    PartitionStats,
+    get_partitioner,
+    load_part,
+    load_partition_meta,
+    write_partitioned,
+)
+
+SPLITS = ("train", "val", "test")
+
+
+def make_graph(num_nodes: int, src: Any, dst: Any, rng: np.random.Generator) -> Graph:
+    nid = torch.arange(num_nodes, dtype=torch.float32)
+    return Graph.from_edge_index(
+        src,
+        dst,
+        num_nodes=num_nodes,
+        x=torch.stack([nid, -nid], 1),
+        y=torch.arange(num_nodes),
+        train_idx=np.flatnonzero(rng.random(num_nodes) < 0.4),
+        val_idx=np.flatnonzero(rng.random(num_nodes) < 0.2),
+        name="tiny",
+    )
+
+
+@st.composite
+def graph_and_partition(draw: st.DrawFn) -> tuple[Graph, Partition]:
+    """Up to 60 nodes and 300 edges; random, chunk, METIS or arbitrary parts."""
+    num_nodes = draw(st.integers(1, 60))
+    num_edges = draw(st.integers(0, 300))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    src = rng.integers(0, num_nodes, num_edges)
+    dst = rng.integers(0, num_nodes, num_edges)
+    graph = make_graph(num_nodes, src, dst, rng)
+    method = draw(st.sampled_from(["random", "chunk", "metis", "arbitrary"]))
+    if method == "arbitrary":  # may leave parts empty
+        num_parts = draw(st.integers(1, 5))
+        assignment = torch.from_numpy(rng.integers(0, num_parts, num_nodes))
+        return graph, Partition(assignment, num_parts)
+    num_parts = draw(st.integers(1, min(5, num_nodes)))
+    return graph, get_partitioner(method).partition(graph, num_parts, seed=1)
+
+
+def edge_multiset(src: torch.Tensor, dst: torch.Tensor) -> Counter[tuple[int, int]]:
+    return Counter(zip(src.tolist(), dst.tolist(), strict=True))
+
+
+@given(graph_and_partition())
+def test_every_node_and_edge_stored_once(case: tuple[Graph, Partition]) -> None:
+    graph, partition = case
+    book = PartitionBook.from_partition(partition)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_partitioned(graph, partition, Path(tmp) / "parts")
+        parts = [load_part(folder, i, verify=True) for i in range(partition.num_parts)]
+
+        owned = torch.cat([p.orig_nid for p in parts])
+        # Concatenated in part order, the owned nodes are the relabelling itself.
+        assert book.orig_from_new is not None
+        assert torch.equal(owned, book.orig_from_new)
+
+        all_src, all_dst = [], []
+        orig_src, orig_dst = graph.edge_index()
+        for lp in parts:
+            assert lp.global_range == book.part_range(lp.part_id)
+            assert torch.equal(lp.offsets, book.offsets)
+            # Each stored edge, in new global IDs.
+            src_new = lp.local_to_global(lp.indices)
+            dst_new = lp.local_to_global(lp.dst_of_edges())
+            all_src.append(src_new)
+            all_dst.append(dst_new)
+            # The part holds exactly the in-edges of its nodes, in CSR row order.
+            mine = partition.assignment[orig_dst] == lp.part_id
+            assert edge_multiset(book.orig_of(src_new), book.orig_of(dst_new)) == (
+                edge_multiset(orig_src[mine], orig_dst[mine])
+            )
+            _, row_sources = graph.subgraph_in_edges(lp.orig_nid)
+            assert torch.equal(book.orig_of(src_new), row_sources)
+            # Halo: exactly the sources owned elsewhere, sorted, in new IDs.
+            outside = {
+                int(s) for s in orig_src[mine] if partition.assignment[s] != lp.part_id
+            }
+            assert lp.halo_nid.tolist() == sorted(
+                book.new_of(torch.tensor(sorted(outside), dtype=torch.int64)).tolist()
+            )
+            assert bool((book.owner(lp.halo_nid) != lp.part_id).all())
+        # All parts together: the original edge multiset, relabelled.
+        assert edge_multiset(torch.cat(all_src), torch.cat(all_dst)) == edge_multiset(
+            book.new_of(orig_src), book.new_of(orig_dst)
+        )
+
+
+@given(graph_and_partition())
+def test_rows_and_splits_follow_their_nodes(case: tuple[Graph, Partition]) -> None:
+    graph, partition = case
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_partitioned(graph, partition, Path(tmp) / "parts")
+        for part_id in range(partition.num_parts):
+            lp = load_part(folder, part_id)
+            assert lp.x is not None and lp.y is not None
+            assert torch.equal(lp.x[:, 0], lp.orig_nid.to(torch.float32))
+            assert torch.equal(lp.x[:, 1], -lp.orig_nid.to(torch.float32))
+            assert torch.equal(lp.y, lp.orig_nid)
+            assert lp.test_local is None  # the graph has no test split
+            for split in ("train", "val"):
+                local = getattr(lp, f"{split}_local")
+                idx = getattr(graph, f"{split}_idx")
+                mine = idx[partition.assignment[idx] == part_id]
+                assert sorted(lp.orig_nid[local].tolist()) == sorted(mine.tolist())
+
+
+def test_meta_records_partition_and_stats(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    graph = make_graph(30, rng.integers(0, 30, 90), rng.integers(0, 30, 90), rng)
+    partition = get_partitioner("metis").partition(graph, 3, seed=4)
+    folder = write_partitioned(graph, partition, tmp_path / "parts")
+    meta = load_partition_meta(folder)
+    assert meta["format"] == "graphwire.partitioned" and meta["version"] == 1
+    assert (meta["name"], meta["num_nodes"], meta["num_edges"]) == ("tiny", 30, 90)
+    assert (meta["num_features"], meta["num_classes"]) == (2, 30)
+    assert meta["method"] == "metis" and meta["params"] == partition.params
+    assert meta["num_parts"] == 3 and len(meta["parts"]) == 3
+    book = PartitionBook.from_partition(partition)
+    assert meta["offsets"] == book.offsets.tolist()
+    assert meta["stats"] == json.loads(
+        json.dumps(PartitionStats.compute(graph, partition).as_dict())
+    )
+    entry = meta["parts"][1]
+    assert set(entry["arrays"]) == {
+        "orig_nid", "indptr", "indices", "halo_nid", "x", "y",
+        "train_local", "val_local",
+    }  # fmt: skip
+    for name, spec in entry["arrays"].items():
+        path = folder / "part_1" / f"{name}.npy"
+        assert fmt.sha256_file(path) == spec["sha256"]
+
+
+def test_graph_without_node_data(tmp_path: Path) -> None:
+    graph = Graph.from_edge_index([0, 1], [1, 2], num_nodes=4)
+    partition = Partition(torch.tensor([0, 1, 1, 0]), num_parts=2)
+    write_partitioned(graph, partition, tmp_path / "parts")
+    lp = load_part(tmp_path / "parts", 1)
+    assert lp.x is None and lp.y is None and lp.train_local is None
+    # Part 1 owns 1 and 2 (new IDs 2, 3); edge 0 -> 1 makes node 0 (new 0) halo.
+    assert lp.halo_nid.tolist() == [0]
+    assert lp.indptr.tolist() == [0, 1, 2]
+    assert lp.indices.tolist() == [2, 0]  # halo 0 -> local 2; node 1 -> local 0
+
+
+def test_arrays_are_memory_mapped(tmp_path: Path) -> None:
+    graph = Graph.from_edge_index([0, 1, 2], [1, 2, 0], num_nodes=3)
+    partition = Partition(torch.zeros(3, dtype=torch.int64), 1)
+    folder = write_partitioned(graph, partition, tmp_path / "parts")
+    mapped, read = load_part(folder, 0), load_part(folder, 0, mmap=False)
+    path = folder / "part_0" / "orig_nid.npy"
+    data = np.load(path)
+    data[0] = 7
+    with open(path, "r+b") as handle:  # rewrite the data in place
+        handle.seek(path.stat().st_size - data.nbytes)
+        handle.write(data.tobytes())
+    assert mapped.orig_nid.tolist() == [7, 1, 2]  # sees the file
+    assert read.orig_nid.tolist() == [0, 1, 2]  # a copy in memory
+
+
+def write_example(tmp_path: Path, num_parts: int = 3) -> Path:
+    rng = np.random.default_rng(1)
+    graph = make_graph(40, rng.integers(0, 40, 160), rng.integers(0, 40, 160), rng)
+    partition = get_partitioner("random").partition(graph, num_parts, seed=0)
+    return write_partitioned(graph, partition, tmp_path / "parts")
+
+
+def test_part_loads_without_the_others(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    expected = load_part(folder, 1, mmap=False, verify=True)
+    for name in ("indices", "x", "orig_nid"):
+        (folder / "part_0" / f"{name}.npy").write_bytes(b"garbage")
+    (folder / "part_2" / "indptr.npy").unlink()
+    lp = load_part(folder, 1, verify=True)
+    assert torch.equal(lp.indices, expected.indices)
+    assert lp.x is not None and expected.x is not None
+    assert torch.equal(lp.x, expected.x)
+    with pytest.raises(DatasetError, match="part_2/indptr.npy: missing"):
+        load_part(folder, 2)
+
+
+def test_write_refuses_existing_folder_unless_overwrite(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    graph = Graph.from_edge_index([0], [1], num_nodes=2)
+    partition = Partition(torch.tensor([0, 1]), num_parts=2)
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_partitioned(graph, partition, folder)
+    write_partitioned(graph, partition, folder, overwrite=True)
+    assert load_partition_meta(folder)["num_nodes"] == 2
+
+
+def test_interrupted_write_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    real_save = fmt.save_npy
+
+    def failing_save(folder: Path, name: str, array: np.ndarray) -> str:
+        calls.append(name)
+        if len(calls) == 10:  # part 0 has 8 arrays: this is in part 1
+            raise OSError("disk full")
+        return real_save(folder, name, array)
+
+    monkeypatch.setattr(fmt, "save_npy", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        write_example(tmp_path)
+    assert len(calls) == 10
+    assert list(tmp_path.iterdir()) == []  # no target, no temporary folder
+
+
+def test_write_rejects_mismatched_partition(tmp_path: Path) -> None:
+    graph = Graph.from_edge_index([0], [1], num_nodes=3)
+    with pytest.raises(ValueError, match="has 2 entries but graph"):
+        write_partitioned(graph, Partition(torch.tensor([0, 1]), 2), tmp_path / "p")
+    assert not (tmp_path / "p").exists()
+
+
+# ------------------------------------------------------------------ bad folders
+def edit_meta(folder: Path, **changes: Any) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    meta.update(changes)
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def test_missing_and_corrupt_meta(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    with pytest.raises(DatasetError, match="not a folder"):
+        load_part(tmp_path / "nowhere", 0)
+    (folder / "meta.json").write_text("{not json")
+    with pytest.raises(DatasetError, match=r"meta.json: not valid JSON"):
+        load_part(folder, 0)
+    (folder / "meta.json").unlink()
+    with pytest.raises(DatasetError, match=r"meta.json: missing"):
+        load_partition_meta(folder)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"format": "graphwire.graph"}, "format is 'graphwire.graph'"),
+        ({"version": 2}, "unknown version 2"),
+        ({"num_parts": "3"}, "field 'num_parts' must be a int"),
+        ({"offsets": [0, 5, 3, 40]}, "offsets must be 4 non-decreasing ints"),
+        ({"offsets": [0, 10, 20]}, "offsets must be 4"),
+        ({"parts": []}, "parts lists 0 entries, num_parts is 3"),
+    ],
+)
+def test_bad_meta_fields(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+    folder = write_example(tmp_path)
+    edit_meta(folder, **changes)
+    with pytest.raises(DatasetError, match=message) as info:
+        load_part(folder, 0)
+    assert info.value.path.endswith("meta.json")
+
+
+def test_bad_part_entry(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["parts"][2]["arrays"]["halo_nid"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        DatasetError, match=r"parts\[2\].arrays: missing \['halo_nid'\]"
+    ):
+        load_part(folder, 0)
+
+
+def test_part_id_out_of_range(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    with pytest.raises(ValueError, match="has 3 parts, found part_id=3"):
+        load_part(folder, 3)
+
+
+def test_truncated_array(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    path = folder / "part_1" / "indices.npy"
+    path.write_bytes(path.read_bytes()[:-8])
+    for mmap in (True, False):
+        with pytest.raises(DatasetError, match="part_1/indices.npy: truncated"):
+            load_part(folder, 1, mmap=mmap)
+
+
+def test_checksum_mismatch_needs_verify(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    path = folder / "part_0" / "x.npy"
+    data = np.load(path)
+    data[0, 0] += 1  # same shape, different bytes
+    np.save(path, data)
+    load_part(folder, 0)  # shapes are fine: no checksum read without verify
+    with pytest.raises(DatasetError, match="part_0/x.npy: checksum mismatch"):
+        load_part(folder, 0, verify=True)
+
+
+def test_wrong_shape_against_meta(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    np.save(folder / "part_0" / "y.npy", np.zeros(3, dtype=np.int64))
+    with pytest.raises(DatasetError, match=r"part_0/y.npy: holds int64 \[3\]"):
+        load_part(folder, 0)
+
+
+def test_verify_checks_values(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    path = folder / "part_0" / "indices.npy"
+    indices = np.load(path)
+    indices[0] = 10_000
+    np.save(path, indices)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["parts"][0]["arrays"]["indices"]["sha256"] = fmt.sha256_file(path)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    load_part(folder, 0)
+    with pytest.raises(DatasetError, match=r"indices.npy: local IDs must lie in"):
+        load_part(folder, 0, verify=True)
