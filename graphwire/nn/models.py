@@ -1,0 +1,198 @@
+"""`GNN`: a stack of one kind of layer, and `build_model` to make one by name.
+
+The model is written against :class:`~graphwire.nn.base.MessageGraph` only, so
+the same module trains on a full graph (the same MessageGraph for every layer),
+on sampled blocks (block ``l`` for layer ``l``, input layer first) and, later, in
+distributed engines that pass a ``fetch`` hook appending halo rows.
+
+Layer ``l`` runs::
+
+    h_src = fetch(l, h) if fetch else h      # [num_src_l, width_l]
+    h_src = dropout(h_src)                   # input_dropout for l = 0
+    h     = layer_l(mgs[l], h_src)           # [num_dst_l, width_{l+1}]
+    h     = activation(h)                    # all but the last layer
+
+Layer kinds are registered by name in :data:`LAYER_KINDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from graphwire.nn.base import MessageGraph
+from graphwire.nn.gat import GATConv
+from graphwire.nn.gcn import GCNConv
+from graphwire.nn.sage import SAGEConv
+
+__all__ = ["GNN", "LAYER_KINDS", "LayerKind", "ModelOptions", "build_model"]
+
+Fetch = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelOptions:
+    """Per-kind options that only some layer kinds read."""
+
+    heads: int = 8
+    out_heads: int = 1
+    attn_dropout: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKind:
+    """How to build one kind of layer.
+
+    Attributes:
+        hidden_layer: ``(in_dim, hidden, options) -> (module, output width)``.
+        output_layer: ``(in_dim, out_dim, options) -> module`` of width out_dim.
+        activation: applied after every layer but the last.
+    """
+
+    hidden_layer: Callable[[int, int, ModelOptions], tuple[nn.Module, int]]
+    output_layer: Callable[[int, int, ModelOptions], nn.Module]
+    activation: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _gat_hidden(in_dim: int, hidden: int, opt: ModelOptions) -> tuple[nn.Module, int]:
+    layer = GATConv(in_dim, hidden, opt.heads, True, attn_dropout=opt.attn_dropout)
+    return layer, hidden * opt.heads
+
+
+def _gat_output(in_dim: int, out_dim: int, opt: ModelOptions) -> nn.Module:
+    # The GAT paper averages the output heads (one head on Cora).
+    return GATConv(in_dim, out_dim, opt.out_heads, False, attn_dropout=opt.attn_dropout)
+
+
+LAYER_KINDS: dict[str, LayerKind] = {
+    "gcn": LayerKind(
+        hidden_layer=lambda i, h, _: (GCNConv(i, h), h),
+        output_layer=lambda i, o, _: GCNConv(i, o),
+        activation=F.relu,
+    ),
+    "sage": LayerKind(
+        hidden_layer=lambda i, h, _: (SAGEConv(i, h), h),
+        output_layer=lambda i, o, _: SAGEConv(i, o),
+        activation=F.relu,
+    ),
+    "gat": LayerKind(
+        hidden_layer=_gat_hidden, output_layer=_gat_output, activation=F.elu
+    ),
+}
+
+
+class GNN(nn.Module):
+    """``L`` message-passing layers with activation and dropout between them.
+
+    Args:
+        layers: the layers, input layer first.
+        activation: applied after every layer but the last.
+        dropout: dropout on the input of layers ``1..L-1``.
+        input_dropout: dropout on the input features (layer 0).
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        activation: Callable[[torch.Tensor], torch.Tensor],
+        dropout: float,
+        input_dropout: float,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.activation = activation
+        self.dropout = dropout
+        self.input_dropout = input_dropout
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def forward(
+        self,
+        mgs: Sequence[MessageGraph],
+        x: torch.Tensor,
+        fetch: Fetch | None = None,
+    ) -> torch.Tensor:
+        """Run every layer.
+
+        Args:
+            mgs: one MessageGraph per layer, input layer first; ``mgs[l].num_src``
+                rows go in, ``mgs[l].num_dst`` rows come out.
+            x: float [mgs[0].num_src, in_dim] (or the rows ``fetch(0, x)``
+                completes to that).
+            fetch: ``fetch(l, h) -> h_src``, called before layer ``l``; a
+                distributed engine appends halo rows. ``None``: ``h_src = h``.
+
+        Returns:
+            float [mgs[-1].num_dst, out_dim] logits.
+        """
+        if len(mgs) != self.num_layers:
+            raise ValueError(
+                f"mgs: expected one MessageGraph per layer ({self.num_layers}), "
+                f"got {len(mgs)}"
+            )
+        h = x
+        last = self.num_layers - 1
+        for index, (layer, mg) in enumerate(zip(self.layers, mgs, strict=True)):
+            h_src = fetch(index, h) if fetch is not None else h
+            p = self.input_dropout if index == 0 else self.dropout
+            h_src = F.dropout(h_src, p, self.training)
+            h = layer(mg, h_src)
+            if index < last:
+                h = self.activation(h)
+        return h
+
+
+def build_model(
+    name: str,
+    in_dim: int,
+    hidden: int,
+    out_dim: int,
+    num_layers: int = 2,
+    dropout: float = 0.5,
+    *,
+    input_dropout: float | None = None,
+    heads: int = 8,
+    out_heads: int = 1,
+    attn_dropout: float = 0.0,
+) -> GNN:
+    """Build a :class:`GNN` of ``num_layers`` layers of kind ``name``.
+
+    Args:
+        name: a key of :data:`LAYER_KINDS` ("gcn", "sage", "gat").
+        in_dim: input feature width.
+        hidden: hidden width (per head for GAT, whose hidden layers concatenate
+            ``heads`` heads).
+        out_dim: number of classes.
+        num_layers: number of layers (>= 1).
+        dropout: dropout between layers.
+        input_dropout: dropout on the input features (default: ``dropout``).
+        heads: GAT heads in hidden layers.
+        out_heads: GAT heads (averaged) in the output layer.
+        attn_dropout: GAT attention dropout.
+
+    Returns:
+        The model, with freshly initialised parameters (seed torch first).
+    """
+    if name not in LAYER_KINDS:
+        raise ValueError(
+            f"model: unknown layer kind {name!r}; known: {sorted(LAYER_KINDS)}"
+        )
+    if num_layers < 1:
+        raise ValueError(f"num_layers: need at least 1, got {num_layers}")
+    kind = LAYER_KINDS[name]
+    options = ModelOptions(heads=heads, out_heads=out_heads, attn_dropout=attn_dropout)
+    layers: list[nn.Module] = []
+    width = in_dim
+    for _ in range(num_layers - 1):
+        layer, width_out = kind.hidden_layer(width, hidden, options)
+        layers.append(layer)
+        width = width_out
+    layers.append(kind.output_layer(width, out_dim, options))
+    p_in = dropout if input_dropout is None else input_dropout
+    return GNN(layers, kind.activation, dropout, p_in)

@@ -1,0 +1,66 @@
+"""`SAGEConv`: GraphSAGE with the mean aggregator (Hamilton et al., NeurIPS 2017).
+
+``h'_d = W_self h_d + W_neigh mean_{s -> d} h_s + b``, as PyG ``SAGEConv`` and DGL
+``SAGEConv(aggregator_type="mean")``. The destination's own row is
+``h_src[:num_dst]`` (destinations are the first source rows); a destination
+without in-edges gets a zero neighbour mean.
+
+Shapes: ``h_src`` float [num_src, in_dim] -> float [num_dst, out_dim].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphwire.nn.base import MessageGraph, spmm_mean
+
+__all__ = ["SAGEConv"]
+
+
+class SAGEConv(nn.Module):
+    """One GraphSAGE-mean layer.
+
+    Args:
+        in_dim: input feature width.
+        out_dim: output feature width.
+        bias: add a learnable bias.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+        self.out_dim = out_dim
+        self.lin_self = nn.Linear(in_dim, out_dim, bias=False)
+        self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False)
+        self.bias = nn.Parameter(torch.empty(out_dim)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.xavier_uniform_(self.lin_self.weight)
+        nn.init.xavier_uniform_(self.lin_neigh.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
+        """Combine each destination's own row with the mean of its neighbours.
+
+        Args:
+            mg: message graph (``edge_weight`` is ignored).
+            h_src: float [num_src, in_dim].
+
+        Returns:
+            float [num_dst, out_dim].
+        """
+        if self.in_dim > self.out_dim:
+            # The mean is linear: project first so the sparse product is narrower.
+            neigh = spmm_mean(mg, self.lin_neigh(h_src))
+        else:
+            neigh = self.lin_neigh(spmm_mean(mg, h_src))
+        out = self.lin_self(h_src[: mg.num_dst]) + neigh
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.in_dim}, {self.out_dim}, aggregator=mean"

@@ -1,0 +1,147 @@
+"""Aggregation primitives: dense references, gradcheck, caching, validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from graphwire.graph.graph import Graph
+from graphwire.nn.base import MessageGraph, edge_softmax, spmm_mean, spmm_sum
+
+
+def _bipartite(num_src: int, num_dst: int, num_edges: int, seed: int) -> MessageGraph:
+    """A random bipartite MessageGraph (duplicates allowed, some empty rows)."""
+    rng = np.random.default_rng(seed)
+    dst = np.sort(rng.integers(0, num_dst, num_edges))
+    src = rng.integers(0, num_src, num_edges)
+    indptr = np.zeros(num_dst + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_dst), out=indptr[1:])
+    return MessageGraph(
+        torch.from_numpy(indptr), torch.from_numpy(src), num_src, num_dst
+    )
+
+
+def _dense(mg: MessageGraph, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense [num_dst, num_src] matrix: the sum of edge weights per (dst, src)."""
+    values = torch.ones(mg.num_edges, dtype=torch.float64) if weight is None else weight
+    dense = torch.zeros(mg.num_dst, mg.num_src, dtype=values.dtype)
+    return dense.index_put_((mg.dst_of_edges, mg.indices), values, accumulate=True)
+
+
+@given(
+    num_src=st.integers(1, 12),
+    extra=st.integers(0, 5),
+    num_edges=st.integers(0, 40),
+    seed=st.integers(0, 1000),
+)
+def test_sum_and_mean_match_dense_products(num_src, extra, num_edges, seed) -> None:
+    mg = _bipartite(num_src + extra, num_src, num_edges, seed)
+    h = torch.randn(mg.num_src, 3, dtype=torch.float64)
+    weight = torch.rand(mg.num_edges, dtype=torch.float64)
+    dense = _dense(mg)
+    torch.testing.assert_close(spmm_sum(mg, h), dense @ h)
+    torch.testing.assert_close(spmm_sum(mg, h, weight), _dense(mg, weight) @ h)
+    mean = dense / dense.sum(1, keepdim=True).clamp(min=1)
+    torch.testing.assert_close(spmm_mean(mg, h), mean @ h)
+
+
+def test_gradcheck_sum_mean_and_edge_weights() -> None:
+    mg = _bipartite(9, 6, 30, seed=1)
+    h = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(30, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda h: spmm_sum(mg, h), (h,))
+    assert torch.autograd.gradcheck(lambda h, w: spmm_sum(mg, h, w), (h, w))
+    assert torch.autograd.gradcheck(lambda h: spmm_mean(mg, h), (h,))
+    # Per-head weights (GAT): h [S, H, F], w [E, H].
+    h3 = torch.randn(9, 2, 3, dtype=torch.float64, requires_grad=True)
+    w3 = torch.rand(30, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda h, w: spmm_sum(mg, h, w), (h3, w3))
+
+
+def test_gradcheck_with_cached_graph_weights() -> None:
+    """The cached transposed edge_weight gives the same gradient as a fresh one."""
+    base = _bipartite(7, 7, 25, seed=2)
+    weight = torch.rand(25, dtype=torch.float64)
+    mg = MessageGraph(base.indptr, base.indices, 7, 7, weight)
+    h = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda h: spmm_sum(mg, h, mg.edge_weight), (h,))
+    assert mg.own_weight_name(mg.edge_weight) == "edge_weight"
+    (grad,) = torch.autograd.grad(spmm_sum(mg, h, mg.edge_weight).sum(), h)
+    (fresh,) = torch.autograd.grad(spmm_sum(mg, h, weight.clone()).sum(), h)
+    torch.testing.assert_close(grad, fresh)
+    torch.testing.assert_close(
+        grad, _dense(mg, weight).sum(0).unsqueeze(1).expand(7, 3)
+    )
+
+
+def test_float32_gradient_matches_dense_autograd() -> None:
+    mg = _bipartite(50, 40, 300, seed=3)
+    h = torch.randn(50, 8, requires_grad=True)
+    upstream = torch.randn(40, 8)
+    (ours,) = torch.autograd.grad(spmm_mean(mg, h), h, upstream)
+    dense = _dense(mg).float()
+    dense = dense / dense.sum(1, keepdim=True).clamp(min=1)
+    (ref,) = torch.autograd.grad(dense @ h, h, upstream)
+    torch.testing.assert_close(ours, ref)
+
+
+def test_edge_softmax_is_a_stable_per_destination_softmax() -> None:
+    mg = _bipartite(8, 5, 24, seed=4)
+    scores = torch.randn(24, 3, dtype=torch.float64) * 5 + 1000  # would overflow exp
+    alpha = edge_softmax(mg, scores)
+    assert torch.isfinite(alpha).all()
+    dense = torch.full((5, 24, 3), float("-inf"), dtype=torch.float64)
+    dense[mg.dst_of_edges, torch.arange(24)] = scores
+    ref = torch.softmax(dense, dim=1)[mg.dst_of_edges, torch.arange(24)]
+    torch.testing.assert_close(alpha, ref)
+    sums = torch.zeros(5, 3, dtype=torch.float64).index_add(0, mg.dst_of_edges, alpha)
+    has_edges = mg.in_degrees() > 0
+    torch.testing.assert_close(sums[has_edges], torch.ones_like(sums[has_edges]))
+    s = torch.randn(24, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s: edge_softmax(mg, s), (s,))
+
+
+def test_from_graph_and_degree_views() -> None:
+    graph = Graph.from_edge_index(
+        torch.tensor([0, 1, 2, 2]), torch.tensor([1, 2, 0, 1]), num_nodes=3
+    )
+    mg = MessageGraph.from_graph(graph)
+    assert (mg.num_src, mg.num_dst, mg.num_edges) == (3, 3, 4)
+    assert mg.edge_weight is None
+    looped = MessageGraph.from_graph(graph, add_self_loops=True, gcn_weights=True)
+    assert looped.num_edges == 7
+    assert looped.edge_weight is not None
+    torch.testing.assert_close(looped.edge_weight, graph.add_self_loops().gcn_norm)
+    # The block's own symmetric normalisation equals gcn_norm on a full graph.
+    torch.testing.assert_close(looped.sym_norm, looped.edge_weight)
+    assert mg.out_degrees.tolist() == [1, 1, 2]
+
+
+def test_transpose_is_built_once() -> None:
+    mg = _bipartite(6, 4, 12, seed=5)
+    h = torch.randn(6, 2, requires_grad=True)
+    spmm_mean(mg, h).sum().backward()
+    first = mg._transpose
+    spmm_mean(mg, h).sum().backward()
+    assert mg._transpose is first
+    assert mg.transposed("mean_weight", mg.mean_weight) is mg.transposed(
+        "mean_weight", mg.mean_weight
+    )
+
+
+def test_bad_shapes_are_rejected() -> None:
+    indptr, indices = torch.tensor([0, 1, 2]), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="num_src"):
+        MessageGraph(indptr, indices, 1, 2)
+    with pytest.raises(ValueError, match="indptr"):
+        MessageGraph(indptr, indices, 3, 3)
+    with pytest.raises(ValueError, match="int64"):
+        MessageGraph(indptr.int(), indices, 2, 2)
+    with pytest.raises(ValueError, match="edge_weight"):
+        MessageGraph(indptr, indices, 2, 2, torch.ones(3))
+    mg = MessageGraph(indptr, indices, 2, 2)
+    with pytest.raises(ValueError, match="h_src"):
+        spmm_sum(mg, torch.ones(3, 1))

@@ -1,0 +1,151 @@
+"""GCN, SAGE and GAT layers against dense-adjacency references, and on blocks.
+
+Tolerances: float64 everywhere except the block tests (float32, default
+``assert_close`` tolerances: the same sums in a different order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graphwire.graph.graph import Graph
+from graphwire.nn import GATConv, GCNConv, MessageGraph, SAGEConv, build_model
+from graphwire.sampler import UniformNeighborSampler
+
+
+def _graph(num_nodes: int = 30, num_edges: int = 120, seed: int = 0) -> Graph:
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, num_nodes, num_edges)
+    dst = rng.integers(0, num_nodes, num_edges)
+    x = rng.standard_normal((num_nodes, 5)).astype(np.float32)
+    graph = Graph.from_edge_index(src, dst, num_nodes=num_nodes, x=x)
+    return graph.deduplicate()
+
+
+def _adjacency(mg: MessageGraph) -> torch.Tensor:
+    """Dense 0/1 float64 [num_dst, num_src]."""
+    dense = torch.zeros(mg.num_dst, mg.num_src, dtype=torch.float64)
+    dense[mg.dst_of_edges, mg.indices] = 1.0
+    return dense
+
+
+def _gcn_reference(layer: GCNConv, adj: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    out_deg = adj.sum(0).clamp(min=1)
+    in_deg = adj.sum(1).clamp(min=1)
+    norm = in_deg.rsqrt().unsqueeze(1) * adj * out_deg.rsqrt().unsqueeze(0)
+    assert layer.bias is not None
+    return norm @ h @ layer.weight + layer.bias
+
+
+def _sage_reference(
+    layer: SAGEConv, adj: torch.Tensor, h: torch.Tensor
+) -> torch.Tensor:
+    mean = adj / adj.sum(1, keepdim=True).clamp(min=1)
+    assert layer.bias is not None
+    num_dst = adj.shape[0]
+    return (
+        h[:num_dst] @ layer.lin_self.weight.T
+        + mean @ h @ layer.lin_neigh.weight.T
+        + layer.bias
+    )
+
+
+def _gat_reference(layer: GATConv, adj: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    z = (h @ layer.lin.weight.T).view(h.shape[0], layer.heads, layer.out_dim)
+    score_src = (z * layer.att_src).sum(-1)  # [S, H]
+    score_dst = (z[: adj.shape[0]] * layer.att_dst).sum(-1)  # [D, H]
+    scores = score_dst.unsqueeze(1) + score_src.unsqueeze(0)  # [D, S, H]
+    scores = F.leaky_relu(scores, layer.negative_slope)
+    scores = scores.masked_fill(adj.unsqueeze(-1) == 0, float("-inf"))
+    alpha = torch.softmax(scores, dim=1).nan_to_num(0.0)  # rows without edges
+    out = torch.einsum("dsh,shf->dhf", alpha, z)
+    out = out.flatten(1) if layer.concat else out.mean(1)
+    assert layer.bias is not None
+    return out + layer.bias
+
+
+@pytest.mark.parametrize("bipartite", [False, True])
+def test_gcn_equals_dense_reference(bipartite: bool) -> None:
+    torch.manual_seed(0)
+    graph = _graph().add_self_loops()
+    mg = MessageGraph.from_graph(graph)
+    if bipartite:  # only the first 12 nodes are destinations
+        cut = int(graph.indptr[12])
+        mg = MessageGraph(graph.indptr[:13], graph.indices[:cut], 30, 12)
+    for in_dim, out_dim in ((5, 3), (3, 5)):  # both multiplication orders
+        layer = GCNConv(in_dim, out_dim).double()
+        h = torch.randn(mg.num_src, in_dim, dtype=torch.float64)
+        ref = _gcn_reference(layer, _adjacency(mg), h)
+        torch.testing.assert_close(layer(mg, h), ref)
+
+
+def test_gcn_uses_edge_weight_when_given() -> None:
+    torch.manual_seed(0)
+    graph = _graph()
+    weight = torch.rand(graph.num_edges)
+    mg = MessageGraph(graph.indptr, graph.indices, 30, 30, weight)
+    layer = GCNConv(5, 4)
+    h = torch.randn(30, 5)
+    dense = torch.zeros(30, 30)
+    dense[mg.dst_of_edges, mg.indices] = weight
+    assert layer.bias is not None
+    torch.testing.assert_close(layer(mg, h), dense @ h @ layer.weight + layer.bias)
+
+
+@pytest.mark.parametrize("dims", [(5, 3), (3, 5)])
+def test_sage_equals_dense_reference(dims: tuple[int, int]) -> None:
+    torch.manual_seed(1)
+    mg = MessageGraph.from_graph(_graph(seed=1))
+    layer = SAGEConv(*dims).double()
+    h = torch.randn(30, dims[0], dtype=torch.float64)
+    torch.testing.assert_close(layer(mg, h), _sage_reference(layer, _adjacency(mg), h))
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_gat_equals_dense_reference(concat: bool) -> None:
+    torch.manual_seed(2)
+    mg = MessageGraph.from_graph(_graph(seed=2).add_self_loops())
+    layer = GATConv(5, 4, heads=3, concat=concat).double()
+    h = torch.randn(30, 5, dtype=torch.float64)
+    out = layer(mg, h)
+    assert out.shape == (30, 12 if concat else 4)
+    torch.testing.assert_close(out, _gat_reference(layer, _adjacency(mg), h))
+
+
+def test_gat_gradients_match_dense_reference() -> None:
+    torch.manual_seed(3)
+    mg = MessageGraph.from_graph(_graph(seed=3).add_self_loops())
+    layer = GATConv(5, 2, heads=2).double()
+    h = torch.randn(30, 5, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(30, 4, dtype=torch.float64)
+    params = [h, *layer.parameters()]
+    ours = torch.autograd.grad(layer(mg, h), params, upstream)
+    ref = torch.autograd.grad(
+        _gat_reference(layer, _adjacency(mg), h), params, upstream
+    )
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage", "gat"])
+def test_blocks_with_all_neighbours_equal_full_graph(kind: str) -> None:
+    """A 2-layer model on sampled blocks (fan-out >= max degree) gives the
+    full-graph logits of the seeds. GCN blocks carry the full graph's weights."""
+    torch.manual_seed(4)
+    graph = _graph(num_nodes=60, num_edges=300, seed=4)
+    if kind in ("gcn", "gat"):
+        graph = graph.add_self_loops()
+    weight = graph.gcn_norm if kind == "gcn" else None
+    full = MessageGraph(graph.indptr, graph.indices, 60, 60, weight)
+    model = build_model(kind, 5, 8, 3, num_layers=2, heads=2).eval()
+    assert graph.x is not None
+    expected = model([full, full], graph.x)
+    max_degree = int(graph.in_degrees().max())
+    sampler = UniformNeighborSampler(graph, [max_degree, 1000], edge_weight=weight)
+    seeds = torch.tensor([5, 17, 3, 42, 0, 59])
+    batch = sampler.sample(seeds, 0)
+    logits = model(batch.blocks, graph.x[batch.input_nid])
+    torch.testing.assert_close(logits, expected[seeds])

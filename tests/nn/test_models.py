@@ -1,0 +1,99 @@
+"""build_model and GNN: registry, widths, the fetch hook, dropout placement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphwire.graph.graph import Graph
+from graphwire.nn import LAYER_KINDS, GATConv, MessageGraph, build_model
+
+
+def _ring(n: int = 10) -> MessageGraph:
+    src = torch.arange(n)
+    graph = Graph.from_edge_index(
+        torch.cat([src, (src + 1) % n]), torch.cat([(src + 1) % n, src]), num_nodes=n
+    )
+    return MessageGraph.from_graph(graph, add_self_loops=True)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYER_KINDS))
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+def test_output_shape_and_backward(kind: str, num_layers: int) -> None:
+    torch.manual_seed(0)
+    mg = _ring()
+    model = build_model(kind, 6, 4, 3, num_layers=num_layers, heads=2)
+    assert model.num_layers == num_layers
+    x = torch.randn(10, 6)
+    out = model([mg] * num_layers, x)
+    assert out.shape == (10, 3)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_gat_hidden_layers_concatenate_heads() -> None:
+    model = build_model("gat", 6, 4, 3, num_layers=3, heads=5, out_heads=2)
+    first, middle, last = model.layers
+    assert isinstance(first, GATConv) and isinstance(last, GATConv)
+    assert (first.in_dim, first.output_width) == (6, 20)
+    assert isinstance(middle, GATConv) and middle.in_dim == 20
+    assert (last.heads, last.concat, last.output_width) == (2, False, 3)
+
+
+def test_fetch_is_called_per_layer_with_the_current_rows() -> None:
+    torch.manual_seed(0)
+    mg = _ring()
+    model = build_model("sage", 6, 4, 3, num_layers=2).eval()
+    x = torch.randn(10, 6)
+    calls: list[tuple[int, tuple[int, ...]]] = []
+
+    def fetch(layer: int, h: torch.Tensor) -> torch.Tensor:
+        calls.append((layer, tuple(h.shape)))
+        return h
+
+    torch.testing.assert_close(model([mg, mg], x, fetch), model([mg, mg], x))
+    assert calls == [(0, (10, 6)), (1, (10, 4))]
+
+
+def test_fetch_can_append_halo_rows() -> None:
+    """A MessageGraph over 4 owned + 2 halo rows, the halo supplied by fetch,
+    gives the full graph's output on the owned rows."""
+    torch.manual_seed(1)
+    full = _ring(6)
+    model = build_model("gcn", 3, 4, 2, num_layers=1).eval()
+    x = torch.randn(6, 3)
+    # Rows 0-3 are owned, 4-5 are halo. Block-local degrees would differ from
+    # the full graph's, so the owned graph carries the full graph's weights, as
+    # a distributed engine's would.
+    num_owned_edges = int(full.indptr[4])
+    owned = MessageGraph(
+        full.indptr[:5],
+        full.indices[:num_owned_edges],
+        6,
+        4,
+        full.sym_norm[:num_owned_edges],
+    )
+    full_w = MessageGraph(full.indptr, full.indices, 6, 6, full.sym_norm)
+    out = model([owned], x[:4], lambda layer, h: torch.cat([h, x[4:]]))
+    torch.testing.assert_close(out, model([full_w], x)[:4])
+
+
+def test_dropout_only_in_training() -> None:
+    torch.manual_seed(0)
+    mg = _ring()
+    model = build_model("gcn", 6, 4, 3, dropout=0.9)
+    x = torch.randn(10, 6)
+    model.eval()
+    torch.testing.assert_close(model([mg, mg], x), model([mg, mg], x))
+    model.train()
+    assert not torch.equal(model([mg, mg], x), model([mg, mg], x))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="unknown layer kind"):
+        build_model("gin", 2, 2, 2)
+    with pytest.raises(ValueError, match="num_layers"):
+        build_model("gcn", 2, 2, 2, num_layers=0)
+    model = build_model("gcn", 2, 2, 2, num_layers=2)
+    with pytest.raises(ValueError, match="one MessageGraph per layer"):
+        model([_ring()], torch.randn(10, 2))
