@@ -1,0 +1,164 @@
+"""UniformNeighborSampler: real edges, fan-outs, uniformity, determinism, labels."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.stats import chisquare
+
+from graphwire.graph.graph import Graph
+from graphwire.sampler import Block, SampledBatch, UniformNeighborSampler
+
+
+def _random_graph(num_nodes: int, num_edges: int, seed: int) -> Graph:
+    rng = np.random.default_rng(seed)
+    # Skewed sources, so some nodes have far more neighbours than the fan-out.
+    src = (rng.random(num_edges) ** 3 * num_nodes).astype(np.int64)
+    dst = rng.integers(0, num_nodes, num_edges)
+    return Graph.from_edge_index(src, dst, num_nodes=num_nodes).deduplicate()
+
+
+def _check_block(graph: Graph, block: Block, fanout: int) -> None:
+    """Every edge is a real graph edge; fan-out and distinctness hold per dst."""
+    dst_row = block.dst_of_edges
+    # eid names a CSR position inside the destination's own row ...
+    start = graph.indptr[block.dst_nid][dst_row]
+    end = graph.indptr[block.dst_nid + 1][dst_row]
+    assert bool(((block.eid >= start) & (block.eid < end)).all())
+    # ... whose source is the block's source row.
+    assert torch.equal(graph.indices[block.eid], block.src_nid[block.indices])
+    edges = set(zip(*(t.tolist() for t in graph.edge_index()), strict=True))
+    sampled = zip(
+        block.src_nid[block.indices].tolist(),
+        block.dst_nid[dst_row].tolist(),
+        strict=True,
+    )
+    assert all(edge in edges for edge in sampled)
+    degree = graph.in_degrees()[block.dst_nid]
+    expected = degree if fanout < 0 else degree.clamp(max=fanout)
+    assert torch.equal(block.in_degrees(), expected)
+    for d in range(block.num_dst):
+        row = block.indices[block.indptr[d] : block.indptr[d + 1]]
+        assert row.unique().numel() == row.numel(), "duplicate neighbour"
+
+
+def _check_relabelling(batch: SampledBatch, seeds: torch.Tensor) -> None:
+    assert torch.equal(batch.blocks[-1].dst_nid, seeds)
+    for block in batch.blocks:
+        assert torch.equal(block.src_nid[: block.num_dst], block.dst_nid)
+        assert block.src_nid.unique().numel() == block.num_src
+        assert bool((block.indices < block.num_src).all())
+        # Every source row beyond the destinations is used by some edge.
+        used = torch.zeros(block.num_src, dtype=torch.bool)
+        used[block.indices] = True
+        assert bool(used[block.num_dst :].all())
+    for inner, outer in itertools.pairwise(batch.blocks):
+        assert torch.equal(inner.dst_nid, outer.src_nid)
+    assert torch.equal(batch.input_nid, batch.blocks[0].src_nid)
+
+
+@given(
+    num_nodes=st.integers(1, 60),
+    num_edges=st.integers(0, 400),
+    fanouts=st.lists(st.sampled_from([-1, 1, 2, 3, 5]), min_size=1, max_size=3),
+    seed=st.integers(0, 2**31),
+)
+def test_blocks_are_valid_subgraphs(num_nodes, num_edges, fanouts, seed) -> None:
+    graph = _random_graph(num_nodes, num_edges, seed)
+    gen = torch.Generator().manual_seed(seed)
+    seeds = torch.randperm(num_nodes, generator=gen)[: max(1, num_nodes // 3)]
+    batch = UniformNeighborSampler(graph, fanouts).sample(seeds, seed)
+    assert len(batch.blocks) == len(fanouts)
+    for block, fanout in zip(batch.blocks, fanouts, strict=True):
+        _check_block(graph, block, fanout)
+    _check_relabelling(batch, seeds)
+    assert batch.num_sampled_edges == sum(b.num_edges for b in batch.blocks)
+
+
+def test_subsets_are_uniform() -> None:
+    """Fan-out 3 of 10 neighbours: each neighbour and each 3-subset equally likely.
+
+    12,000 destinations share the same 10 in-neighbours, so one call gives
+    12,000 independent draws (fixed seed: the test is deterministic).
+    """
+    num_dst, k = 12_000, 3
+    dst = torch.arange(10, 10 + num_dst).repeat_interleave(10)
+    src = torch.arange(10).repeat(num_dst)
+    graph = Graph.from_edge_index(src, dst, num_nodes=10 + num_dst)
+    seeds = torch.arange(10, 10 + num_dst)
+    block = UniformNeighborSampler(graph, [k]).sample(seeds, 1234).blocks[0]
+    neighbours = block.src_nid[block.indices].view(num_dst, k)
+    per_node = torch.bincount(neighbours.view(-1), minlength=10).numpy()
+    assert chisquare(per_node).pvalue > 1e-3
+    subsets = Counter(tuple(sorted(row)) for row in neighbours.tolist())
+    counts = [subsets.get(c, 0) for c in itertools.combinations(range(10), k)]
+    assert sum(counts) == num_dst
+    assert chisquare(counts).pvalue > 1e-3
+
+
+def test_repeated_draws_of_one_node_are_uniform() -> None:
+    graph = Graph.from_edge_index(
+        torch.arange(1, 11), torch.zeros(10, dtype=torch.long)
+    )
+    sampler = UniformNeighborSampler(graph, [3], seed=7)
+    counts = torch.zeros(11, dtype=torch.long)
+    for _ in range(600):  # the sampler's own generator advances per call
+        block = sampler.sample(torch.tensor([0])).blocks[0]
+        counts += torch.bincount(block.src_nid[block.indices], minlength=11)
+    assert int(counts[0]) == 0
+    assert chisquare(counts[1:].numpy()).pvalue > 1e-3
+
+
+def test_same_seed_same_batch_and_different_seed_differs() -> None:
+    graph = _random_graph(500, 8000, seed=3)
+    sampler = UniformNeighborSampler(graph, [4, 3])
+    seeds = torch.arange(0, 500, 7)
+    one, two = sampler.sample(seeds, 99), sampler.sample(seeds, 99)
+    gen = torch.Generator().manual_seed(99)
+    three = sampler.sample(seeds, gen)
+    for a, b, c in zip(one.blocks, two.blocks, three.blocks, strict=True):
+        for field in ("indptr", "indices", "src_nid", "dst_nid", "eid"):
+            assert torch.equal(getattr(a, field), getattr(b, field))
+            assert torch.equal(getattr(a, field), getattr(c, field))
+    other = sampler.sample(seeds, 100)
+    assert not torch.equal(other.blocks[-1].eid, one.blocks[-1].eid)
+
+
+def test_full_fanout_takes_every_in_edge_and_weights_follow() -> None:
+    graph = _random_graph(100, 700, seed=5)
+    weight = torch.rand(graph.num_edges)
+    sampler = UniformNeighborSampler(graph, [-1, 1000], edge_weight=weight)
+    batch = sampler.sample(torch.tensor([3, 1, 4, 15, 9]))
+    for block in batch.blocks:
+        assert torch.equal(block.in_degrees(), graph.in_degrees()[block.dst_nid])
+        assert block.edge_weight is not None
+        assert torch.equal(block.edge_weight, weight[block.eid])
+
+
+def test_isolated_seeds_give_empty_rows() -> None:
+    graph = Graph.from_edge_index(torch.tensor([0]), torch.tensor([1]), num_nodes=4)
+    batch = UniformNeighborSampler(graph, [2, 2]).sample(torch.tensor([2, 1]))
+    assert batch.blocks[-1].in_degrees().tolist() == [0, 1]
+    assert batch.blocks[-1].src_nid.tolist() == [2, 1, 0]
+    assert batch.blocks[0].src_nid.tolist() == [2, 1, 0]
+
+
+@pytest.mark.parametrize("fanouts", [[], [0], [3, -2]])
+def test_bad_fanouts_are_rejected(fanouts) -> None:
+    graph = _random_graph(10, 20, seed=0)
+    with pytest.raises(ValueError, match="fanouts"):
+        UniformNeighborSampler(graph, fanouts)
+
+
+def test_bad_seeds_and_weights_are_rejected() -> None:
+    graph = _random_graph(10, 20, seed=0)
+    with pytest.raises(ValueError, match="distinct"):
+        UniformNeighborSampler(graph, [2]).sample(torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="edge_weight"):
+        UniformNeighborSampler(graph, [2], edge_weight=torch.ones(3))
