@@ -44,7 +44,7 @@ import torch
 from graphwire.fsutil import atomic_dir, save_npy, sha256_file, write_json
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
-from graphwire.partition.base import Partition
+from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
 from graphwire.partition.local import LocalPart
 from graphwire.partition.stats import PartitionStats
@@ -99,6 +99,12 @@ def write_partitioned(
     folder = Path(folder)
     if stats is None:
         stats = PartitionStats.compute(graph, partition)
+    elif stats.num_parts != partition.num_parts or stats.num_edges != graph.num_edges:
+        raise ValueError(
+            f"stats: computed for {stats.num_parts} parts and {stats.num_edges} "
+            f"edges, but the partition has {partition.num_parts} parts and the "
+            f"graph {graph.num_edges} edges"
+        )
     book = PartitionBook.from_partition(partition)
     assert book.new_from_orig is not None and book.orig_from_new is not None
     new_from_orig = book.new_from_orig.numpy()
@@ -114,8 +120,8 @@ def write_partitioned(
         for split in _SPLITS
         if (idx := getattr(graph, f"{split}_idx")) is not None
     }
-    x = None if graph.x is None else graph.x.numpy()
-    y = None if graph.y is None else graph.y.numpy()
+    x = None if graph.x is None else graph.x.detach().cpu().numpy()
+    y = None if graph.y is None else graph.y.cpu().numpy()
 
     parts_meta: list[dict[str, Any]] = []
     with atomic_dir(folder, overwrite=overwrite) as tmp:
@@ -124,7 +130,7 @@ def write_partitioned(
             first, last = int(indptr_new[start]), int(indptr_new[stop])
             src = src_new[first:last]
             owned = (src >= start) & (src < stop)
-            halo_nid = np.unique(src[~owned])
+            halo_nid = unique_sorted(src[~owned])
             num_owned = stop - start
             local = np.where(
                 owned, src - start, num_owned + np.searchsorted(halo_nid, src)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.graph import Graph
-from graphwire.partition.base import Partition
+from graphwire.partition.base import Partition, unique_sorted
 
 __all__ = ["PER_PART", "PartitionStats"]
 
@@ -76,7 +76,7 @@ class PartitionStats:
 
         cut = src_part != dst_part
         # A halo node of part p is a distinct (p, src) pair over cut edges into p.
-        halo_pairs = np.unique(dst_part[cut] * np.int64(num_nodes) + src[cut])
+        halo_pairs = unique_sorted(dst_part[cut] * np.int64(num_nodes) + src[cut])
         in_degree = graph.in_degrees().numpy()
         split_counts = {}
         for split in ("train", "val", "test"):

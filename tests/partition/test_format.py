@@ -240,6 +240,10 @@ def test_write_rejects_mismatched_partition(tmp_path: Path) -> None:
     graph = Graph.from_edge_index([0], [1], num_nodes=3)
     with pytest.raises(ValueError, match="has 2 entries but graph"):
         write_partitioned(graph, Partition(torch.tensor([0, 1]), 2), tmp_path / "p")
+    partition = Partition(torch.tensor([0, 1, 1]), 2)
+    other = PartitionStats.compute(graph, Partition(torch.zeros(3).long(), 1))
+    with pytest.raises(ValueError, match="stats: computed for 1 parts"):
+        write_partitioned(graph, partition, tmp_path / "p", stats=other)
     assert not (tmp_path / "p").exists()
 
 
