@@ -8,7 +8,11 @@ import torch
 
 from graphwire.graph.graph import Graph
 from graphwire.partition import PARTITIONERS, Partition, get_partitioner
-from graphwire.partition.base import canonical_part_ids, check_num_parts
+from graphwire.partition.base import (
+    canonical_part_ids,
+    check_num_parts,
+    unique_sorted,
+)
 
 
 def path_graph(num_nodes: int) -> Graph:
@@ -106,3 +110,9 @@ def test_canonical_part_ids_order_by_first_node() -> None:
     assert canonical_part_ids(assignment, 4).tolist() == [0, 0, 1, 2, 1, 0]
     # An empty label (3) gets the last ID; the grouping never changes.
     assert canonical_part_ids(np.array([3, 1, 1]), 4).tolist() == [0, 1, 1]
+
+
+def test_unique_sorted_matches_numpy() -> None:
+    values = np.random.default_rng(0).integers(-5, 50, 300)
+    assert unique_sorted(values).tolist() == np.unique(values).tolist()
+    assert unique_sorted(np.empty(0, dtype=np.int64)).size == 0
