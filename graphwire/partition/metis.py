@@ -27,10 +27,12 @@ library (see ``_metislib``); with one constraint we use ``pymetis.part_graph``.
 If the C API cannot be reached, only the first constraint is used and a
 ``RuntimeWarning`` says so.
 
-Seeding: METIS is deterministic for the same input, parameters and seed. Our
-``seed`` goes to ``METIS_OPTION_SEED`` as ``seed + 1``, because METIS seeds the
-C library's ``srand``, for which 0 and 1 give the same sequence. Part IDs are
-renumbered by smallest node ID, so the same grouping always has the same IDs.
+Seeding: METIS is deterministic for the same input, parameters and seed (also
+across processes). Our ``seed`` goes to ``METIS_OPTION_SEED`` as
+``seed % (2**31 - 1) + 1``: METIS seeds 0 and 1 give identical partitions (it
+seeds the C library's ``srand``, where 0 and 1 coincide), and we want seeds 0 and
+1 to differ. Part IDs are renumbered by smallest node ID, so the same grouping
+always has the same IDs.
 """
 
 from __future__ import annotations
