@@ -1,0 +1,286 @@
+"""Training configuration and results shared by the full-graph and mini-batch loops.
+
+- :class:`TrainConfig`: what to train and how. Fields left ``None`` take the
+  model's default from :data:`MODEL_DEFAULTS` when the config is built (so
+  ``as_dict()`` always shows the values a run used).
+- :class:`EpochRecord`: one line of ``metrics.jsonl`` per epoch.
+- :class:`TrainResult`: the accuracies *at the epoch of best validation
+  accuracy* (ties broken by lower validation loss), and the trained weights.
+- :class:`BestEpoch`: the best-epoch tracker and early stopping both loops use.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from graphwire.graph.graph import Graph
+from graphwire.nn.models import GNN, LAYER_KINDS, build_model
+
+__all__ = [
+    "MODEL_DEFAULTS",
+    "BestEpoch",
+    "EpochRecord",
+    "TrainConfig",
+    "TrainResult",
+    "check_trainable",
+    "make_model",
+    "make_optimizer",
+    "split_metrics",
+]
+
+# Per-model defaults: GCN from Kipf & Welling, GAT from Veličković et al. (Cora:
+# 8 heads x 8 hidden, 1 output head, dropout 0.6 on inputs and attention).
+MODEL_DEFAULTS: dict[str, dict[str, float | int]] = {
+    "gcn": {
+        "hidden": 16,
+        "dropout": 0.5,
+        "attn_dropout": 0.0,
+        "lr": 0.01,
+        "weight_decay": 5e-4,
+    },
+    "sage": {
+        "hidden": 64,
+        "dropout": 0.5,
+        "attn_dropout": 0.0,
+        "lr": 0.01,
+        "weight_decay": 5e-4,
+    },
+    "gat": {
+        "hidden": 8,
+        "dropout": 0.6,
+        "attn_dropout": 0.6,
+        "lr": 0.005,
+        "weight_decay": 5e-4,
+    },
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """What to train and how.
+
+    Attributes:
+        model: "gcn", "sage" or "gat".
+        hidden: hidden width (per head for GAT); None: the model's default.
+        num_layers: message-passing layers.
+        dropout: dropout on every layer's input; None: the model's default.
+        attn_dropout: GAT attention dropout; None: the model's default.
+        lr: Adam learning rate; None: the model's default.
+        weight_decay: Adam L2 penalty; None: the model's default.
+        epochs: maximum number of epochs.
+        patience: stop after this many epochs without a better validation
+            accuracy; None: never stop early.
+        seed: seeds initialisation, dropout, shuffling and sampling.
+        heads: GAT heads in hidden layers.
+        out_heads: GAT heads (averaged) in the output layer.
+        fanouts: mini-batch neighbours per layer, **input layer first** (as
+            DGL): ``[10, 25]`` takes 25 neighbours of each seed, then 10 of each
+            of those. None: ``[10] * (num_layers - 1) + [25]``.
+        batch_size: mini-batch seeds per step.
+    """
+
+    model: str = "sage"
+    hidden: int | None = None
+    num_layers: int = 2
+    dropout: float | None = None
+    attn_dropout: float | None = None
+    lr: float | None = None
+    weight_decay: float | None = None
+    epochs: int = 200
+    patience: int | None = None
+    seed: int = 0
+    heads: int = 8
+    out_heads: int = 1
+    fanouts: list[int] | None = field(default=None)
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.model not in LAYER_KINDS:
+            raise ValueError(
+                f"model: expected one of {sorted(LAYER_KINDS)}, got {self.model!r}"
+            )
+        defaults = MODEL_DEFAULTS[self.model]
+        for name in ("hidden", "dropout", "attn_dropout", "lr", "weight_decay"):
+            if getattr(self, name) is None:
+                setattr(self, name, defaults[name])
+        if self.fanouts is None:
+            self.fanouts = [10] * (self.num_layers - 1) + [25]
+        self.fanouts = list(self.fanouts)
+        self._validate()
+
+    def _validate(self) -> None:
+        positive = ("hidden", "num_layers", "epochs", "heads", "out_heads")
+        for name in (*positive, "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        for name in ("dropout", "attn_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name}: expected a value in [0, 1), got {value!r}")
+        assert self.lr is not None and self.weight_decay is not None
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr: expected a finite value > 0, got {self.lr!r}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay: expected >= 0, got {self.weight_decay!r}")
+        if self.patience is not None and self.patience < 1:
+            raise ValueError(f"patience: expected >= 1 or None, got {self.patience}")
+        assert self.fanouts is not None
+        if len(self.fanouts) != self.num_layers:
+            raise ValueError(
+                f"fanouts: expected one per layer (num_layers={self.num_layers}), "
+                f"got {self.fanouts}"
+            )
+        if any(f == 0 or f < -1 for f in self.fanouts):
+            raise ValueError(
+                f"fanouts: expected positive ints or -1 (all), got {self.fanouts}"
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class EpochRecord:
+    """One epoch: loss, accuracies (evaluated after the epoch's updates), times.
+
+    ``times`` holds seconds per phase: ``sample_s``, ``forward_s``,
+    ``backward_s`` (including the optimizer step) and ``eval_s``.
+    """
+
+    epoch: int
+    loss: float
+    train_acc: float
+    val_acc: float
+    test_acc: float
+    times: dict[str, float]
+    peak_rss_mb: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainResult:
+    """A finished run.
+
+    Attributes:
+        test_acc: test accuracy at ``best_epoch``.
+        val_acc: validation accuracy at ``best_epoch``.
+        best_epoch: the epoch of best validation accuracy (ties: lower val loss).
+        epochs_run: epochs actually run (fewer than configured if stopped early).
+        records: one record per epoch run.
+        state_dict: the model's weights after the last epoch.
+        best_state_dict: the model's weights at ``best_epoch``.
+    """
+
+    test_acc: float
+    val_acc: float
+    best_epoch: int
+    epochs_run: int
+    records: list[EpochRecord]
+    state_dict: dict[str, torch.Tensor]
+    best_state_dict: dict[str, torch.Tensor]
+
+
+class BestEpoch:
+    """Tracks the best-validation epoch and decides when to stop early."""
+
+    def __init__(self, patience: int | None) -> None:
+        self.patience = patience
+        self.epoch = -1
+        self.val_acc = -1.0
+        self.val_loss = math.inf
+        self.test_acc = 0.0
+        self.state_dict: dict[str, torch.Tensor] = {}
+        self._stale = 0
+
+    def update(
+        self,
+        epoch: int,
+        metrics: dict[str, float],
+        model: torch.nn.Module,
+    ) -> bool:
+        """Record one epoch's ``split_metrics``; return True to stop now."""
+        val_acc, val_loss = metrics["val_acc"], metrics["val_loss"]
+        improved = val_acc > self.val_acc or (
+            val_acc == self.val_acc and val_loss < self.val_loss
+        )
+        if improved:
+            self.epoch, self.val_acc, self.val_loss = epoch, val_acc, val_loss
+            self.test_acc = metrics["test_acc"]
+            self.state_dict = copy.deepcopy(model.state_dict())
+            self._stale = 0
+        else:
+            self._stale += 1
+        return self.patience is not None and self._stale >= self.patience
+
+
+def check_trainable(graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` of a graph that has features, labels and all three splits."""
+    missing = [
+        name
+        for name in ("x", "y", "train_idx", "val_idx", "test_idx")
+        if getattr(graph, name) is None
+    ]
+    if missing:
+        raise ValueError(
+            f"graph {graph.name!r}: training needs {', '.join(missing)} "
+            "(features, labels and train/val/test splits)"
+        )
+    assert graph.x is not None and graph.y is not None
+    return graph.x, graph.y
+
+
+def make_model(graph: Graph, config: TrainConfig) -> GNN:
+    """The configured model for ``graph``'s feature width and class count."""
+    assert config.hidden is not None and config.dropout is not None
+    assert config.attn_dropout is not None
+    return build_model(
+        config.model,
+        graph.num_features,
+        config.hidden,
+        graph.num_classes,
+        config.num_layers,
+        config.dropout,
+        heads=config.heads,
+        out_heads=config.out_heads,
+        attn_dropout=config.attn_dropout,
+    )
+
+
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Adam:
+    """Adam over all parameters with the configured lr and weight decay."""
+    assert config.lr is not None and config.weight_decay is not None
+    return torch.optim.Adam(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+    )
+
+
+def split_metrics(logits: torch.Tensor, graph: Graph) -> dict[str, float]:
+    """Accuracy on train/val/test and the validation loss.
+
+    Args:
+        logits: float [N, C] for every node of ``graph``.
+        graph: with ``y`` and the three splits.
+
+    Returns:
+        ``{"train_acc", "val_acc", "test_acc", "val_loss"}``.
+    """
+    assert graph.y is not None
+    pred = logits.argmax(1)
+    out: dict[str, float] = {}
+    for split in ("train", "val", "test"):
+        idx = getattr(graph, f"{split}_idx")
+        correct = (pred[idx] == graph.y[idx]).sum()
+        out[f"{split}_acc"] = float(correct) / max(1, idx.numel())
+    val = graph.val_idx
+    out["val_loss"] = float(F.cross_entropy(logits[val], graph.y[val]))
+    return out

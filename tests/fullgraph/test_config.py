@@ -1,0 +1,52 @@
+"""TrainConfig: per-model defaults and validation of user values."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphwire.training import MODEL_DEFAULTS, TrainConfig
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_DEFAULTS))
+def test_unset_fields_take_the_model_defaults(model: str) -> None:
+    config = TrainConfig(model=model)
+    for name, value in MODEL_DEFAULTS[model].items():
+        assert getattr(config, name) == value
+    assert config.fanouts == [10, 25]
+    assert config.as_dict()["hidden"] == MODEL_DEFAULTS[model]["hidden"]
+
+
+def test_explicit_values_win_and_fanouts_follow_depth() -> None:
+    config = TrainConfig(model="gcn", hidden=32, lr=0.1, dropout=0.0, num_layers=3)
+    assert (config.hidden, config.lr, config.dropout) == (32, 0.1, 0.0)
+    assert config.fanouts == [10, 10, 25]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"model": "gin"}, "model"),
+        ({"hidden": 0}, "hidden"),
+        ({"num_layers": 0}, "num_layers"),
+        ({"epochs": 0}, "epochs"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"attn_dropout": -0.1}, "attn_dropout"),
+        ({"lr": 0.0}, "lr"),
+        ({"lr": float("nan")}, "lr"),
+        ({"weight_decay": -1.0}, "weight_decay"),
+        ({"patience": 0}, "patience"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"heads": 0}, "heads"),
+        ({"fanouts": [10]}, "fanouts"),
+        ({"fanouts": [10, 0]}, "fanouts"),
+        ({"hidden": 2.5}, "hidden"),
+    ],
+)
+def test_bad_values_raise_value_error(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**fields)
+
+
+def test_config_rejects_unknown_fields() -> None:
+    with pytest.raises(TypeError):
+        TrainConfig(model="gcn", hiden=16)  # type: ignore[call-arg]
