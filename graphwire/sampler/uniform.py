@@ -95,6 +95,8 @@ class UniformNeighborSampler:
         self.edge_weight = edge_weight
         self.generator = torch.Generator().manual_seed(seed)
         # global ID -> local row of the block being built; -1 between calls.
+        # int32 when node IDs and per-block edge positions (at most num_edges)
+        # fit, as random access into this table is the relabelling's cost.
         small = graph.num_nodes < 2**31 - 1 and graph.num_edges < 2**31 - 1
         slot_dtype = torch.int32 if small else torch.int64
         self._slot = torch.full((graph.num_nodes,), -1, dtype=slot_dtype)
@@ -118,6 +120,13 @@ class UniformNeighborSampler:
         seeds = torch.as_tensor(seeds, dtype=torch.int64)
         if seeds.dim() != 1 or torch.unique(seeds).numel() != seeds.numel():
             raise ValueError("seeds: expected a 1-D tensor of distinct node IDs")
+        if seeds.numel() and (
+            int(seeds.min()) < 0 or int(seeds.max()) >= self.graph.num_nodes
+        ):
+            raise ValueError(
+                f"seeds: node IDs must lie in [0, {self.graph.num_nodes}), found "
+                f"[{int(seeds.min())}, {int(seeds.max())}]"
+            )
         blocks: list[Block] = []
         dst_nid = seeds
         for fanout in reversed(self.fanouts):
@@ -182,7 +191,7 @@ class UniformNeighborSampler:
         dtype = slot.dtype
         num_dst = dst_nid.numel()
         # scatter_/index_select rather than advanced indexing: several times
-        # faster on CPU. Random access into `slot` is the cost, hence int32.
+        # faster on CPU.
         slot.scatter_(0, dst_nid, torch.arange(num_dst, dtype=dtype))
         local = slot.index_select(0, src_global)
         is_new = local < 0

@@ -7,6 +7,7 @@ import torch
 
 from graphwire.graph.graph import Graph
 from graphwire.nn import LAYER_KINDS, GATConv, MessageGraph, build_model
+from graphwire.nn.models import feature_dropout
 
 
 def _ring(n: int = 10) -> MessageGraph:
@@ -97,3 +98,21 @@ def test_bad_arguments() -> None:
     model = build_model("gcn", 2, 2, 2, num_layers=2)
     with pytest.raises(ValueError, match="one MessageGraph per layer"):
         model([_ring()], torch.randn(10, 2))
+
+
+@pytest.mark.parametrize("density", [0.02, 0.9])
+def test_feature_dropout_matches_dropout_statistics(density: float) -> None:
+    """Zeros stay zero; each non-zero is kept with probability 1 - p and scaled
+    by 1 / (1 - p) (sparse inputs take the non-zero path, dense ones F.dropout)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(400, 250, generator=gen)
+    x = x * (torch.rand(400, 250, generator=gen) < density)
+    torch.manual_seed(0)
+    out = feature_dropout(x, 0.6, training=True)
+    assert bool((out[x == 0] == 0).all())
+    kept = (out != 0) & (x != 0)
+    torch.testing.assert_close(out[kept], x[kept] / 0.4)
+    rate = float(kept.sum()) / float((x != 0).sum())
+    assert abs(rate - 0.4) < 0.03
+    assert feature_dropout(x, 0.6, training=False) is x
+    assert feature_dropout(x, 0.0, training=True) is x

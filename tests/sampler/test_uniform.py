@@ -160,5 +160,7 @@ def test_bad_seeds_and_weights_are_rejected() -> None:
     graph = _random_graph(10, 20, seed=0)
     with pytest.raises(ValueError, match="distinct"):
         UniformNeighborSampler(graph, [2]).sample(torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match=r"\[0, 10\)"):
+        UniformNeighborSampler(graph, [2]).sample(torch.tensor([3, 10]))
     with pytest.raises(ValueError, match="edge_weight"):
         UniformNeighborSampler(graph, [2], edge_weight=torch.ones(3))
