@@ -25,5 +25,7 @@ def cora_dir() -> Path:
     """Folder holding ``ind.cora.*`` (read in place from ../shared, never copied)."""
     folder = SHARED_DATA / "planetoid"
     if not (folder / "ind.cora.x").exists():
-        pytest.fail(f"Cora not found at {folder}: CI runs with ../shared beside the repo")
+        pytest.fail(
+            f"Cora not found at {folder}: CI runs with ../shared beside the repo"
+        )
     return folder
