@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from graphwire.cli import main
+from graphwire.partition import load_part, load_partition_meta
 
 SMALL = "synthetic:products?nodes=3000&degree=8&features=16&classes=4&seed=1"
 
@@ -52,3 +54,53 @@ def test_config_file_keys_must_be_known(tmp_path) -> None:
 def test_bench_list(capsys) -> None:
     assert main(["bench", "list"]) == 0
     assert "gcn-epoch" in capsys.readouterr().out
+
+
+def _last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+def test_train_writes_metrics_and_summary_line(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", SMALL, "--model", "gcn", "--epochs", "5"]
+    argv += ["--seed", "3", "--partition", "metis", "--parts", "2", "--quiet"]
+    assert main([*argv, "--out", str(out)]) == 0
+    summary = _last_line(capsys.readouterr().out)
+    assert summary.startswith("summary ")
+    fields = dict(pair.split("=") for pair in summary.split()[1:])
+    for key in ("test_acc", "val_acc", "epochs", "epoch_s_median", "edge_cut"):
+        assert key in fields
+    assert fields["epochs"] == "5"
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "config" and kinds[-1] == "summary"
+    assert kinds.count("epoch") == 5 and "partition" in kinds
+    assert records[-1]["test_acc"] == pytest.approx(float(fields["test_acc"]), 1e-3)
+    epoch = next(r for r in records if r["kind"] == "epoch")
+    assert {"loss", "train_acc", "val_acc", "test_acc", "peak_rss_mb"} <= set(epoch)
+
+
+def test_train_config_file_stands_in_for_flags(tmp_path, capsys) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(f"dataset: '{SMALL}'\nmodel: sage\nepochs: 3\nquiet: true\n")
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert records[0]["model"] == "sage" and records[0]["epochs"] == 3
+    assert "epochs=3" in _last_line(capsys.readouterr().out)
+
+
+def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
+    out = tmp_path / "parts"
+    argv = ["partition", "--dataset", SMALL, "--method", "metis", "--parts", "3"]
+    assert main([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "edge cut" in text and "max/mean" in text
+    meta = load_partition_meta(out)
+    assert meta["num_parts"] == 3
+    owned = sum(load_part(out, p).num_owned for p in range(3))
+    assert owned == 3000
+    # An unknown method is a clear error, not a traceback.
+    assert main(["partition", "--dataset", SMALL, "--method", "spectral"]) == 2
+    assert "unknown partition method 'spectral'" in capsys.readouterr().err
