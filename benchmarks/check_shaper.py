@@ -1,0 +1,66 @@
+"""Check the loopback shaper with a single TCP stream before a network benchmark.
+
+python benchmarks/check_shaper.py [--rates 1000 200] [--seconds 1.0]
+
+For each rate, a fresh namespace with a ``tbf`` on ``lo`` (graphwire.testing.netns);
+first an unshaped namespace as the baseline. Prints the measured payload rate, its
+ratio to the configured rate (a little under 1: headers), the ratio to unshaped
+loopback, and the qdisc's byte counter beside the payload bytes. Needs root.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from graphwire.testing.netns import ShapedNetwork, netns_available, tcp_stream
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[1000.0, 200.0])
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--burst-kb", type=int, default=256)
+    parser.add_argument("--mtu", type=int, default=9000)
+    args = parser.parse_args(argv)
+
+    ok, reason = netns_available()
+    if not ok:
+        raise SystemExit(f"check_shaper: network namespaces unavailable: {reason}")
+
+    header = (
+        f"{'link':<14}{'Mbit/s':>10}{'measured':>11}{'/configured':>13}"
+        f"{'/unshaped':>11}{'payload B':>14}{'qdisc B':>14}{'qdisc/payload':>15}"
+    )
+    print(header)
+    print("-" * len(header))
+    unshaped = 0.0
+    for rate in [None, *args.rates]:
+        with ShapedNetwork(rate_mbit=rate, burst_kb=args.burst_kb, mtu=args.mtu) as net:
+            before = net.qdisc_bytes()
+            result = tcp_stream(net, args.seconds)
+            qdisc = net.qdisc_bytes() - before
+        mbit = result.mbit_per_s
+        if rate is None:
+            unshaped = mbit
+            print(
+                f"{'unshaped lo':<14}{'-':>10}{mbit:>11.0f}{'-':>13}{1.0:>11.3f}"
+                f"{result.num_bytes:>14,}{'-':>14}{'-':>15}"
+            )
+            continue
+        print(
+            f"{f'tbf {rate:g}':<14}{rate:>10g}{mbit:>11.0f}{mbit / rate:>13.3f}"
+            f"{mbit / unshaped:>11.3f}{result.num_bytes:>14,}{qdisc:>14,}"
+            f"{qdisc / result.num_bytes:>15.4f}"
+        )
+        if mbit < 0.9 * rate:
+            # The stream could not fill the link: the host, not tbf, is the limit.
+            print(f"  ! below {rate:g} Mbit/s: CPU-bound here, not shaped")
+    print(
+        f"\n1 TCP stream, {args.seconds:g} s each, lo MTU {args.mtu}, "
+        f"burst {args.burst_kb} KiB; measured = receiver payload rate."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
