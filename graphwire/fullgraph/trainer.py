@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import derive_seed
 from graphwire.nn.models import LAYER_KINDS
 from graphwire.runlog import peak_rss_mb
 from graphwire.training import (
@@ -55,18 +56,21 @@ def train_fullgraph(
         Accuracies at the best-validation epoch, per-epoch records, weights.
     """
     x, y = check_trainable(graph)
-    torch.manual_seed(config.seed)  # initialisation and dropout
+    torch.manual_seed(config.seed)  # initialisation (and GAT attention dropout)
     mg = LAYER_KINDS[config.model].full_graph(graph)
     mgs = [mg] * config.num_layers
     model = make_model(graph, config)
     optimizer = make_optimizer(model, config)
     train_idx, train_y = graph.train_idx, y[graph.train_idx]
+    row_ids = torch.arange(graph.num_nodes)  # hashed dropout: as on any worker
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
     for epoch in range(config.epochs):
         start = time.perf_counter()
         model.train()
-        logits = model(mgs, x)
+        logits = model(
+            mgs, x, row_ids=row_ids, dropout_seed=derive_seed(config.seed, epoch)
+        )
         loss = F.cross_entropy(logits[train_idx], train_y)
         forward_done = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)

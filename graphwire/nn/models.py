@@ -7,9 +7,14 @@ distributed engines that pass a ``fetch`` hook appending halo rows.
 
 Layer ``l`` runs::
 
+    h     = dropout(h)                       # input_dropout for l = 0
     h_src = fetch(l, h) if fetch else h      # [num_src_l, width_l]
-    h_src = dropout(h_src)                   # input_dropout for l = 0
     h     = layer_l(mgs[l], h_src)           # [num_dst_l, width_{l+1}]
+
+Dropout comes before ``fetch`` so a row is dropped once, by its owner, and every
+consumer sees the same row (as in a single process). With ``dropout_seed`` the
+mask is hashed from (seed, layer, global row ID) and equal on every process
+(:mod:`graphwire.nn.dropout`); without it, dropout draws from torch's generator.
     h     = activation(h)                    # all but the last layer
 
 Layer kinds are registered by name in :data:`LAYER_KINDS`, each with the graph it
@@ -28,7 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
+from graphwire.nn.dropout import hashed_dropout
 from graphwire.nn.gat import GATConv
 from graphwire.nn.gcn import GCNConv
 from graphwire.nn.sage import SAGEConv
@@ -178,6 +185,9 @@ class GNN(nn.Module):
         mgs: Sequence[MessageGraph],
         x: torch.Tensor,
         fetch: Fetch | None = None,
+        *,
+        row_ids: torch.Tensor | None = None,
+        dropout_seed: int | None = None,
     ) -> torch.Tensor:
         """Run every layer.
 
@@ -188,6 +198,11 @@ class GNN(nn.Module):
                 completes to that).
             fetch: ``fetch(l, h) -> h_src``, called before layer ``l``; a
                 distributed engine appends halo rows. ``None``: ``h_src = h``.
+            row_ids: int64 [len(x)], global IDs of the rows of ``h`` at every
+                layer (full-graph training: all nodes, or a worker's owned
+                nodes); needed with ``dropout_seed``.
+            dropout_seed: hash dropout masks from this seed (per layer) and
+                ``row_ids`` instead of drawing them.
 
         Returns:
             float [mgs[-1].num_dst, out_dim] logits.
@@ -199,12 +214,20 @@ class GNN(nn.Module):
             )
         h = x
         last = self.num_layers - 1
+        if dropout_seed is not None and row_ids is None:
+            raise ValueError("dropout_seed: needs row_ids, the global ID of each row")
         for index, (layer, mg) in enumerate(zip(self.layers, mgs, strict=True)):
-            h_src = fetch(index, h) if fetch is not None else h
-            if index == 0:
-                h_src = feature_dropout(h_src, self.input_dropout, self.training)
+            p = self.input_dropout if index == 0 else self.dropout
+            if not self.training or p == 0.0:
+                pass
+            elif dropout_seed is not None:
+                assert row_ids is not None
+                h = hashed_dropout(h, p, row_ids, derive_seed(dropout_seed, index))
+            elif index == 0:
+                h = feature_dropout(h, p, True)
             else:
-                h_src = F.dropout(h_src, self.dropout, self.training)
+                h = F.dropout(h, p, True)
+            h_src = fetch(index, h) if fetch is not None else h
             h = layer(mg, h_src)
             if index < last:
                 h = self.activation(h)

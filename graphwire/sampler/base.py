@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
+from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 
 __all__ = ["Block", "SampledBatch", "derive_seed"]
-
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -82,18 +81,3 @@ class SampledBatch:
     @property
     def num_sampled_edges(self) -> int:
         return sum(block.num_edges for block in self.blocks)
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed mixed from integers (e.g. ``(seed, epoch, batch)``).
-
-    SplitMix64 over the parts: nearby inputs give unrelated seeds, and the same
-    parts give the same seed on every process and platform.
-    """
-    state = 0x9E3779B97F4A7C15
-    for part in parts:
-        state = (state ^ (int(part) & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
-        state ^= state >> 31
-        state = (state + 0x9E3779B97F4A7C15) * 0x94D049BB133111EB & _MASK64
-        state ^= state >> 29
-    return state >> 1
