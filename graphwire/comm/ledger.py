@@ -1,0 +1,137 @@
+"""`Ledger`: bytes and messages one rank sent and received, per (src, dst, tag).
+
+Every transport records into its ledger as it moves data, so the ledger is the
+account of what crossed process boundaries: a rank's own rows never count, and
+an empty chunk is no message. Tags name what moved and why, dotted from
+general to specific: ``fwd.L1``, ``bwd.L0``, ``sync.grad``, ``setup.degree``.
+
+A ledger holds only its own rank's traffic; :func:`merge` adds several ranks'
+ledgers (as plain dicts, after an all-gather) into one cluster-wide account.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Ledger", "LedgerEntry", "merge"]
+
+
+@dataclass(slots=True)
+class LedgerEntry:
+    """Totals for one (src, dst, tag)."""
+
+    bytes: int = 0
+    messages: int = 0
+
+
+Key = tuple[int, int, str]
+
+
+class Ledger:
+    """Per-(src, dst, tag) byte and message counts of one rank.
+
+    Thread-safe: a communication thread and the main thread may record at once.
+
+    Args:
+        rank: the rank whose traffic this is (the src of sends, the dst of
+            receives).
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._sent: dict[Key, LedgerEntry] = {}
+        self._recv: dict[Key, LedgerEntry] = {}
+        self._lock = threading.Lock()
+
+    # --------------------------------------------------------------- record
+    def record_send(self, dst: int, tag: str, num_bytes: int) -> None:
+        """Count one message of ``num_bytes`` from this rank to ``dst``."""
+        self._add(self._sent, (self.rank, dst, tag), num_bytes)
+
+    def record_recv(self, src: int, tag: str, num_bytes: int) -> None:
+        """Count one message of ``num_bytes`` from ``src`` to this rank."""
+        self._add(self._recv, (src, self.rank, tag), num_bytes)
+
+    def _add(self, table: dict[Key, LedgerEntry], key: Key, num_bytes: int) -> None:
+        if key[0] == key[1]:
+            raise ValueError(f"ledger: {key[0]} -> {key[1]} is not a transfer")
+        if num_bytes <= 0:
+            return  # nothing crossed
+        with self._lock:
+            entry = table.setdefault(key, LedgerEntry())
+            entry.bytes += num_bytes
+            entry.messages += 1
+
+    # ---------------------------------------------------------------- query
+    def bytes_sent(self, tag: str | None = None, peer: int | None = None) -> int:
+        """Bytes sent, optionally only under ``tag`` (or a prefix ``fwd.``)
+        and/or only to ``peer``."""
+        return _total(self._sent, tag, dst=peer)
+
+    def bytes_recv(self, tag: str | None = None, peer: int | None = None) -> int:
+        """Bytes received, optionally only under ``tag`` (prefix) / from ``peer``."""
+        return _total(self._recv, tag, src=peer)
+
+    def messages_sent(self, tag: str | None = None, peer: int | None = None) -> int:
+        return _total(self._sent, tag, dst=peer, field="messages")
+
+    def tags(self) -> list[str]:
+        with self._lock:
+            return sorted({k[2] for k in (*self._sent, *self._recv)})
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-ready ``{"sent": [[src, dst, tag, bytes, messages], ...],
+        "recv": [...]}``, sorted."""
+        with self._lock:
+            return {
+                "sent": _rows(self._sent),
+                "recv": _rows(self._recv),
+            }
+
+    def reset(self) -> None:
+        with self._lock:
+            self._sent.clear()
+            self._recv.clear()
+
+
+def _matches(tag: str, want: str | None) -> bool:
+    if want is None:
+        return True
+    return tag == want or (want.endswith(".") and tag.startswith(want))
+
+
+def _total(
+    table: Mapping[Key, LedgerEntry],
+    tag: str | None,
+    src: int | None = None,
+    dst: int | None = None,
+    field: str = "bytes",
+) -> int:
+    total = 0
+    for (s, d, t), entry in list(table.items()):
+        if _matches(t, tag) and src in (None, s) and dst in (None, d):
+            total += getattr(entry, field)
+    return total
+
+
+def _rows(table: Mapping[Key, LedgerEntry]) -> list[list[Any]]:
+    return [[s, d, t, e.bytes, e.messages] for (s, d, t), e in sorted(table.items())]
+
+
+def merge(snapshots: Iterable[Mapping[str, Any]]) -> dict[Key, LedgerEntry]:
+    """Sum the ``sent`` rows of several ranks' :meth:`Ledger.snapshot` s.
+
+    Returns:
+        ``(src, dst, tag) -> LedgerEntry`` over all ranks (each transfer once,
+        counted by its sender).
+    """
+    out: dict[Key, LedgerEntry] = {}
+    for snapshot in snapshots:
+        for src, dst, tag, num_bytes, messages in snapshot["sent"]:
+            entry = out.setdefault((src, dst, tag), LedgerEntry())
+            entry.bytes += num_bytes
+            entry.messages += messages
+    return out

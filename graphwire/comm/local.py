@@ -1,0 +1,175 @@
+"""`LocalTransport`: N ranks as threads of one process, for fast unit tests.
+
+Ranks exchange tensors through one FIFO queue per ordered pair (src, dst), so
+messages between a pair arrive in send order, as with torch.distributed
+point-to-point. Every payload is cloned on send: no rank ever sees another's
+memory. :func:`run_local` runs a function on every rank and returns the results.
+"""
+
+from __future__ import annotations
+
+import pickle
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from graphwire.comm.base import (
+    Transport,
+    TransportError,
+    Work,
+    encode_object,
+    row_bytes,
+)
+
+__all__ = ["LocalTransport", "run_local"]
+
+T = TypeVar("T")
+
+
+class _Hub:
+    def __init__(self, world_size: int, timeout: float) -> None:
+        self.world_size = world_size
+        self.timeout = timeout
+        self.queues = {
+            (s, d): queue.Queue[Any]()
+            for s in range(world_size)
+            for d in range(world_size)
+        }
+        self.failed = threading.Event()
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class _PendingRecv:
+    def __init__(self, transport: LocalTransport, tensor: torch.Tensor, src: int):
+        self.transport, self.tensor, self.src = transport, tensor, src
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        payload = self.transport._get(self.src)
+        if payload.shape != self.tensor.shape:
+            raise TransportError(
+                f"rank {self.transport.rank}: expected {tuple(self.tensor.shape)} "
+                f"from rank {self.src}, got {tuple(payload.shape)}"
+            )
+        self.tensor.copy_(payload)
+        self.done = True
+
+
+class LocalTransport(Transport):
+    """One rank of an in-process group; build them with :func:`run_local`."""
+
+    def __init__(self, rank: int, hub: _Hub) -> None:
+        super().__init__(rank, hub.world_size)
+        self._hub = hub
+
+    def _put(self, dst: int, tag: str, payload: Any, tensor: torch.Tensor | None):
+        self._hub.queues[(self.rank, dst)].put(payload)
+        if tensor is not None:
+            self.ledger.record_send(dst, tag, row_bytes(tensor))
+
+    def _get(self, src: int) -> Any:
+        try:
+            return self._hub.queues[(src, self.rank)].get(timeout=self._hub.timeout)
+        except queue.Empty:
+            raise TransportError(
+                f"rank {self.rank}: nothing from rank {src} within "
+                f"{self._hub.timeout:.0f}s"
+            ) from None
+
+    def all_to_all(
+        self, send: Sequence[torch.Tensor], recv_rows: Sequence[int], tag: str
+    ) -> list[torch.Tensor]:
+        if len(send) != self.world_size or len(recv_rows) != self.world_size:
+            raise ValueError(
+                f"all_to_all: expected {self.world_size} send tensors and recv "
+                f"sizes, got {len(send)} and {len(recv_rows)}"
+            )
+        for dst, tensor in enumerate(send):
+            if dst != self.rank:
+                self._put(dst, tag, tensor.detach().clone(), tensor)
+        out: list[torch.Tensor] = []
+        for src in range(self.world_size):
+            if src == self.rank:
+                out.append(send[src])
+                continue
+            payload: torch.Tensor = self._get(src)
+            if payload.shape[0] != recv_rows[src]:
+                raise TransportError(
+                    f"rank {self.rank} ({tag}): expected {recv_rows[src]} rows "
+                    f"from rank {src}, got {payload.shape[0]}"
+                )
+            self.ledger.record_recv(src, tag, row_bytes(payload))
+            out.append(payload)
+        return out
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: str) -> Work:
+        self._put(dst, tag, tensor.detach().clone(), tensor)
+        return _Done()
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: str) -> Work:
+        self.ledger.record_recv(src, tag, row_bytes(tensor))
+        return _PendingRecv(self, tensor, src)
+
+    def all_gather_object(self, obj: Any, tag: str) -> list[Any]:
+        # Pickled, as across processes: no rank shares another's objects, and
+        # the ledger counts the same bytes as TorchTransport's.
+        payload = encode_object(obj)
+        for dst in range(self.world_size):
+            if dst != self.rank:
+                self._put(dst, tag, payload, None)
+                self.ledger.record_send(dst, tag, len(payload))
+        out: list[Any] = []
+        for src in range(self.world_size):
+            if src == self.rank:
+                out.append(obj)
+                continue
+            received: bytes = self._get(src)
+            self.ledger.record_recv(src, tag, len(received))
+            out.append(pickle.loads(received))
+        return out
+
+
+def run_local(
+    fn: Callable[[LocalTransport], T], world_size: int, timeout: float = 60.0
+) -> list[T]:
+    """Run ``fn(transport)`` on ``world_size`` in-process ranks (threads).
+
+    Returns:
+        Each rank's return value, by rank.
+
+    Raises:
+        TransportError / any exception a rank raised (the first, by rank).
+    """
+    hub = _Hub(world_size, timeout)
+    results: list[Any] = [None] * world_size
+    errors: list[BaseException | None] = [None] * world_size
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = fn(LocalTransport(rank, hub))
+        except BaseException as error:  # reported to the caller below
+            errors[rank] = error
+
+    threads = [
+        threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
+        for r in range(world_size)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout * 4)
+        if thread.is_alive():
+            raise TransportError(f"{thread.name} did not finish in {timeout * 4:.0f}s")
+    for error in errors:
+        if error is not None:
+            raise error
+    return results
