@@ -31,6 +31,7 @@ __all__ = [
     "TrainResult",
     "check_trainable",
     "make_model",
+    "make_model_for",
     "make_optimizer",
     "split_metrics",
 ]
@@ -152,7 +153,9 @@ class EpochRecord:
     """One epoch: loss, accuracies (evaluated after the epoch's updates), times.
 
     ``times`` holds seconds per phase: ``sample_s``, ``forward_s``,
-    ``backward_s`` (including the optimizer step) and ``eval_s``.
+    ``backward_s`` (including the optimizer step) and ``eval_s``; distributed
+    runs add ``comm_s`` (inside forward/backward) and ``sync_s``. ``comm`` holds
+    the epoch's bytes by tag and by peer (distributed runs only).
     """
 
     epoch: int
@@ -162,6 +165,7 @@ class EpochRecord:
     test_acc: float
     times: dict[str, float]
     peak_rss_mb: float
+    comm: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -241,13 +245,18 @@ def check_trainable(graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
 
 def make_model(graph: Graph, config: TrainConfig) -> GNN:
     """The configured model for ``graph``'s feature width and class count."""
+    return make_model_for(graph.num_features, graph.num_classes, config)
+
+
+def make_model_for(num_features: int, num_classes: int, config: TrainConfig) -> GNN:
+    """The configured model for ``num_features`` inputs and ``num_classes``."""
     assert config.hidden is not None and config.dropout is not None
     assert config.attn_dropout is not None
     return build_model(
         config.model,
-        graph.num_features,
+        num_features,
         config.hidden,
-        graph.num_classes,
+        num_classes,
         config.num_layers,
         config.dropout,
         heads=config.heads,

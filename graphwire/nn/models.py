@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 Fetch = Callable[[int, torch.Tensor], torch.Tensor]
+RunLayer = Callable[[int, nn.Module, MessageGraph, torch.Tensor], torch.Tensor]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -186,6 +187,7 @@ class GNN(nn.Module):
         x: torch.Tensor,
         fetch: Fetch | None = None,
         *,
+        run_layer: RunLayer | None = None,
         row_ids: torch.Tensor | None = None,
         dropout_seed: int | None = None,
     ) -> torch.Tensor:
@@ -198,9 +200,12 @@ class GNN(nn.Module):
                 completes to that).
             fetch: ``fetch(l, h) -> h_src``, called before layer ``l``; a
                 distributed engine appends halo rows. ``None``: ``h_src = h``.
-            row_ids: int64 [len(x)], global IDs of the rows of ``h`` at every
-                layer (full-graph training: all nodes, or a worker's owned
-                nodes); needed with ``dropout_seed``.
+            run_layer: ``run_layer(l, layer, mgs[l], h) -> layer output``, in
+                place of ``layer(mgs[l], fetch(l, h))``, for engines that run a
+                layer in pieces (G3's bins) with communication in between.
+            row_ids: int64 [>= len(h)], global IDs of the rows of ``h``; layer
+                ``l`` uses the first ``len(h)`` (full-graph training: all nodes,
+                or a worker's owned nodes first); needed with ``dropout_seed``.
             dropout_seed: hash dropout masks from this seed (per layer) and
                 ``row_ids`` instead of drawing them.
 
@@ -222,13 +227,16 @@ class GNN(nn.Module):
                 pass
             elif dropout_seed is not None:
                 assert row_ids is not None
-                h = hashed_dropout(h, p, row_ids, derive_seed(dropout_seed, index))
+                seed = derive_seed(dropout_seed, index)
+                h = hashed_dropout(h, p, row_ids[: h.shape[0]], seed)
             elif index == 0:
                 h = feature_dropout(h, p, True)
             else:
                 h = F.dropout(h, p, True)
-            h_src = fetch(index, h) if fetch is not None else h
-            h = layer(mg, h_src)
+            if run_layer is not None:
+                h = run_layer(index, layer, mg, h)
+            else:
+                h = layer(mg, fetch(index, h) if fetch is not None else h)
             if index < last:
                 h = self.activation(h)
         return h

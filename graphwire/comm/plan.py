@@ -1,0 +1,157 @@
+"""`ExchangePlan`: which owned rows each peer needs, and where received rows land.
+
+Built once per rank from its :class:`~graphwire.partition.LocalPart`: every rank
+tells each owner which of the owner's nodes it holds as halo (one setup
+all-to-all of global IDs), and the owner turns them into owned-local row
+indices. The plan is then executed every layer and epoch, in both directions:
+
+    forward   send[p] = h_owned[send_idx[p]]   ->  h_halo[recv_idx[p]] = recv[p]
+    backward  send[p] = grad_halo[recv_idx[p]] ->  grad_owned[send_idx[p]] += recv[p]
+
+Each rank receives each of its halo rows exactly once per exchange, so the
+forward bytes of one exchange are ``num_halo * width * itemsize`` per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graphwire.comm.base import Transport
+from graphwire.partition.local import LocalPart
+
+__all__ = ["ExchangePlan"]
+
+
+@dataclass(frozen=True, eq=False)
+class ExchangePlan:
+    """Send and receive tables of one rank.
+
+    Attributes:
+        rank: this rank (= its part ID).
+        num_owned: rows this rank owns.
+        num_halo: halo rows this rank receives.
+        send_idx: per peer, int64 [s_p] owned-local rows that peer needs, in the
+            order the peer expects them (``send_idx[rank]`` is empty).
+        recv_idx: per peer, int64 [r_p] halo positions (0-based within the halo)
+            the rows from that peer fill, in arrival order.
+    """
+
+    rank: int
+    num_owned: int
+    num_halo: int
+    send_idx: tuple[torch.Tensor, ...]
+    recv_idx: tuple[torch.Tensor, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.send_idx)
+
+    @property
+    def send_rows(self) -> list[int]:
+        return [int(t.numel()) for t in self.send_idx]
+
+    @property
+    def recv_rows(self) -> list[int]:
+        return [int(t.numel()) for t in self.recv_idx]
+
+    @classmethod
+    def build(cls, part: LocalPart, transport: Transport) -> ExchangePlan:
+        """Build this rank's plan with one setup all-to-all (tag ``setup.plan``).
+
+        Raises:
+            ValueError: the transport's rank or world size does not match the
+                part's ID or number of parts.
+        """
+        if transport.world_size != part.num_parts or transport.rank != part.part_id:
+            raise ValueError(
+                f"part {part.part_id} of {part.num_parts} cannot run as rank "
+                f"{transport.rank} of {transport.world_size}"
+            )
+        recv_idx, wanted = _requests(part)
+        # Each owner first learns how many IDs to expect from each rank.
+        sizes = transport.all_gather_object(
+            [int(t.numel()) for t in wanted], "setup.plan.size"
+        )
+        expect = [sizes[p][part.part_id] for p in range(part.num_parts)]
+        incoming = transport.all_to_all(wanted, expect, "setup.plan")
+        start = part.global_range[0]
+        send_idx = tuple(
+            torch.empty(0, dtype=torch.int64) if p == part.part_id else ids - start
+            for p, ids in enumerate(incoming)
+        )
+        return cls(part.part_id, part.num_owned, part.num_halo, send_idx, recv_idx)
+
+    @classmethod
+    def build_all(cls, parts: list[LocalPart]) -> list[ExchangePlan]:
+        """Every rank's plan, computed in one process (tests, simulators)."""
+        requests = [_requests(part) for part in parts]
+        plans = []
+        for part in parts:
+            start = part.global_range[0]
+            send_idx = tuple(
+                torch.empty(0, dtype=torch.int64)
+                if p == part.part_id
+                else requests[p][1][part.part_id] - start
+                for p in range(len(parts))
+            )
+            plans.append(
+                cls(
+                    part.part_id,
+                    part.num_owned,
+                    part.num_halo,
+                    send_idx,
+                    requests[part.part_id][0],
+                )
+            )
+        return plans
+
+    # ------------------------------------------------------------- execution
+    def gather_halo(
+        self, h_owned: torch.Tensor, transport: Transport, tag: str
+    ) -> torch.Tensor:
+        """Forward: the halo rows ``[num_halo, *S]`` from their owners."""
+        send = [h_owned.index_select(0, idx) for idx in self.send_idx]
+        recv = transport.all_to_all(send, self.recv_rows, tag)
+        return self.place(recv, h_owned)
+
+    def place(self, recv: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """Assemble per-peer received rows into halo order."""
+        h_halo = like.new_empty((self.num_halo, *like.shape[1:]))
+        for p, rows in enumerate(recv):
+            if p != self.rank and rows.shape[0]:
+                h_halo[self.recv_idx[p]] = rows
+        return h_halo
+
+    def scatter_grad(
+        self, grad_halo: torch.Tensor, transport: Transport, tag: str
+    ) -> torch.Tensor:
+        """Backward: the owned-row gradient contributions ``[num_owned, *S]``
+        of the halo gradients this and every other rank computed."""
+        send = [
+            grad_halo.new_empty((0, *grad_halo.shape[1:]))
+            if p == self.rank
+            else grad_halo.index_select(0, idx)
+            for p, idx in enumerate(self.recv_idx)
+        ]
+        recv = transport.all_to_all(send, self.send_rows, tag)
+        return self.accumulate(recv, grad_halo)
+
+    def accumulate(self, recv: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        """Sum per-peer returned rows into owned rows (peers in rank order)."""
+        grad = like.new_zeros((self.num_owned, *like.shape[1:]))
+        for p, rows in enumerate(recv):
+            if p != self.rank and rows.shape[0]:
+                grad.index_add_(0, self.send_idx[p], rows)
+        return grad
+
+
+def _requests(part: LocalPart) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor]]:
+    """Per owner: the halo positions its rows fill, and their global IDs."""
+    halo = part.halo_nid
+    owner = part.book.owner(halo) if halo.numel() else halo
+    order = torch.argsort(owner, stable=True)
+    counts = torch.bincount(owner, minlength=part.num_parts).tolist()
+    positions = torch.split(order, counts)
+    return tuple(positions), [halo[pos] for pos in positions]

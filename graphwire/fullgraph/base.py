@@ -1,0 +1,183 @@
+"""`Engine`: how one rank runs a layer of distributed full-graph training.
+
+Every rank owns the nodes of its part and computes their rows at every layer;
+an engine decides how the rows of neighbours owned elsewhere get there. It
+gives the model three things:
+
+- ``mgs``: one :class:`~graphwire.nn.base.MessageGraph` per layer whose
+  destinations are the rows this rank computes at that layer;
+- ``x`` and ``row_ids``: the input rows and the global (original) node ID of
+  each row, for hashed dropout;
+- ``run_layer(l, layer, mg, h)``: runs layer ``l`` on ``h``, the rows this rank
+  holds, bringing in remote rows as the engine sees fit. Remote rows enter
+  through :class:`torch.autograd.Function` s whose backward sends gradients back
+  to the owners along the same plan, so GCN, GraphSAGE and GAT layers run
+  unchanged on every engine.
+
+Engines are registered by name in :data:`ENGINES` (``--exchange NAME``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from graphwire.comm.base import Transport
+from graphwire.comm.plan import ExchangePlan
+from graphwire.nn.base import MessageGraph
+from graphwire.nn.models import LayerKind
+from graphwire.partition.local import LocalPart
+
+__all__ = ["ENGINES", "Engine", "get_engine", "local_message_graph", "register"]
+
+
+class Engine(ABC):
+    """One rank's part of a distributed full-graph model.
+
+    Args:
+        part: this rank's part (``part.part_id == transport.rank``).
+        transport: how ranks talk.
+        kind: the layer kind (which graph it aggregates over).
+        num_layers: layers of the model.
+        options: engine-specific settings (unknown keys are an error).
+
+    Attributes:
+        plan: the exchange plan of the part's halo.
+        comm_s: seconds spent in communication calls since the last reset.
+        counters: engine-specific counts (rows recomputed, bins, ...).
+    """
+
+    name = "engine"
+
+    def __init__(
+        self,
+        part: LocalPart,
+        transport: Transport,
+        kind: LayerKind,
+        num_layers: int,
+        **options: Any,
+    ) -> None:
+        if options:
+            raise ValueError(f"exchange {self.name!r}: unknown options {options}")
+        self.part = part
+        self.transport = transport
+        self.kind = kind
+        self.num_layers = num_layers
+        self.comm_s = 0.0
+        self.phase = ""  # tag prefix: "" while training, "eval." in evaluation
+        self.counters: dict[str, int] = {}
+        self.plan = ExchangePlan.build(part, transport)
+
+    # ---------------------------------------------------------------- model
+    @property
+    @abstractmethod
+    def mgs(self) -> list[MessageGraph]:
+        """One message graph per layer, input layer first."""
+
+    @property
+    def x(self) -> torch.Tensor:
+        """float32 [rows, F]: the input rows of layer 0 held by this rank."""
+        assert self.part.x is not None
+        return self.part.x
+
+    @property
+    def row_ids(self) -> torch.Tensor:
+        """int64 [rows]: original global node ID of every row of ``x``."""
+        return self.part.orig_nid
+
+    @abstractmethod
+    def run_layer(
+        self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor
+    ) -> torch.Tensor:
+        """Layer ``index`` on ``h`` (this rank's rows); returns its output rows."""
+
+    # ------------------------------------------------------------- accounting
+    def timed(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` and add its wall time to ``comm_s``."""
+        start = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.comm_s += time.perf_counter() - start
+
+    def reset_timers(self) -> None:
+        self.comm_s = 0.0
+
+
+T = TypeVar("T")
+
+ENGINES: dict[str, type[Engine]] = {}
+
+E = TypeVar("E", bound=type[Engine])
+
+
+def register(name: str) -> Callable[[E], E]:
+    def add(cls: E) -> E:
+        cls.name = name
+        ENGINES[name] = cls
+        return cls
+
+    return add
+
+
+def get_engine(name: str) -> type[Engine]:
+    """The engine class registered as ``name`` (``--exchange``)."""
+    import graphwire.fullgraph.engines  # noqa: F401 - registers the built-ins
+
+    if name not in ENGINES:
+        raise ValueError(
+            f"exchange: unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}"
+        )
+    return ENGINES[name]
+
+
+def local_message_graph(
+    part: LocalPart, plan: ExchangePlan, transport: Transport, kind: LayerKind
+) -> MessageGraph:
+    """The part's in-edges as ``kind`` expects them, over local IDs.
+
+    Destinations are the owned nodes, sources owned then halo nodes. With
+    ``kind.self_loops`` existing self-loops are replaced by one per owned node
+    (as :meth:`Graph.add_self_loops`); with ``kind.gcn_weights`` the weights
+    are ``1 / sqrt(out_deg(src) * in_deg(dst))`` over the *global* degrees of
+    that graph: out-degrees are partial on each part, so the halo parts are
+    summed at their owners and sent back (tag ``setup.degree``).
+    """
+    n = part.num_owned
+    indptr, indices = part.indptr.to(torch.int64), part.indices.to(torch.int64)
+    if kind.self_loops:
+        indptr, indices = _with_self_loops(indptr, indices, n)
+    weight = None
+    if kind.gcn_weights:
+        partial = torch.bincount(indices, minlength=part.num_local)
+        owned = partial[:n] + plan.scatter_grad(partial[n:], transport, "setup.degree")
+        halo = plan.gather_halo(owned, transport, "setup.degree")
+        out_deg = torch.cat([owned, halo]).clamp(min=1).to(torch.float32)
+        in_deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(torch.float32)
+        dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
+        weight = (out_deg[indices] * in_deg[dst]).rsqrt()
+    return MessageGraph(indptr, indices, part.num_local, n, weight)
+
+
+def _with_self_loops(
+    indptr: torch.Tensor, indices: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR with each row's self-loops removed and one appended per row."""
+    counts = indptr[1:] - indptr[:-1]
+    dst = torch.repeat_interleave(torch.arange(n), counts)
+    keep = indices != dst
+    kept = torch.bincount(dst[keep], minlength=n) + 1
+    new_indptr = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(kept, 0, out=new_indptr[1:])
+    new_indices = torch.empty(int(new_indptr[-1]), dtype=torch.int64)
+    loop_pos = new_indptr[1:] - 1
+    is_loop = torch.zeros(new_indices.numel(), dtype=torch.bool)
+    is_loop[loop_pos] = True
+    new_indices[is_loop] = torch.arange(n)
+    new_indices[~is_loop] = indices[keep]
+    return new_indptr, new_indices

@@ -1,0 +1,289 @@
+"""Distributed full-graph training: one rank's loop, top to bottom.
+
+Every rank builds the same model from the same seed, holds its part's rows and
+runs the same epochs in lockstep. One epoch:
+
+1. forward on the owned nodes through the engine (remote rows arrive through
+   its exchanges; dropout masks are hashed from global node IDs, so they equal
+   the single-process masks);
+2. the loss: cross-entropy summed over the owned training nodes divided by the
+   *global* number of training nodes, so the ranks' losses and gradients sum to
+   the single-process ones;
+3. backward (gradients of remote rows travel back to their owners);
+4. the parameter gradients are summed over ranks (``sync.grad``) and every rank
+   takes the same Adam step;
+5. evaluation (dropout off): correct counts and the validation loss are summed
+   over ranks (``sync.metrics``), so every rank sees the global accuracies and
+   stops early at the same epoch.
+
+Parity with :func:`graphwire.fullgraph.trainer.train_fullgraph` holds up to
+float summation order, except GAT attention dropout, which draws from each
+rank's generator (set ``attn_dropout=0`` for exact parity).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from graphwire.comm.base import Transport
+from graphwire.fullgraph.base import Engine, get_engine
+from graphwire.graph.seeds import derive_seed
+from graphwire.nn.models import GNN, LAYER_KINDS
+from graphwire.partition.local import LocalPart
+from graphwire.runlog import peak_rss_mb
+from graphwire.training import (
+    BestEpoch,
+    EpochRecord,
+    TrainConfig,
+    TrainResult,
+    make_model_for,
+    make_optimizer,
+)
+
+__all__ = [
+    "DistributedResult",
+    "build_engine",
+    "forward_loss",
+    "seeded_model",
+    "sync_gradients",
+    "train_distributed",
+]
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(kw_only=True)
+class DistributedResult:
+    """One rank's view of a finished run (accuracies are global).
+
+    Attributes:
+        result: as :func:`train_fullgraph` returns, with global accuracies.
+        ledger: this rank's :meth:`Ledger.snapshot` for the whole run.
+        counters: engine counters (rows recomputed, bins, ...).
+    """
+
+    result: TrainResult
+    ledger: dict[str, Any]
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def build_engine(
+    part: LocalPart,
+    transport: Transport,
+    config: TrainConfig,
+    exchange: str,
+    options: dict[str, Any] | None = None,
+) -> Engine:
+    """The ``exchange`` engine for ``config.model`` on this rank's part."""
+    engine_cls = get_engine(exchange)
+    kind = LAYER_KINDS[config.model]
+    return engine_cls(part, transport, kind, config.num_layers, **(options or {}))
+
+
+def forward_loss(
+    engine: Engine, model: GNN, num_train: int, dropout_seed: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(owned logits [n, C], this rank's share of the mean training loss)``."""
+    part = engine.part
+    assert part.y is not None and part.train_local is not None
+    logits = model(
+        engine.mgs,
+        engine.x,
+        run_layer=engine.run_layer,
+        row_ids=engine.row_ids,
+        dropout_seed=dropout_seed,
+    )[: part.num_owned]
+    train = part.train_local.to(torch.int64)
+    loss = (
+        F.cross_entropy(logits[train], part.y[train].to(torch.int64), reduction="sum")
+        / num_train
+    )
+    return logits, loss
+
+
+# torch's default generator is per process: ranks that are threads of one
+# process (the in-process transport) must not interleave their draws.
+_INIT_LOCK = threading.Lock()
+
+
+def seeded_model(num_features: int, num_classes: int, config: TrainConfig) -> GNN:
+    """The model with the initial weights every rank (and one process) gets."""
+    with _INIT_LOCK:
+        torch.manual_seed(config.seed)
+        return make_model_for(num_features, num_classes, config)
+
+
+def sync_gradients(model: torch.nn.Module, transport: Transport) -> None:
+    """Sum every parameter's gradient over ranks, in one flat all-reduce."""
+    params = list(model.parameters())
+    flat = torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+            for p in params
+        ]
+    )
+    total = transport.all_reduce_sum(flat, "sync.grad")
+    offset = 0
+    for p in params:
+        p.grad = total[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+def train_distributed(
+    part: LocalPart,
+    transport: Transport,
+    config: TrainConfig,
+    exchange: str = "halo",
+    *,
+    options: dict[str, Any] | None = None,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+) -> DistributedResult:
+    """Train ``config.model`` on the whole graph, this rank holding ``part``.
+
+    Args:
+        part: this rank's part; features, labels and splits required.
+        transport: connects the ranks (rank == part ID).
+        config: as for single-process training.
+        exchange: engine name (``halo``, ``replicate``, ``g3``).
+        options: engine options.
+        on_epoch: called on every rank with each epoch's record.
+
+    Returns:
+        The run, with accuracies over all ranks' nodes.
+    """
+    if part.x is None or part.y is None or part.train_local is None:
+        raise ValueError(
+            f"part {part.part_id}: training needs features, labels and splits"
+        )
+    engine = build_engine(part, transport, config, exchange, options)
+    num_classes = int(part.meta.get("num_classes") or 0)
+    if num_classes < 1:
+        raise ValueError(f"part {part.part_id}: meta.json has no num_classes")
+    model = seeded_model(part.x.shape[1], num_classes, config)
+    optimizer = make_optimizer(model, config)
+    sizes = _split_sizes(part, transport)
+    best = BestEpoch(config.patience)
+    records: list[EpochRecord] = []
+    for epoch in range(config.epochs):
+        before = transport.ledger.snapshot()
+        engine.reset_timers()
+        start = time.perf_counter()
+        model.train()
+        engine.phase = ""
+        _, loss = forward_loss(
+            engine, model, sizes["train"], derive_seed(config.seed, epoch)
+        )
+        forward_done = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        sync_start = time.perf_counter()
+        sync_gradients(model, transport)
+        optimizer.step()
+        backward_done = time.perf_counter()
+        comm_s = engine.comm_s
+
+        model.eval()
+        engine.phase = "eval."
+        with torch.no_grad():
+            logits, _ = forward_loss(engine, model, sizes["train"], None)
+            metrics = _global_metrics(logits, part, transport, sizes, loss.detach())
+        eval_done = time.perf_counter()
+        record = EpochRecord(
+            epoch=epoch,
+            loss=metrics.pop("loss"),
+            train_acc=metrics["train_acc"],
+            val_acc=metrics["val_acc"],
+            test_acc=metrics["test_acc"],
+            times={
+                "sample_s": 0.0,
+                "forward_s": forward_done - start,
+                "backward_s": sync_start - forward_done,
+                "sync_s": backward_done - sync_start,
+                "eval_s": eval_done - backward_done,
+                "comm_s": comm_s,
+            },
+            peak_rss_mb=peak_rss_mb(),
+            comm=_ledger_delta(before, transport.ledger.snapshot()),
+        )
+        records.append(record)
+        if on_epoch is not None:
+            on_epoch(record)
+        if best.update(epoch, metrics, model):
+            break
+    return DistributedResult(
+        result=TrainResult(
+            test_acc=best.test_acc,
+            val_acc=best.val_acc,
+            best_epoch=best.epoch,
+            epochs_run=len(records),
+            records=records,
+            state_dict=copy.deepcopy(model.state_dict()),
+            best_state_dict=best.state_dict,
+        ),
+        ledger=transport.ledger.snapshot(),
+        counters=dict(engine.counters),
+    )
+
+
+def _split_sizes(part: LocalPart, transport: Transport) -> dict[str, int]:
+    local = torch.tensor([_split(part, s).numel() for s in SPLITS], dtype=torch.float64)
+    total = transport.all_reduce_sum(local, "sync.metrics")
+    return {s: int(v) for s, v in zip(SPLITS, total.tolist(), strict=True)}
+
+
+def _split(part: LocalPart, split: str) -> torch.Tensor:
+    idx = getattr(part, f"{split}_local")
+    return idx.to(torch.int64) if idx is not None else torch.empty(0, dtype=torch.int64)
+
+
+def _global_metrics(
+    logits: torch.Tensor,
+    part: LocalPart,
+    transport: Transport,
+    sizes: dict[str, int],
+    loss: torch.Tensor,
+) -> dict[str, float]:
+    assert part.y is not None
+    y = part.y.to(torch.int64)
+    pred = logits.argmax(1)
+    values = [
+        float((pred[_split(part, s)] == y[_split(part, s)]).sum()) for s in SPLITS
+    ]
+    val = _split(part, "val")
+    values.append(float(F.cross_entropy(logits[val], y[val], reduction="sum")))
+    values.append(float(loss))
+    total = transport.all_reduce_sum(
+        torch.tensor(values, dtype=torch.float64), "sync.metrics"
+    ).tolist()
+    out = {f"{s}_acc": total[i] / max(1, sizes[s]) for i, s in enumerate(SPLITS)}
+    out["val_loss"] = total[3] / max(1, sizes["val"])
+    out["loss"] = total[4]
+    return out
+
+
+def _ledger_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Bytes sent this epoch by tag and by peer (this rank's sends)."""
+    old = {(r[1], r[2]): r[3] for r in before["sent"]}
+    by_tag: dict[str, int] = {}
+    by_peer: dict[str, int] = {}
+    for _, dst, tag, num_bytes, _ in after["sent"]:
+        delta = num_bytes - old.get((dst, tag), 0)
+        if delta:
+            by_tag[tag] = by_tag.get(tag, 0) + delta
+            by_peer[str(dst)] = by_peer.get(str(dst), 0) + delta
+    old_recv = {(r[0], r[2]): r[3] for r in before["recv"]}
+    recv = sum(r[3] - old_recv.get((r[0], r[2]), 0) for r in after["recv"])
+    return {
+        "bytes_sent": sum(by_tag.values()),
+        "bytes_recv": recv,
+        "by_tag": by_tag,
+        "by_peer": by_peer,
+    }

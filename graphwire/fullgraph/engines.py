@@ -1,0 +1,3 @@
+"""Imports every built-in full-graph engine so that it registers itself."""
+
+from graphwire.fullgraph import halo  # noqa: F401

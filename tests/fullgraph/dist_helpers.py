@@ -1,0 +1,93 @@
+"""Shared set-up for the distributed full-graph tests: parts, single-process oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from graphwire.comm.base import Transport
+from graphwire.fullgraph.distributed import (
+    build_engine,
+    forward_loss,
+    seeded_model,
+    sync_gradients,
+)
+from graphwire.graph.graph import Graph
+from graphwire.graph.synthetic import ProductsConfig, products_graph
+from graphwire.nn.models import LAYER_KINDS
+from graphwire.partition import get_partitioner, load_part, write_partitioned
+from graphwire.training import TrainConfig, make_model
+
+DROPOUT_SEED = 12345
+
+
+def small_graph(nodes: int = 600) -> Graph:
+    return products_graph(
+        ProductsConfig(nodes=nodes, degree=8, features=12, classes=5, seed=4)
+    )
+
+
+def write_parts(graph: Graph, num_parts: int, folder: Path, method: str) -> Path:
+    partition = get_partitioner(method).partition(graph, num_parts, seed=0)
+    return write_partitioned(graph, partition, folder / f"{method}{num_parts}")
+
+
+def config_for(model: str) -> TrainConfig:
+    # GAT's attention dropout draws from torch's generator: off for parity.
+    return TrainConfig(model=model, hidden=8, heads=2, attn_dropout=0.0, seed=7)
+
+
+def single_step(graph: Graph, config: TrainConfig) -> dict[str, Any]:
+    """The oracle: logits, loss and gradients of one training forward/backward."""
+    torch.manual_seed(config.seed)
+    model = make_model(graph, config)
+    model.train()
+    mg = LAYER_KINDS[config.model].full_graph(graph)
+    logits = model(
+        [mg] * config.num_layers,
+        graph.x,
+        row_ids=torch.arange(graph.num_nodes),
+        dropout_seed=DROPOUT_SEED,
+    )
+    assert graph.y is not None and graph.train_idx is not None
+    loss = F.cross_entropy(logits[graph.train_idx], graph.y[graph.train_idx])
+    loss.backward()
+    return {
+        "logits": logits.detach(),
+        "loss": float(loss.detach()),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+    }
+
+
+def dist_step(
+    transport: Transport,
+    folder: str,
+    config: TrainConfig,
+    exchange: str,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One rank's logits (with their original IDs), loss share and synced grads."""
+    part = load_part(folder, transport.rank)
+    engine = build_engine(part, transport, config, exchange, options)
+    assert part.x is not None
+    model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+    model.train()
+    num_train = int(
+        transport.all_reduce_sum(
+            torch.tensor([float(part.train_local.numel())]), "sync.metrics"
+        )
+    )
+    logits, loss = forward_loss(engine, model, num_train, DROPOUT_SEED)
+    loss.backward()
+    sync_gradients(model, transport)
+    return {
+        "orig_nid": part.orig_nid.clone(),
+        "logits": logits.detach(),
+        "loss": float(loss.detach()),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "ledger": transport.ledger.snapshot(),
+        "counters": dict(engine.counters),
+    }
