@@ -1,0 +1,154 @@
+"""`WorkerContext`: who this process is in a run, read once and passed around.
+
+``torchrun`` (and :func:`graphwire.comm.launch.launch_local`, which imitates it)
+describes each worker with environment variables; :meth:`WorkerContext.from_env`
+reads them in one place and nothing else in graphwire looks at them. Importing
+this module has no side effects: CUDA is only queried when a context is built.
+
+Example::
+
+    ctx = WorkerContext.from_env()          # RANK, WORLD_SIZE, LOCAL_RANK, ...
+    transport = TorchTransport.open(ctx)    # graphwire.comm.dist
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["BACKENDS", "DEFAULT_TIMEOUT_S", "WorkerContext", "default_backend"]
+
+BACKENDS = ("gloo", "nccl")
+DEFAULT_TIMEOUT_S = 300.0
+
+_REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_INTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+
+
+def default_backend() -> str:
+    """``"nccl"`` where CUDA is available, else ``"gloo"``."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerContext:
+    """One worker's place in a run.
+
+    Attributes:
+        rank: this worker's rank, in ``[0, world_size)``.
+        world_size: number of workers in the run.
+        local_rank: rank among the workers of this machine (picks the GPU).
+        master_addr: host of rank 0's rendezvous store.
+        master_port: port of that store.
+        backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (GPU tensors).
+        timeout_s: bound on every blocking collective and on the rendezvous.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    backend: str
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size: expected >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"rank: expected 0 <= rank < {self.world_size}, got {self.rank}"
+            )
+        if self.local_rank < 0:
+            raise ValueError(f"local_rank: expected >= 0, got {self.local_rank}")
+        if not self.master_addr:
+            raise ValueError("master_addr: expected a host name or address, got ''")
+        if not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port: expected 1..65535, got {self.master_port}")
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"backend: expected one of {BACKENDS}, got {self.backend!r}"
+            )
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s: expected > 0, got {self.timeout_s}")
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] = os.environ,
+        *,
+        backend: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> WorkerContext:
+        """Read the variables ``torchrun`` sets.
+
+        Args:
+            env: where to read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+                ``MASTER_ADDR`` and ``MASTER_PORT`` (all required).
+            backend: overrides :func:`default_backend`.
+            timeout_s: see :attr:`timeout_s`.
+
+        Raises:
+            ValueError: a variable is missing or malformed; the message names it.
+        """
+        missing = [name for name in _REQUIRED if not env.get(name)]
+        if missing:
+            raise ValueError(
+                f"worker context: environment variable(s) {', '.join(missing)} "
+                "not set; launch with torchrun or graphwire.comm.launch"
+            )
+        values = {name: _int_var(env, name) for name in _INTS}
+        try:
+            return cls(
+                rank=values["RANK"],
+                world_size=values["WORLD_SIZE"],
+                local_rank=values["LOCAL_RANK"],
+                master_addr=env["MASTER_ADDR"],
+                master_port=values["MASTER_PORT"],
+                backend=backend if backend is not None else default_backend(),
+                timeout_s=timeout_s,
+            )
+        except ValueError as error:
+            found = ", ".join(f"{name}={env[name]}" for name in _REQUIRED)
+            raise ValueError(f"worker context ({found}): {error}") from None
+
+    @property
+    def device(self) -> torch.device:
+        """Where this worker's communicated tensors live: ``cuda:<local_rank>``
+        under NCCL, else the CPU."""
+        if self.backend == "nccl":
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    @property
+    def init_method(self) -> str:
+        """``tcp://<master_addr>:<master_port>`` (IPv6 addresses bracketed)."""
+        host = self.master_addr
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"tcp://{host}:{self.master_port}"
+
+    def to_env(self) -> dict[str, str]:
+        """The ``torchrun`` variables that describe this worker (the inverse of
+        :meth:`from_env`, less the backend and timeout)."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int:
+    text = env[name].strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"worker context: environment variable {name} must be an integer, "
+            f"got {env[name]!r}"
+        ) from None

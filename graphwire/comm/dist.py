@@ -1,0 +1,353 @@
+"""`TorchTransport`: the :class:`Transport` over ``torch.distributed``.
+
+This is the only module in graphwire that imports ``torch.distributed``. One
+transport owns the default process group of its process: :meth:`open` creates
+it from a :class:`WorkerContext`, :meth:`close` destroys it.
+
+What each primitive runs (``W`` ranks, this rank ``r``):
+
+- ``all_to_all``: ONE ``all_to_all_single``. Rank ``r``'s non-empty blocks are
+  concatenated and viewed as bytes, ``uint8 [sum_p rows_p, row_bytes]``, with
+  one split size per rank (``0`` for ``r`` itself: its own block is returned as
+  is, never copied). Any dtype works, on gloo as on NCCL. With
+  ``check_splits`` (default) an ``all_gather`` of every rank's row counts
+  (``int64 [2, W]``) runs first, so a plan bug raises on every rank.
+- ``isend`` / ``irecv``: ``dist.isend`` / ``dist.irecv`` with one torch tag, so
+  messages between a pair are matched in the order they were sent.
+- ``all_gather_object``: an ``all_gather`` of the pickled lengths (``int64
+  [1]`` per rank), then one ``all_to_all_single`` of the exact pickles. Unlike
+  ``dist.all_gather_object`` nothing is padded to the longest pickle, so the
+  ledger's ``len(encode_object(obj))`` is exactly the payload that moved.
+
+The ledger counts payload bytes to and from every other rank; an empty block is
+no message. Metadata is not counted: the backend's own message headers, the
+split check's row counts and ``all_gather_object``'s 8-byte lengths.
+
+Failures: every blocking call is bounded by the process-group timeout
+(``ctx.timeout_s``); under NCCL the watchdog enforces it by aborting the
+process. A ``torch.distributed`` error (timeout, a peer's connection closed) is
+re-raised as :class:`TransportError` naming this rank, the operation and the
+tag. Under gloo a peer that dies mid-collective closes its sockets, and the
+survivors' pending collectives fail at once rather than at the timeout.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from graphwire.comm.base import (
+    Transport,
+    TransportError,
+    Work,
+    encode_object,
+    row_bytes,
+)
+from graphwire.comm.context import WorkerContext
+
+__all__ = ["TorchTransport"]
+
+_P2P_TAG = 0  # one channel per pair: matched in send order, as LocalTransport
+
+
+class TorchTransport(Transport):
+    """One rank of a ``torch.distributed`` run; build it with :meth:`open`.
+
+    Args:
+        ctx: this worker's context; its process group must already exist.
+        check_splits: before each ``all_to_all``, all-gather every rank's send
+            and receive row counts (``int64 [2, W]``, not in the ledger) and
+            raise :class:`TransportError` on every rank if they disagree.
+            Without it a plan bug is silent or fatal: gloo fills a receive
+            from a shorter send with garbage rows, and aborts the process
+            (SIGABRT, uncatchable) on a longer one.
+        owns_group: whether :meth:`close` destroys the process group.
+    """
+
+    def __init__(
+        self, ctx: WorkerContext, *, check_splits: bool = True, owns_group: bool = False
+    ) -> None:
+        super().__init__(ctx.rank, ctx.world_size)
+        self.ctx = ctx
+        self.device = ctx.device
+        self.check_splits = check_splits
+        self._timeout = timedelta(seconds=ctx.timeout_s)
+        self._owns_group = owns_group
+        self._closed = False
+
+    @classmethod
+    def open(cls, ctx: WorkerContext, *, check_splits: bool = True) -> TorchTransport:
+        """Join the run described by ``ctx`` (blocks until all ranks join).
+
+        Creates the default process group (``ctx.init_method``, bounded by
+        ``ctx.timeout_s``) unless one exists already; then the group must match
+        ``ctx`` and is left alone by :meth:`close`.
+
+        Args:
+            ctx: this worker's context.
+            check_splits: see the class docstring.
+
+        Raises:
+            TransportError: the rendezvous failed or timed out.
+        """
+        if dist.is_initialized():
+            if (dist.get_rank(), dist.get_world_size()) != (ctx.rank, ctx.world_size):
+                raise TransportError(
+                    f"rank {ctx.rank}: a process group already exists as rank "
+                    f"{dist.get_rank()} of {dist.get_world_size()}, expected rank "
+                    f"{ctx.rank} of {ctx.world_size}"
+                )
+            return cls(ctx, check_splits=check_splits, owns_group=False)
+        if ctx.backend == "nccl":
+            torch.cuda.set_device(ctx.device)
+        try:
+            dist.init_process_group(
+                backend=ctx.backend,
+                init_method=ctx.init_method,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                timeout=timedelta(seconds=ctx.timeout_s),
+            )
+        except RuntimeError as error:
+            raise TransportError(
+                f"rank {ctx.rank}: joining {ctx.world_size} ranks at "
+                f"{ctx.init_method} ({ctx.backend}) failed: {error}"
+            ) from error
+        return cls(ctx, check_splits=check_splits, owns_group=True)
+
+    def close(self) -> None:
+        """Destroy the process group (if :meth:`open` made it); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------ primitives
+    def all_to_all(
+        self, send: Sequence[torch.Tensor], recv_rows: Sequence[int], tag: str
+    ) -> list[torch.Tensor]:
+        """See :meth:`Transport.all_to_all`; results are on ``send``'s device.
+
+        ``recv_rows[p]`` must equal the rows rank ``p`` sends here; with
+        ``check_splits`` a mismatch raises :class:`TransportError` on every rank.
+        """
+        self._check_open(tag)
+        world = self.world_size
+        if len(send) != world or len(recv_rows) != world:
+            raise ValueError(
+                f"all_to_all ({tag}): expected {world} send tensors and recv "
+                f"sizes, got {len(send)} and {len(recv_rows)}"
+            )
+        mine = send[self.rank]
+        row_shape, dtype, home = mine.shape[1:], mine.dtype, mine.device
+        for dst, tensor in enumerate(send):
+            if tensor.dim() == 0 or tensor.shape[1:] != row_shape:
+                raise ValueError(
+                    f"all_to_all ({tag}): send[{dst}] has shape "
+                    f"{tuple(tensor.shape)}, expected [rows, *{tuple(row_shape)}]"
+                )
+            if tensor.dtype != dtype or tensor.device != home:
+                raise ValueError(
+                    f"all_to_all ({tag}): send[{dst}] is {tensor.dtype} on "
+                    f"{tensor.device}, expected {dtype} on {home} as send[{self.rank}]"
+                )
+        if any(rows < 0 for rows in recv_rows):
+            raise ValueError(f"all_to_all ({tag}): negative recv_rows {recv_rows}")
+        if world == 1:
+            return [mine]
+        return self._exchange(send, recv_rows, tag, self.check_splits)
+
+    def _exchange(
+        self,
+        send: Sequence[torch.Tensor],
+        recv_rows: Sequence[int],
+        tag: str,
+        check: bool,
+    ) -> list[torch.Tensor]:
+        """:meth:`all_to_all` on checked arguments, ``world_size > 1``."""
+        mine = send[self.rank]
+        row_shape, dtype, home = mine.shape[1:], mine.dtype, mine.device
+        # Own block: split 0 both ways (no copy through the backend).
+        send_rows = [
+            0 if p == self.rank else int(t.shape[0]) for p, t in enumerate(send)
+        ]
+        recv_sizes = [0 if p == self.rank else int(n) for p, n in enumerate(recv_rows)]
+        if check:
+            self._check_splits(send_rows, recv_sizes, tag)
+        width = _row_bytes(row_shape, dtype)
+        blocks = [_as_bytes(t, width) for p, t in enumerate(send) if p != self.rank]
+        payload = torch.cat(blocks).to(self.device)
+        received = torch.empty(
+            (sum(recv_sizes), width), dtype=torch.uint8, device=self.device
+        )
+        try:
+            dist.all_to_all_single(
+                received, payload, recv_sizes, send_rows, async_op=False
+            )
+        except RuntimeError as error:
+            self._fail("all_to_all", tag, error)
+
+        out: list[torch.Tensor] = []
+        for src, block in enumerate(torch.split(received.to(home), recv_sizes)):
+            out.append(
+                mine if src == self.rank else _from_bytes(block, row_shape, dtype)
+            )
+        for peer in range(self.world_size):
+            if peer != self.rank:
+                self.ledger.record_send(peer, tag, send_rows[peer] * width)
+                self.ledger.record_recv(peer, tag, recv_sizes[peer] * width)
+        return out
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: str) -> Work:
+        """See :meth:`Transport.isend`; ``tensor`` must not change before the
+        returned work's ``wait()``."""
+        self._check_peer(dst, "isend", tag)
+        staged = tensor.detach().contiguous().to(self.device)
+        try:
+            work = dist.isend(staged, dst, tag=_P2P_TAG)
+        except RuntimeError as error:
+            self._fail(f"isend to rank {dst}", tag, error)
+        self.ledger.record_send(dst, tag, row_bytes(staged))
+        return _TorchWork(self, work, f"isend to rank {dst}", tag)
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: str) -> Work:
+        """See :meth:`Transport.irecv`; ``tensor`` is filled by ``wait()``."""
+        self._check_peer(src, "irecv", tag)
+        direct = tensor.device == self.device and tensor.is_contiguous()
+        staged = tensor if direct else torch.empty_like(tensor, device=self.device)
+        try:
+            work = dist.irecv(staged, src, tag=_P2P_TAG)
+        except RuntimeError as error:
+            self._fail(f"irecv from rank {src}", tag, error)
+        self.ledger.record_recv(src, tag, row_bytes(staged))
+        target = None if direct else tensor
+        return _TorchWork(self, work, f"irecv from rank {src}", tag, staged, target)
+
+    def all_gather_object(self, obj: Any, tag: str) -> list[Any]:
+        self._check_open(tag)
+        if self.world_size == 1:
+            return [obj]
+        data = encode_object(obj)
+        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        lengths = [torch.empty_like(length) for _ in range(self.world_size)]
+        try:
+            dist.all_gather(lengths, length)
+        except RuntimeError as error:
+            self._fail("all_gather_object (lengths)", tag, error)
+        sizes = [int(n.item()) for n in lengths]  # host sync (NCCL)
+        mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        # Records len(data) bytes to, and sizes[p] from, every peer p; the
+        # sizes agree by construction.
+        blocks = self._exchange([mine] * self.world_size, sizes, tag, check=False)
+        return [
+            obj if p == self.rank else pickle.loads(blocks[p].numpy().tobytes())
+            for p in range(self.world_size)
+        ]
+
+    # --------------------------------------------------------------- helpers
+    def _check_splits(
+        self, send_rows: list[int], recv_rows: list[int], tag: str
+    ) -> None:
+        """Raise on every rank unless each rank sends each peer the rows that
+        peer expects (one ``all_gather`` of ``int64 [2, W]``)."""
+        mine = torch.tensor([send_rows, recv_rows], dtype=torch.int64)
+        every = [torch.empty_like(mine, device=self.device) for _ in send_rows]
+        try:
+            dist.all_gather(every, mine.to(self.device))
+        except RuntimeError as error:
+            self._fail("all_to_all (split check)", tag, error)
+        table = torch.stack(every).cpu()  # [W ranks, 2, W peers]; host sync
+        sends, expects = table[:, 0, :], table[:, 1, :].T  # [src, dst] both
+        wrong = (sends != expects).nonzero().tolist()
+        if wrong:
+            pairs = "; ".join(
+                f"rank {src} sends {int(sends[src, dst])} rows to rank {dst}, "
+                f"which expects {int(expects[src, dst])}"
+                for src, dst in wrong[:4]
+            )
+            more = f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else ""
+            raise TransportError(
+                f"rank {self.rank} ({tag}): all_to_all split sizes disagree: "
+                f"{pairs}{more}"
+            )
+
+    def _check_open(self, tag: str) -> None:
+        if self._closed:
+            raise TransportError(f"rank {self.rank} ({tag}): transport is closed")
+
+    def _check_peer(self, peer: int, op: str, tag: str) -> None:
+        self._check_open(tag)
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise ValueError(
+                f"{op} ({tag}): peer must be another rank in [0, "
+                f"{self.world_size}), got {peer} on rank {self.rank}"
+            )
+
+    def _fail(self, op: str, tag: str, error: BaseException) -> NoReturn:
+        raise TransportError(
+            f"rank {self.rank} ({tag}): {op} failed: {error}"
+        ) from error
+
+
+class _TorchWork:
+    """A pending ``isend``/``irecv``: ``wait()`` is bounded by the group
+    timeout, raises :class:`TransportError`, and copies a staged receive back."""
+
+    def __init__(
+        self,
+        transport: TorchTransport,
+        work: Any,
+        op: str,
+        tag: str,
+        staged: torch.Tensor | None = None,
+        target: torch.Tensor | None = None,
+    ) -> None:
+        self._transport, self._work, self._op, self._tag = transport, work, op, tag
+        self._staged, self._target = staged, target
+        self._done = False
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        try:
+            completed = self._work.wait(timeout=self._transport._timeout)
+        except RuntimeError as error:
+            self._transport._fail(self._op, self._tag, error)
+        if completed is False:
+            self._transport._fail(
+                self._op,
+                self._tag,
+                TimeoutError(f"no completion within {self._transport._timeout}"),
+            )
+        if self._target is not None and self._staged is not None:
+            self._target.copy_(self._staged)
+        self._done = True
+
+
+def _row_bytes(row_shape: torch.Size, dtype: torch.dtype) -> int:
+    return row_shape.numel() * torch.empty((), dtype=dtype).element_size()
+
+
+def _as_bytes(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """``[rows, *S]`` as ``uint8 [rows, width]`` (a view when contiguous)."""
+    rows = tensor.shape[0]
+    if width == 0:
+        return torch.empty((rows, 0), dtype=torch.uint8, device=tensor.device)
+    flat = tensor.detach().contiguous().reshape(rows, tensor.shape[1:].numel())
+    return flat.view(torch.uint8)
+
+
+def _from_bytes(
+    block: torch.Tensor, row_shape: torch.Size, dtype: torch.dtype
+) -> torch.Tensor:
+    """Inverse of :func:`_as_bytes`: ``uint8 [rows, width]`` as ``[rows, *S]``."""
+    rows = block.shape[0]
+    if block.shape[1] == 0:
+        return torch.empty((rows, *row_shape), dtype=dtype, device=block.device)
+    return block.view(dtype).reshape(rows, *row_shape)

@@ -1,0 +1,76 @@
+"""WorkerContext: torchrun variables in, validated; device and env round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from graphwire.comm.context import WorkerContext, default_backend
+
+ENV = {
+    "RANK": "2",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
+
+
+def test_from_env_reads_torchrun_variables() -> None:
+    ctx = WorkerContext.from_env(ENV, backend="gloo", timeout_s=7)
+    assert (ctx.rank, ctx.world_size, ctx.local_rank) == (2, 4, 0)
+    assert (ctx.master_addr, ctx.master_port) == ("127.0.0.1", 29500)
+    assert (ctx.backend, ctx.timeout_s) == ("gloo", 7)
+    assert ctx.device == torch.device("cpu")
+    assert ctx.init_method == "tcp://127.0.0.1:29500"
+    assert WorkerContext.from_env(ctx.to_env(), backend="gloo", timeout_s=7) == ctx
+
+
+def test_default_backend_follows_cuda() -> None:
+    ctx = WorkerContext.from_env(ENV)
+    assert ctx.backend == default_backend()
+    assert ctx.backend == ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def test_nccl_device_is_the_local_gpu() -> None:
+    ctx = WorkerContext(1, 2, 1, "10.0.0.1", 1234, "nccl")
+    assert ctx.device == torch.device("cuda", 1)  # no CUDA call needed
+
+
+@pytest.mark.parametrize("name", ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"])
+def test_missing_variable_is_named(name: str) -> None:
+    env = {k: v for k, v in ENV.items() if k != name}
+    with pytest.raises(ValueError, match=name):
+        WorkerContext.from_env(env)
+
+
+def test_malformed_variable_is_named() -> None:
+    with pytest.raises(ValueError, match="MASTER_PORT must be an integer, got 'x1'"):
+        WorkerContext.from_env(ENV | {"MASTER_PORT": "x1"})
+    with pytest.raises(ValueError, match=r"RANK=4.*rank: expected 0 <= rank < 4"):
+        WorkerContext.from_env(ENV | {"RANK": "4"})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("world_size", 0, "world_size"),
+        ("local_rank", -1, "local_rank"),
+        ("master_port", 70000, "master_port"),
+        ("backend", "mpi", "backend"),
+        ("timeout_s", 0.0, "timeout_s"),
+    ],
+)
+def test_invalid_fields(field: str, value: object, message: str) -> None:
+    ctx = WorkerContext(0, 2, 0, "127.0.0.1", 1234, "gloo")
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(ctx, **{field: value})
+
+
+def test_context_is_frozen_and_ipv6_is_bracketed() -> None:
+    ctx = WorkerContext(0, 1, 0, "::1", 1234, "gloo")
+    assert ctx.init_method == "tcp://[::1]:1234"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.rank = 1  # type: ignore[misc]
