@@ -1,0 +1,391 @@
+"""`launch_local`: run a function on N local worker processes, as torchrun would.
+
+The parent picks a fresh free loopback port, spawns ``world_size`` processes
+(multiprocessing "spawn" context: no forked CUDA or thread state), and gives
+each the ``torchrun`` variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``). Each child builds its
+:class:`WorkerContext` from them and calls ``fn(ctx, *args)``; its return value
+or its traceback comes back through a pipe.
+
+The parent watches every child's pipe and exit sentinel, never a bare
+``join()``. When a child fails (raises, exits non-zero, is killed by a signal),
+the parent gives the others a moment to report what they saw (under gloo a
+peer's death fails their pending collectives at once, with a
+:class:`~graphwire.comm.base.TransportError`), then terminates the rest by PID
+(SIGTERM, then SIGKILL after a grace period) and raises :class:`WorkerFailed`
+naming the rank that failed first. The whole run is bounded by ``timeout_s``.
+Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
+
+``fn`` and ``args`` must be picklable: ``fn`` a module-level function of an
+importable module (a script's ``__main__`` guarded by ``if __name__ ==
+"__main__":`` also works).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing import connection, get_context
+from multiprocessing.process import BaseProcess
+from typing import Any, TypeVar
+
+import psutil
+import torch
+
+from graphwire.comm.base import TransportError
+from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
+
+__all__ = ["WorkerFailed", "free_port", "launch_local"]
+
+T = TypeVar("T")
+
+LOOPBACK = "127.0.0.1"
+PEER_REPORT_S = 1.0  # after a failure, how long the others get to report theirs
+TERMINATE_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process of :func:`launch_local` failed, or the run timed out.
+
+    Attributes:
+        rank: the rank that failed first (a root cause is preferred over a
+            peer's resulting ``TransportError``).
+        exitcode: its exit code (negative: killed by that signal), or None if
+            it was still running (timeout).
+        failures: a one-line description of what happened to every rank that
+            did not finish cleanly, by rank.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        rank: int,
+        exitcode: int | None = None,
+        failures: dict[int, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.failures = dict(failures or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.rank, self.exitcode, self.failures))
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def launch_local(
+    fn: Callable[..., T],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    backend: str | None = None,
+    threads: int = 1,
+) -> list[T]:
+    """Run ``fn(ctx, *args)`` on ``world_size`` local processes.
+
+    Args:
+        fn: module-level function ``fn(ctx: WorkerContext, *args) -> T``; ``T``
+            must be picklable.
+        world_size: number of processes (ranks ``0..world_size-1``).
+        *args: passed to ``fn`` on every rank (pickled once).
+        timeout_s: bound on the whole run, and each child's collective timeout.
+        backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend`.
+        threads: ``torch.set_num_threads`` in each child.
+
+    Returns:
+        ``fn``'s return value on each rank, by rank.
+
+    Raises:
+        WorkerFailed: a child raised, exited non-zero, was killed, or the run
+            took longer than ``timeout_s``. No child outlives this call.
+        TypeError: ``fn`` or ``args`` cannot be pickled.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size: expected >= 1, got {world_size}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
+    if threads < 1:
+        raise ValueError(f"threads: expected >= 1, got {threads}")
+    try:
+        job = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise TypeError(
+            f"launch_local: fn and args must be picklable (fn a module-level "
+            f"function), got {fn!r}: {error}"
+        ) from error
+    backend = backend if backend is not None else default_backend()
+    port = free_port()
+    env = _loopback_env()
+    mp = get_context("spawn")
+    deadline = time.monotonic() + timeout_s
+    processes: list[BaseProcess] = []
+    pipes: list[connection.Connection] = []
+    try:
+        for rank in range(world_size):
+            ctx = WorkerContext(
+                rank, world_size, rank, LOOPBACK, port, backend, timeout_s
+            )
+            reader, writer = mp.Pipe(duplex=False)
+            child = mp.Process(
+                target=_child_main,
+                args=(ctx, env, threads, os.getpid(), job, writer),
+                name=f"graphwire-rank{rank}",
+            )
+            child.start()
+            writer.close()  # the parent keeps only the read end: EOF on death
+            processes.append(child)
+            pipes.append(reader)
+        watch = _Watch(processes, pipes, deadline, timeout_s)
+        return watch.run()
+    finally:
+        _stop(processes)
+        for pipe in pipes:
+            pipe.close()
+
+
+# ---------------------------------------------------------------- the child
+def _child_main(
+    ctx: WorkerContext,
+    env: dict[str, str],
+    threads: int,
+    parent_pid: int,
+    job: bytes,
+    pipe: connection.Connection,
+) -> None:
+    _die_with_parent(parent_pid)
+    os.environ.update(env)
+    os.environ.update(ctx.to_env())
+    os.environ["LOCAL_WORLD_SIZE"] = str(ctx.world_size)
+    torch.set_num_threads(threads)
+    try:
+        fn, args = pickle.loads(job)
+        context = WorkerContext.from_env(backend=ctx.backend, timeout_s=ctx.timeout_s)
+        result = fn(context, *args)
+        _send(pipe, ("ok", result))
+    except BaseException as error:
+        report = (
+            "error",
+            f"{type(error).__qualname__}: {error}",
+            traceback.format_exc(),
+            isinstance(error, TransportError),
+        )
+        try:
+            _send(pipe, report)
+        finally:
+            _flush_stdio()
+            # No teardown: the threads of a broken process group can block it.
+            os._exit(1)
+    pipe.close()
+    # atexit handlers (logging, multiprocessing finalizers) run as usual, but
+    # the interpreter's teardown is skipped: freeing torch's modules takes 1-2
+    # s, and gloo threads of a group left open abort it (SIGABRT).
+    atexit._run_exitfuncs()
+    _flush_stdio()
+    os._exit(0)
+
+
+def _send(pipe: connection.Connection, message: tuple[Any, ...]) -> None:
+    # Plain pickle, not the pipe's own ForkingPickler: torch registers that to
+    # pass tensors as shared memory handed over by this process, which is gone
+    # by the time the parent unpickles them.
+    pipe.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl
+        os._exit(1)
+
+
+def _loopback_env() -> dict[str, str]:
+    """Keep gloo's connections on the loopback interface (it otherwise picks
+    the interface of the host name, which may not be loopback)."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return {}
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addresses):
+            return {"GLOO_SOCKET_IFNAME": name}
+    return {}
+
+
+# --------------------------------------------------------------- the parent
+@dataclass
+class _Failure:
+    rank: int
+    summary: str
+    traceback: str = ""
+    exitcode: int | None = None
+    from_peer: bool = False  # a TransportError: most likely another rank's fault
+
+
+@dataclass
+class _Watch:
+    """Follows every child's pipe and exit sentinel until all are done, one
+    fails, or the deadline passes."""
+
+    processes: list[BaseProcess]
+    pipes: list[connection.Connection]
+    deadline: float
+    timeout_s: float
+    results: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, _Failure] = field(default_factory=dict)
+    exited: set[int] = field(default_factory=set)
+    open_pipes: set[int] = field(default_factory=set)
+
+    def run(self) -> list[Any]:
+        world = len(self.processes)
+        self.open_pipes = set(range(world))
+        first_failure: float | None = None
+        while len(self.exited) < world:
+            now = time.monotonic()
+            if first_failure is None and self.failures:
+                first_failure = now
+            until = self.deadline
+            if first_failure is not None:
+                until = min(until, first_failure + PEER_REPORT_S)
+            if now >= until:
+                break
+            waitables: dict[Any, tuple[str, int]] = {}
+            for rank in self.open_pipes:
+                waitables[self.pipes[rank]] = ("pipe", rank)
+            for rank, process in enumerate(self.processes):
+                if rank not in self.exited:
+                    waitables[process.sentinel] = ("exit", rank)
+            for ready in connection.wait(list(waitables), timeout=until - now):
+                kind, rank = waitables[ready]
+                if kind == "pipe":
+                    self._receive(rank)
+                else:
+                    self._reap(rank)
+        if not self.failures and len(self.exited) < world:
+            for rank in range(world):
+                if rank not in self.exited:
+                    self.failures[rank] = _Failure(
+                        rank, f"did not finish within {self.timeout_s:g}s"
+                    )
+        if self.failures:
+            raise self._error()
+        return [self.results[rank] for rank in range(world)]
+
+    def _receive(self, rank: int) -> None:
+        try:
+            data = self.pipes[rank].recv_bytes()
+        except (EOFError, OSError):
+            self.open_pipes.discard(rank)
+            return
+        try:
+            message = pickle.loads(data)
+        except Exception as error:  # e.g. the result's class cannot be imported
+            self._fail(rank, f"sent a result that cannot be unpickled: {error!r}")
+            return
+        if message[0] == "ok":
+            self.results[rank] = message[1]
+        else:
+            _, summary, text, from_peer = message
+            self._fail(rank, f"raised {summary}", text, from_peer)
+
+    def _reap(self, rank: int) -> None:
+        process = self.processes[rank]
+        # The sentinel closes as the child's files close, a moment before the
+        # kernel reports its exit status: wait for that moment.
+        process.join(TERMINATE_GRACE_S)
+        self.exited.add(rank)
+        while rank in self.open_pipes and self.pipes[rank].poll():
+            self._receive(rank)  # what it sent just before exiting
+        code = process.exitcode
+        if rank in self.failures:
+            self.failures[rank].exitcode = code
+        elif code != 0:
+            self._fail(rank, _describe_exit(code), exitcode=code)
+        elif rank not in self.results:
+            self._fail(
+                rank, "exited with code 0 without returning a result", exitcode=0
+            )
+
+    def _fail(
+        self,
+        rank: int,
+        summary: str,
+        text: str = "",
+        from_peer: bool = False,
+        exitcode: int | None = None,
+    ) -> None:
+        self.failures.setdefault(
+            rank, _Failure(rank, summary, text, exitcode, from_peer)
+        )
+
+    def _error(self) -> WorkerFailed:
+        # dicts keep insertion order: the first failure seen comes first
+        ordered = sorted(self.failures.values(), key=lambda f: f.from_peer)
+        first = ordered[0]
+        lines = [f"rank {first.rank} {first.summary}"]
+        others = {f.rank: f.summary for f in ordered[1:]}
+        for rank in range(len(self.processes)):
+            if rank not in self.exited and rank not in self.failures:
+                done = "returned, not yet exited" if rank in self.results else "running"
+                others[rank] = f"{done}; stopped by the launcher"
+        for rank in sorted(others):
+            lines.append(f"  rank {rank}: {others[rank]}")
+        if first.traceback:
+            lines.append(f"--- traceback of rank {first.rank} ---")
+            lines.append(first.traceback.rstrip())
+        failures = {f.rank: f.summary for f in ordered} | others
+        return WorkerFailed("\n".join(lines), first.rank, first.exitcode, failures)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit code {code})"
+    return f"exited with code {code}"
+
+
+def _stop(processes: list[BaseProcess]) -> None:
+    """Terminate every child still running (by PID), SIGKILL after a grace
+    period, and reap them all."""
+    alive = [p for p in processes if p.is_alive()]
+    for process in alive:
+        process.terminate()
+    deadline = time.monotonic() + TERMINATE_GRACE_S
+    for process in alive:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in alive:
+        if process.is_alive():
+            process.kill()
+            process.join(TERMINATE_GRACE_S)
+    for process in processes:
+        if process.exitcode is not None:
+            process.close()

@@ -1,0 +1,160 @@
+"""Worker functions for the transport tests, importable by spawned children.
+
+Every payload is a function of (src, dst, index), in the spirit of "node i has
+features equal to i": a test recomputes what each rank must have received, and
+how many bytes, from the same functions, for any world size.
+
+:func:`exchange_suite` runs every primitive once on any :class:`Transport`, so
+``LocalTransport`` (threads) and ``TorchTransport`` (processes) are held to the
+same expectations. The other probes fail on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+
+from graphwire.comm.base import Transport, TransportError
+from graphwire.comm.context import WorkerContext
+
+__all__ = [
+    "FEATURE_DIM",
+    "NUM_P2P",
+    "P2P_LEN",
+    "exchange_suite",
+    "feature_block",
+    "gather_payload",
+    "id_block",
+    "kill_on_rank",
+    "p2p_message",
+    "raise_on_rank",
+    "reduce_input",
+    "rows_between",
+    "sleep_forever",
+]
+
+FEATURE_DIM = 3
+NUM_P2P = 3  # messages each rank sends its successor in the ring
+P2P_LEN = 4
+
+
+def rows_between(src: int, dst: int) -> int:
+    """Rows ``src`` sends ``dst`` in the suite's all-to-all: 0, 1 or 2, uneven,
+    with empty blocks between distinct ranks from 3 ranks on."""
+    return (src + 2 * dst) % 3
+
+
+def feature_block(src: int, dst: int) -> torch.Tensor:
+    """float32 ``[rows_between(src, dst), FEATURE_DIM]``; row i is
+    ``[src, dst, i]``."""
+    rows = rows_between(src, dst)
+    block = torch.empty(rows, FEATURE_DIM, dtype=torch.float32)
+    block[:, 0], block[:, 1] = src, dst
+    block[:, 2] = torch.arange(rows, dtype=torch.float32)
+    return block
+
+
+def id_block(src: int, dst: int) -> torch.Tensor:
+    """int64 ``[rows_between(src, dst)]``: ``1000 * src + 100 * dst + i``."""
+    return torch.arange(rows_between(src, dst)) + 1000 * src + 100 * dst
+
+
+def reduce_input(rank: int) -> torch.Tensor:
+    """float32 ``[3, 5]`` random (seeded by rank): 15 elements split unevenly
+    over 2 and 4 ranks."""
+    generator = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(3, 5, generator=generator)
+
+
+def p2p_message(src: int, k: int) -> torch.Tensor:
+    """float64 ``[P2P_LEN]``: message ``k`` of rank ``src``, all ``10 src + k``.
+
+    Equal sizes, so an out-of-order match shows as wrong values."""
+    return torch.full((P2P_LEN,), float(10 * src + k), dtype=torch.float64)
+
+
+def gather_payload(rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s object for ``all_gather_object`` (pickles differ in
+    size from rank to rank)."""
+    return {"rank": rank, "ids": list(range(rank + 1))}
+
+
+def exchange_suite(transport: Transport, mismatch: bool = False) -> dict[str, Any]:
+    """Run each primitive once under its own tag; return what arrived.
+
+    Args:
+        transport: any transport.
+        mismatch: finally call ``all_to_all`` with ``recv_rows`` that disagree
+            with what rank 1 sends rank 0 (for transports that check splits on
+            every rank), and record the error.
+
+    Returns:
+        ``feat``/``ids``: ``all_to_all`` results by source rank (tags
+        ``a2a.feat``, ``a2a.ids``); ``sum``: ``all_reduce_sum`` of
+        :func:`reduce_input` (tag ``sum``); ``p2p``: the ``NUM_P2P`` messages
+        from the predecessor, in arrival order (tag ``p2p``); ``objects``:
+        ``all_gather_object`` of :func:`gather_payload` (tag ``obj``);
+        ``ledger``: snapshot after these; ``mismatch``: the error text.
+    """
+    rank, world = transport.rank, transport.world_size
+    out: dict[str, Any] = {}
+    feat = [feature_block(rank, dst) for dst in range(world)]
+    recv = [rows_between(src, rank) for src in range(world)]
+    out["feat"] = transport.all_to_all(feat, recv, "a2a.feat")
+    ids = [id_block(rank, dst) for dst in range(world)]
+    out["ids"] = transport.all_to_all(ids, recv, "a2a.ids")
+    out["sum"] = transport.all_reduce_sum(reduce_input(rank), "sum")
+    out["p2p"] = []
+    if world > 1:
+        succ, pred = (rank + 1) % world, (rank - 1) % world
+        inbox = [torch.empty(P2P_LEN, dtype=torch.float64) for _ in range(NUM_P2P)]
+        recvs = [transport.irecv(buf, pred, "p2p") for buf in inbox]
+        sends = [
+            transport.isend(p2p_message(rank, k), succ, "p2p") for k in range(NUM_P2P)
+        ]
+        for work in [*sends, *recvs]:
+            work.wait()
+        out["p2p"] = inbox
+    out["objects"] = transport.all_gather_object(gather_payload(rank), "obj")
+    out["ledger"] = transport.ledger.snapshot()
+    out["mismatch"] = None
+    if mismatch and world > 1:
+        wrong = list(recv)
+        if rank == 0:
+            wrong[1] += 1
+        try:
+            transport.all_to_all(feat, wrong, "a2a.bad")
+        except TransportError as error:
+            out["mismatch"] = str(error)
+        transport.barrier()  # the group still works
+    return out
+
+
+def raise_on_rank(transport: Transport, bad_rank: int) -> None:
+    """Rank ``bad_rank`` raises ``ValueError``; the others wait in a barrier
+    for it (and fail when it is gone)."""
+    transport.barrier()
+    if transport.rank == bad_rank:
+        raise ValueError(f"probe failure on rank {bad_rank}")
+    transport.barrier()
+
+
+def kill_on_rank(transport: Transport, bad_rank: int) -> None:
+    """Rank ``bad_rank`` SIGKILLs itself while the others are blocked in an
+    ``all_to_all`` with it; they must fail with :class:`TransportError`."""
+    transport.barrier()
+    if transport.rank == bad_rank:
+        time.sleep(0.5)  # let the others enter the all-to-all
+        os.kill(os.getpid(), signal.SIGKILL)
+    world = transport.world_size
+    transport.all_to_all([torch.ones(1)] * world, [1] * world, "doomed")
+
+
+def sleep_forever(ctx: WorkerContext) -> None:
+    """Never returns (for the launcher's timeout)."""
+    while True:
+        time.sleep(1.0)

@@ -1,0 +1,91 @@
+"""launch_local / run_workers failure handling: tracebacks come back with the
+rank named, a SIGKILLed worker ends the run promptly, nothing is left running.
+
+Times are asserted only as generous bounds (correctness: no hang), never as
+speed; each run spawns real processes (~3 s of imports per rank).
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from graphwire.comm.launch import WorkerFailed, free_port, launch_local
+from graphwire.testing import run_workers
+from graphwire.testing.probes import kill_on_rank, raise_on_rank, sleep_forever
+
+
+def _worker_children() -> list[psutil.Process]:
+    """Spawned worker processes still alive (not multiprocessing's resource
+    tracker, which outlives them by design)."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any("spawn_main" in part for part in child.cmdline()):
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed) as caught:
+        run_workers(raise_on_rank, 2, 1, timeout_s=60)
+    elapsed = time.monotonic() - start
+    error = caught.value
+    assert error.rank == 1 and error.exitcode == 1
+    message = str(error)
+    assert message.startswith("rank 1 raised ValueError: probe failure on rank 1")
+    assert "--- traceback of rank 1 ---" in message
+    assert "probes.py" in message and "in raise_on_rank" in message
+    assert 0 in error.failures  # the peer stuck in the barrier is accounted for
+    assert elapsed < 30, f"took {elapsed:.1f}s"
+    assert _worker_children() == []
+
+
+def test_sigkilled_worker_ends_the_run_promptly() -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed) as caught:
+        run_workers(kill_on_rank, 3, 2, timeout_s=120)
+    elapsed = time.monotonic() - start
+    error = caught.value
+    assert error.rank == 2 and error.exitcode == -9
+    assert str(error).startswith("rank 2 was killed by SIGKILL (exit code -9)")
+    # gloo fails the survivors' pending all-to-all at once ("Connection closed
+    # by peer"); they report it as a TransportError and exit non-zero.
+    for rank in (0, 1):
+        assert error.failures[rank].startswith("raised TransportError: rank "), (
+            error.failures
+        )
+        assert "(doomed): all_to_all" in error.failures[rank]
+    assert elapsed < 30, f"took {elapsed:.1f}s"
+    assert _worker_children() == []
+
+
+def test_timeout_kills_a_hung_run() -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"rank 0 did not finish within 3s"):
+        launch_local(sleep_forever, 1, timeout_s=3)
+    elapsed = time.monotonic() - start
+    assert elapsed < 20, f"took {elapsed:.1f}s"
+    assert _worker_children() == []
+
+
+def test_unpicklable_function_fails_before_spawning() -> None:
+    with pytest.raises(TypeError, match="module-level"):
+        run_workers(lambda transport: None, 2)
+    assert _worker_children() == []
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        launch_local(sleep_forever, 0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        launch_local(sleep_forever, 1, timeout_s=0)
+
+
+def test_free_port_is_a_loopback_port() -> None:
+    assert 0 < free_port() < 65536
