@@ -90,6 +90,9 @@ class Engine(ABC):
         """int64 [rows]: original global node ID of every row of ``x``."""
         return self.part.orig_nid
 
+    def begin(self, model: nn.Module, dropout_seed: int | None) -> None:  # noqa: B027
+        """Called before every forward pass with the model and its dropout seed."""
+
     @abstractmethod
     def run_layer(
         self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor

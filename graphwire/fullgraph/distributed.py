@@ -94,6 +94,7 @@ def forward_loss(
     """``(owned logits [n, C], this rank's share of the mean training loss)``."""
     part = engine.part
     assert part.y is not None and part.train_local is not None
+    engine.begin(model, dropout_seed)
     logits = model(
         engine.mgs,
         engine.x,

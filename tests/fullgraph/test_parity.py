@@ -26,7 +26,16 @@ from tests.fullgraph.dist_helpers import (
 )
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
-ENGINES = ["halo"]
+# (exchange, options): G3 with small bins, so that a layer runs in many bins
+# and pipelined sends and eager computation really interleave.
+ENGINES = [
+    ("halo", {}),
+    ("g3", {"bin_rows": 16}),
+    ("g3", {"bin_rows": 16, "mode": "inter"}),
+    ("g3", {"bin_rows": 16, "mode": "intra"}),
+    ("g3", {"bin_rows": 16, "mode": "sequential"}),
+    ("g3", {}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +43,12 @@ def graph():
     return small_graph()
 
 
-@pytest.mark.parametrize("exchange", ENGINES)
+@pytest.mark.parametrize(("exchange", "options"), ENGINES, ids=repr)
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
 @pytest.mark.parametrize("num_parts", [1, 2, 3, 4])
-def test_engine_matches_single_process(graph, tmp_path, exchange, model, num_parts):
+def test_engine_matches_single_process(
+    graph, tmp_path, exchange, options, model, num_parts
+):
     config = config_for(model)
     oracle = single_step(graph, config)
     method = "random" if num_parts == 3 else "metis"  # 3: uneven, many halo rows
