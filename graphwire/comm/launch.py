@@ -16,6 +16,11 @@ peer's death fails their pending collectives at once, with a
 naming the rank that failed first. The whole run is bounded by ``timeout_s``.
 Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
 
+A child that returns runs its ``atexit`` handlers and then ``os._exit(0)``:
+the interpreter's teardown is skipped (freeing torch takes 1-2 s per process,
+and a process group left open aborts it), and threads ``fn`` left running end
+with the process.
+
 ``fn`` and ``args`` must be picklable: ``fn`` a module-level function of an
 importable module (a script's ``__main__`` guarded by ``if __name__ ==
 "__main__":`` also works).

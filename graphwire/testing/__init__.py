@@ -4,6 +4,6 @@ Importing this package is cheap and has no side effects; submodules such as
 ``netns`` (shaped network namespaces) are imported on their own.
 """
 
-from graphwire.testing.workers import run_workers
+from graphwire.testing.workers import WorkerFailed, run_workers
 
-__all__ = ["run_workers"]
+__all__ = ["WorkerFailed", "run_workers"]
