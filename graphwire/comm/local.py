@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -47,14 +48,21 @@ class _Done:
 
 
 class _PendingRecv:
+    """A posted receive. Receives from one source complete in the order they
+    were posted, whatever order they are waited on (as torch.distributed
+    matches point-to-point messages)."""
+
     def __init__(self, transport: LocalTransport, tensor: torch.Tensor, src: int):
         self.transport, self.tensor, self.src = transport, tensor, src
         self.done = False
 
     def wait(self) -> None:
-        if self.done:
-            return
-        payload = self.transport._get(self.src)
+        posted = self.transport._posted[self.src]
+        while not self.done:
+            first = posted.popleft()
+            first._complete(self.transport._get(self.src))
+
+    def _complete(self, payload: torch.Tensor) -> None:
         if payload.shape != self.tensor.shape:
             raise TransportError(
                 f"rank {self.transport.rank}: expected {tuple(self.tensor.shape)} "
@@ -70,6 +78,9 @@ class LocalTransport(Transport):
     def __init__(self, rank: int, hub: _Hub) -> None:
         super().__init__(rank, hub.world_size)
         self._hub = hub
+        self._posted: dict[int, deque[_PendingRecv]] = {
+            src: deque() for src in range(hub.world_size)
+        }
 
     def _put(self, dst: int, tag: str, payload: Any, tensor: torch.Tensor | None):
         self._hub.queues[(self.rank, dst)].put(payload)
@@ -117,7 +128,9 @@ class LocalTransport(Transport):
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: str) -> Work:
         self.ledger.record_recv(src, tag, row_bytes(tensor))
-        return _PendingRecv(self, tensor, src)
+        pending = _PendingRecv(self, tensor, src)
+        self._posted[src].append(pending)
+        return pending
 
     def all_gather_object(self, obj: Any, tag: str) -> list[Any]:
         # Pickled, as across processes: no rank shares another's objects, and
