@@ -73,6 +73,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--partition", help="also partition (random/chunk/metis) and report"
     )
     train.add_argument("--parts", type=int, default=4, help="parts for --partition")
+    train.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes for distributed full-graph training (1: single)",
+    )
+    train.add_argument(
+        "--exchange",
+        default="g3",
+        choices=["halo", "g3"],
+        help="how workers exchange boundary rows (distributed runs)",
+    )
+    train.add_argument(
+        "--g3-mode",
+        choices=["full", "inter", "intra", "sequential"],
+        help="G3 ablation: which overlaps to keep (default full)",
+    )
+    train.add_argument("--bin-rows", type=int, help="G3 rows per bin")
+    train.add_argument(
+        "--threads", type=int, default=1, help="torch threads per worker"
+    )
+    train.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds any collective may wait"
+    )
+    train.add_argument(
+        "--checkpoint-every", type=int, help="checkpoint every K epochs (distributed)"
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue from OUT/checkpoints"
+    )
     train.add_argument("--out", help="run folder for metrics.jsonl (default runs/...)")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(handler=_handler("graphwire.commands.train", "run"))
@@ -154,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"graphwire: error: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:
+        if not type(error).__module__.startswith("graphwire"):
+            raise
+        # A worker died, a peer timed out: say so, no traceback.
+        print(f"graphwire: error: {error}", file=sys.stderr)
+        return 1
     return int(code or 0)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -88,13 +89,23 @@ class LocalTransport(Transport):
             self.ledger.record_send(dst, tag, row_bytes(tensor))
 
     def _get(self, src: int) -> Any:
-        try:
-            return self._hub.queues[(src, self.rank)].get(timeout=self._hub.timeout)
-        except queue.Empty:
-            raise TransportError(
-                f"rank {self.rank}: nothing from rank {src} within "
-                f"{self._hub.timeout:.0f}s"
-            ) from None
+        """The next message from ``src``; fails fast once any rank has failed."""
+        deadline = time.monotonic() + self._hub.timeout
+        source = self._hub.queues[(src, self.rank)]
+        while True:
+            try:
+                return source.get(timeout=0.05)
+            except queue.Empty:
+                if self._hub.failed.is_set():
+                    raise TransportError(
+                        f"rank {self.rank}: stopped waiting for rank {src}: "
+                        "another rank failed"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise TransportError(
+                        f"rank {self.rank}: nothing from rank {src} within "
+                        f"{self._hub.timeout:.0f}s"
+                    ) from None
 
     def all_to_all(
         self, send: Sequence[torch.Tensor], recv_rows: Sequence[int], tag: str
@@ -160,17 +171,19 @@ def run_local(
         Each rank's return value, by rank.
 
     Raises:
-        TransportError / any exception a rank raised (the first, by rank).
+        The exception the first failing rank raised (its peers then stop
+        waiting with a TransportError, which is not reported).
     """
     hub = _Hub(world_size, timeout)
     results: list[Any] = [None] * world_size
-    errors: list[BaseException | None] = [None] * world_size
+    errors: list[tuple[float, BaseException]] = []
 
     def body(rank: int) -> None:
         try:
             results[rank] = fn(LocalTransport(rank, hub))
         except BaseException as error:  # reported to the caller below
-            errors[rank] = error
+            errors.append((time.monotonic(), error))
+            hub.failed.set()  # peers stop waiting for this rank
 
     threads = [
         threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
@@ -182,7 +195,6 @@ def run_local(
         thread.join(timeout * 4)
         if thread.is_alive():
             raise TransportError(f"{thread.name} did not finish in {timeout * 4:.0f}s")
-    for error in errors:
-        if error is not None:
-            raise error
+    if errors:
+        raise min(errors, key=lambda item: item[0])[1]  # the root cause
     return results

@@ -29,6 +29,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_parts(
+    graph: Graph, method: str, parts: int, seed: int, folder: Any, quiet: bool = False
+) -> None:
+    """Partition ``graph``, print the statistics, write the parts to ``folder``
+    (replacing an earlier partitioning there)."""
+    partition, stats = _partition(graph, method, parts, seed, quiet)
+    _print_stats(stats, method)
+    with step(f"writing {folder}", quiet):
+        write_partitioned(graph, partition, folder, overwrite=True, stats=stats)
+
+
 def partition_and_report(
     graph: Graph, method: str, parts: int, seed: int, quiet: bool = False
 ) -> dict[str, Any]:

@@ -57,6 +57,15 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
+    from graphwire.commands.train_dist import run_distributed, under_torchrun
+
+    if int(args.workers) > 1 or under_torchrun():
+        if under_torchrun() and not args.out:
+            raise ValueError("under torchrun, --out is required (one folder per run)")
+        out = run_folder(args.out, f"train-{args.model}-{args.exchange}")
+        return run_distributed(args, config, out)
+    if int(args.workers) < 1:
+        raise ValueError(f"--workers: expected >= 1, got {args.workers}")
     out = run_folder(args.out, f"train-{args.model}")
     graph = load_with_status(args.dataset, args.quiet)
     if graph.x is None or graph.y is None or graph.train_idx is None:

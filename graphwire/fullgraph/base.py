@@ -29,7 +29,9 @@ from torch import nn
 
 from graphwire.comm.base import Transport
 from graphwire.comm.plan import ExchangePlan
+from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
+from graphwire.nn.dropout import hashed_dropout
 from graphwire.nn.models import LayerKind
 from graphwire.partition.local import LocalPart
 
@@ -60,10 +62,12 @@ class Engine(ABC):
         transport: Transport,
         kind: LayerKind,
         num_layers: int,
+        cache_input: bool = True,
         **options: Any,
     ) -> None:
         if options:
             raise ValueError(f"exchange {self.name!r}: unknown options {options}")
+        self.cache_input = cache_input
         self.part = part
         self.transport = transport
         self.kind = kind
@@ -72,6 +76,15 @@ class Engine(ABC):
         self.phase = ""  # tag prefix: "" while training, "eval." in evaluation
         self.counters: dict[str, int] = {}
         self.plan = ExchangePlan.build(part, transport)
+        self._dropout: tuple[float, int | None, bool] = (0.0, None, False)
+        if cache_input:
+            # Input features never change: fetch the halo's rows (and their
+            # original IDs, for hashed dropout) once instead of every epoch.
+            assert part.x is not None
+            self._x_halo = plan_rows(self.plan, part.x, transport, "setup.input")
+            self._orig_halo = plan_rows(
+                self.plan, part.orig_nid.to(torch.int64), transport, "setup.input"
+            )
 
     # ---------------------------------------------------------------- model
     @property
@@ -90,8 +103,23 @@ class Engine(ABC):
         """int64 [rows]: original global node ID of every row of ``x``."""
         return self.part.orig_nid
 
-    def begin(self, model: nn.Module, dropout_seed: int | None) -> None:  # noqa: B027
+    def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
         """Called before every forward pass with the model and its dropout seed."""
+        p = float(getattr(model, "input_dropout", 0.0))
+        self._dropout = (p, dropout_seed, bool(model.training) and p > 0.0)
+
+    def cached_input_halo(self) -> torch.Tensor:
+        """The halo's input rows after the model's input dropout (``cache_input``).
+
+        The mask is hashed from the rows' original IDs with the seed the model
+        uses for layer 0, so it equals the mask their owners apply.
+        """
+        p, seed, training = self._dropout
+        if not training:
+            return self._x_halo
+        if seed is None:
+            raise ValueError("cache_input: training needs hashed dropout (a seed)")
+        return hashed_dropout(self._x_halo, p, self._orig_halo, derive_seed(seed, 0))
 
     @abstractmethod
     def run_layer(
@@ -184,3 +212,10 @@ def _with_self_loops(
     new_indices[is_loop] = torch.arange(n)
     new_indices[~is_loop] = indices[keep]
     return new_indptr, new_indices
+
+
+def plan_rows(
+    plan: ExchangePlan, rows: torch.Tensor, transport: Transport, tag: str
+) -> torch.Tensor:
+    """The halo's rows of an owned per-node array, fetched once."""
+    return plan.gather_halo(rows, transport, tag)

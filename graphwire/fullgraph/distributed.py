@@ -35,6 +35,12 @@ import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
 from graphwire.fullgraph.base import Engine, get_engine
+from graphwire.fullgraph.checkpoint import (
+    CheckpointConfig,
+    load_checkpoint,
+    mark_complete,
+    save_checkpoint,
+)
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.models import GNN, LAYER_KINDS
 from graphwire.partition.local import LocalPart
@@ -146,6 +152,7 @@ def train_distributed(
     *,
     options: dict[str, Any] | None = None,
     on_epoch: Callable[[EpochRecord], None] | None = None,
+    checkpoint: CheckpointConfig | None = None,
 ) -> DistributedResult:
     """Train ``config.model`` on the whole graph, this rank holding ``part``.
 
@@ -156,6 +163,7 @@ def train_distributed(
         exchange: engine name (``halo``, ``replicate``, ``g3``).
         options: engine options.
         on_epoch: called on every rank with each epoch's record.
+        checkpoint: checkpoint every K epochs and/or resume from the latest.
 
     Returns:
         The run, with accuracies over all ranks' nodes.
@@ -173,7 +181,15 @@ def train_distributed(
     sizes = _split_sizes(part, transport)
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
-    for epoch in range(config.epochs):
+    first = 0
+    if checkpoint is not None and checkpoint.resume:
+        state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
+        if state is not None:
+            first = _restore(state, model, optimizer, best, records)
+    stopped = False
+    for epoch in range(first, config.epochs):
+        if stopped:
+            break
         before = transport.ledger.snapshot()
         engine.reset_timers()
         start = time.perf_counter()
@@ -217,8 +233,9 @@ def train_distributed(
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
-        if best.update(epoch, metrics, model):
-            break
+        stopped = best.update(epoch, metrics, model)
+        if checkpoint is not None and (epoch + 1) % checkpoint.every == 0:
+            _save(checkpoint, epoch, transport, model, optimizer, best, records)
     return DistributedResult(
         result=TrainResult(
             test_acc=best.test_acc,
@@ -288,3 +305,53 @@ def _ledger_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
         "by_tag": by_tag,
         "by_peer": by_peer,
     }
+
+
+def _save(
+    checkpoint: CheckpointConfig,
+    epoch: int,
+    transport: Transport,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    best: BestEpoch,
+    records: list[EpochRecord],
+) -> None:
+    state = {
+        "epoch": epoch,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "best": {
+            "epoch": best.epoch,
+            "val_acc": best.val_acc,
+            "val_loss": best.val_loss,
+            "test_acc": best.test_acc,
+            "stale": best._stale,
+            "state_dict": best.state_dict,
+        },
+        "records": [r.as_dict() for r in records],
+    }
+    save_checkpoint(checkpoint, epoch, transport.rank, state)
+    transport.barrier()  # every rank has written this epoch
+    if transport.rank == 0:
+        mark_complete(checkpoint, epoch, transport.world_size)
+    transport.barrier()
+
+
+def _restore(
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    best: BestEpoch,
+    records: list[EpochRecord],
+) -> int:
+    """Load ``state``; return the first epoch still to run."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    saved = state["best"]
+    best.epoch, best.val_acc = saved["epoch"], saved["val_acc"]
+    best.val_loss, best.test_acc = saved["val_loss"], saved["test_acc"]
+    best._stale, best.state_dict = saved["stale"], saved["state_dict"]
+    records.extend(EpochRecord(**r) for r in state["records"])
+    return int(state["epoch"]) + 1

@@ -248,6 +248,7 @@ class P2PEngine(Engine):
             raise ValueError(
                 "g3: pipelined sends need hashed dropout (a dropout_seed) in training"
             )
+        super().begin(model, dropout_seed)
         self._begin = (model.activation, p, dropout_seed, training)
         self._halo.clear()
         self._pending_recv.clear()
@@ -313,14 +314,17 @@ class P2PEngine(Engine):
     ) -> torch.Tensor:
         if self._begin is None:
             raise RuntimeError("g3: begin(model, dropout_seed) must precede forward")
-        self._post_recvs(index, h.shape[1], h)
         pipelined = self.mode in ("full", "inter")
         eager = self.mode in ("full", "intra")
-        if index == 0 or not pipelined:
-            detached = h.detach()
-            for b in range(len(self.bins)):
-                self._send_bin(index, b, detached, local=False)
-        halo = HaloRows.apply(h, self, index)
+        if index == 0 and self.cache_input:
+            halo = self.cached_input_halo()  # nothing to send or wait for
+        else:
+            self._post_recvs(index, h.shape[1], h)
+            if index == 0 or not pipelined:
+                detached = h.detach()
+                for b in range(len(self.bins)):
+                    self._send_bin(index, b, detached, local=False)
+            halo = HaloRows.apply(h, self, index)
         if not eager:
             self._wait(index, None)
         send_next = pipelined and index < self.num_layers - 1

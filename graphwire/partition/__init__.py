@@ -18,6 +18,7 @@ from graphwire.partition.format import (
     write_partitioned,
 )
 from graphwire.partition.local import LocalPart
+from graphwire.partition.locality import LocalityPartitioner
 from graphwire.partition.metis import MetisPartitioner
 from graphwire.partition.random import RandomPartitioner
 from graphwire.partition.stats import PartitionStats
@@ -26,6 +27,7 @@ __all__ = [
     "PARTITIONERS",
     "ChunkPartitioner",
     "LocalPart",
+    "LocalityPartitioner",
     "MetisPartitioner",
     "Partition",
     "PartitionBook",

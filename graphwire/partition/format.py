@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -341,6 +342,12 @@ def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
             )
 
 
+# numpy parses .npy headers with ast.literal_eval, which CPython 3.11 cannot run
+# in two threads at once ("AST constructor recursion depth mismatch"); ranks
+# that are threads of one process (the in-process transport) load parts at once.
+_NPY_LOCK = threading.Lock()
+
+
 def _load_array(
     path: Path, spec: dict[str, Any], mmap: bool, verify: bool
 ) -> np.ndarray:
@@ -355,7 +362,8 @@ def _load_array(
                 f"{spec['sha256']} (the file changed after it was written)",
             )
     try:
-        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        with _NPY_LOCK:
+            array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
         raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
     if not isinstance(array, np.ndarray):

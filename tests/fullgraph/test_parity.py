@@ -30,6 +30,8 @@ TOL = {"rtol": 1e-5, "atol": 1e-6}
 # and pipelined sends and eager computation really interleave.
 ENGINES = [
     ("halo", {}),
+    ("halo", {"cache_input": False}),
+    ("g3", {"bin_rows": 16, "cache_input": False}),
     ("g3", {"bin_rows": 16}),
     ("g3", {"bin_rows": 16, "mode": "inter"}),
     ("g3", {"bin_rows": 16, "mode": "intra"}),

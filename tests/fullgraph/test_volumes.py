@@ -58,7 +58,14 @@ def _sent(ledgers, tag: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(
-    ("exchange", "options"), [("halo", {}), ("g3", {"bin_rows": 16})], ids=repr
+    ("exchange", "options"),
+    [
+        ("halo", {"cache_input": False}),
+        ("g3", {"bin_rows": 16, "cache_input": False}),
+        ("halo", {}),
+        ("g3", {"bin_rows": 16}),
+    ],
+    ids=repr,
 )
 def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options):
     graph = small_graph()
@@ -81,6 +88,14 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options):
     ledgers = [r["ledger"] for r in ranks]
     halo_rows = sum(stats.num_halo)
     widths = {"fwd.L0": graph.num_features, "fwd.L1": config.hidden}
+    cached = options.get("cache_input", True)
+    if cached:
+        # Input rows (and their int64 IDs) cross once, at set-up, not per epoch.
+        assert _sent(ledgers, "setup.input")[0] == halo_rows * (
+            widths["fwd.L0"] * 4 + 8
+        )
+        assert _sent(ledgers, "fwd.L0") == (0, 0)
+        del widths["fwd.L0"]
     for tag, width in widths.items():
         num_bytes, messages = _sent(ledgers, tag)
         assert num_bytes == halo_rows * width * 4  # each halo row exactly once

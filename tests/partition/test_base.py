@@ -77,7 +77,7 @@ def test_registry_lists_builtin_methods() -> None:
 def test_unknown_method_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="unknown partition method 'spectral'") as info:
         get_partitioner("spectral")
-    assert "chunk, metis, random" in str(info.value)
+    assert "chunk, locality, metis, random" in str(info.value)
 
 
 def test_unknown_parameter_is_a_value_error() -> None:

@@ -1,0 +1,219 @@
+"""``graphwire train --workers N`` (or under ``torchrun``): distributed full-graph.
+
+Parses, builds, runs, tears down:
+
+1. the partitioned graph: ``--dataset`` may name one already (its number of
+   parts must equal the number of workers); otherwise the dataset is loaded and
+   partitioned (``--partition``, default ``metis``) into ``OUT/partitions``;
+2. the workers: N local processes (``launch_local``) or, under ``torchrun``,
+   this process as one of them; each runs :func:`graphwire.fullgraph.job.run_rank`;
+3. the report (rank 0 / the parent): per-epoch records of every rank in
+   ``metrics.jsonl``, tables of the time split and of the bytes per layer and
+   per peer, and the summary line with ``bytes_sent`` / ``bytes_recv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from graphwire.commands.common import console, load_with_status, print_table
+from graphwire.fullgraph.checkpoint import CheckpointConfig
+from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
+from graphwire.runlog import MetricsLog, format_summary
+from graphwire.training import TrainConfig
+
+__all__ = ["run_distributed", "under_torchrun"]
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher) set this process's rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) -> int:
+    from graphwire.comm.context import WorkerContext
+
+    ctx = WorkerContext.from_env() if under_torchrun() else None
+    world = ctx.world_size if ctx is not None else int(args.workers)
+    if args.mode != "fullgraph":
+        raise ValueError(f"--workers: mode {args.mode!r} is not distributed yet")
+    folder = _partitioned_folder(args, world, out, leader=ctx is None or ctx.rank == 0)
+    job = FullGraphJob(
+        folder=str(folder),
+        config=config,
+        exchange=args.exchange,
+        options=_engine_options(args),
+        checkpoint=_checkpoint(args, out),
+        progress=not args.quiet,
+    )
+    if ctx is not None:
+        reports = run_rank(ctx, job)
+        if reports is None:
+            return 0  # rank 0 reports
+    else:
+        from graphwire.comm.launch import launch_local
+
+        results = launch_local(
+            run_rank, world, job, threads=int(args.threads), timeout_s=args.timeout
+        )
+        reports = results[0]
+        assert reports is not None
+    _report(args, config, out, reports)
+    return 0
+
+
+def _partitioned_folder(
+    args: argparse.Namespace, world: int, out: Path, leader: bool
+) -> Path:
+    from graphwire.partition.format import load_partition_meta
+
+    given = Path(args.dataset)
+    if (given / "meta.json").exists() and (given / "part_0").exists():
+        meta = load_partition_meta(given)
+        if meta["num_parts"] != world:
+            raise ValueError(
+                f"--dataset {given}: has {meta['num_parts']} parts, but "
+                f"{world} workers were asked for"
+            )
+        return given
+    folder = out / "partitions"
+    if not leader:
+        return folder  # rank 0 writes it; run_rank waits at the rendezvous
+    from graphwire.commands.partition import write_parts
+
+    graph = load_with_status(args.dataset, args.quiet)
+    write_parts(
+        graph, args.partition or "metis", world, int(args.seed), folder, args.quiet
+    )
+    return folder
+
+
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if args.exchange == "g3":
+        if args.g3_mode:
+            options["mode"] = args.g3_mode
+        if args.bin_rows:
+            options["bin_rows"] = int(args.bin_rows)
+    elif args.g3_mode or args.bin_rows:
+        raise ValueError("--g3-mode / --bin-rows: only with --exchange g3")
+    return options
+
+
+def _checkpoint(args: argparse.Namespace, out: Path) -> CheckpointConfig | None:
+    if not (args.checkpoint_every or args.resume):
+        return None
+    return CheckpointConfig(
+        folder=str(out / "checkpoints"),
+        every=int(args.checkpoint_every or 10**9),
+        resume=bool(args.resume),
+    )
+
+
+def _report(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    out: Path,
+    reports: list[RankReport],
+) -> None:
+    lead = reports[0]
+    with MetricsLog(out) as log:
+        log.write(
+            "config",
+            dataset=args.dataset,
+            mode=args.mode,
+            workers=len(reports),
+            exchange=args.exchange,
+            **config.as_dict(),
+        )
+        for epoch in range(lead.epochs_run):
+            for report in reports:
+                if epoch < len(report.records):
+                    log.write("epoch", rank=report.rank, **report.records[epoch])
+        _print_time_split(reports)
+        totals = _print_comm(reports)
+        summary = _summary(reports, totals)
+        log.write("summary", **summary)
+    console.print(f"metrics: {out / 'metrics.jsonl'}")
+    print(format_summary(summary), flush=True)
+
+
+def _print_time_split(reports: list[RankReport]) -> None:
+    rows = []
+    for report in reports:
+        totals: dict[str, float] = defaultdict(float)
+        for record in report.records:
+            for key, value in record["times"].items():
+                totals[key] += value
+        work = totals["forward_s"] + totals["backward_s"]
+        rows.append(
+            (
+                report.rank,
+                report.num_owned,
+                report.num_halo,
+                work - totals["comm_s"],
+                totals["comm_s"],
+                totals["sync_s"],
+                totals["eval_s"],
+            )
+        )
+    print_table(
+        "time split per rank (all epochs, seconds)",
+        ["rank", "owned", "halo", "compute", "comm", "grad sync", "eval"],
+        rows,
+    )
+
+
+def _print_comm(reports: list[RankReport]) -> dict[str, int]:
+    """Tables of training bytes per layer tag and per (src -> dst); totals."""
+    by_tag: dict[str, int] = defaultdict(int)
+    by_pair: dict[tuple[int, int], int] = defaultdict(int)
+    messages: dict[str, int] = defaultdict(int)
+    sent = recv = 0
+    for report in reports:
+        for src, dst, tag, num_bytes, count in report.ledger["sent"]:
+            sent += num_bytes
+            by_tag[tag] += num_bytes
+            messages[tag] += count
+            if not tag.startswith(("eval.", "setup.", "meta.")):
+                by_pair[(src, dst)] += num_bytes
+        recv += sum(row[3] for row in report.ledger["recv"])
+    epochs = max(1, reports[0].epochs_run)
+    print_table(
+        f"bytes by tag (all ranks, {epochs} epochs)",
+        ["tag", "MiB", "MiB/epoch", "messages"],
+        [
+            (tag, by_tag[tag] / 2**20, by_tag[tag] / 2**20 / epochs, messages[tag])
+            for tag in sorted(by_tag)
+        ],
+    )
+    print_table(
+        "training bytes by peer (MiB, src -> dst)",
+        ["src -> dst", "MiB"],
+        [(f"{s} -> {d}", v / 2**20) for (s, d), v in sorted(by_pair.items())],
+    )
+    return {"bytes_sent": sent, "bytes_recv": recv}
+
+
+def _summary(reports: list[RankReport], totals: dict[str, int]) -> dict[str, Any]:
+    lead = reports[0]
+    epoch_s = [
+        r["times"]["forward_s"] + r["times"]["backward_s"] + r["times"]["sync_s"]
+        for r in lead.records
+    ] or [0.0]
+    return {
+        "test_acc": lead.test_acc,
+        "val_acc": lead.val_acc,
+        "epochs": lead.epochs_run,
+        "best_epoch": lead.best_epoch,
+        "epoch_s_median": statistics.median(epoch_s),
+        "workers": len(reports),
+        "bytes_sent": totals["bytes_sent"],
+        "bytes_recv": totals["bytes_recv"],
+        "remote_rows": sum(r.num_halo for r in reports),
+    }

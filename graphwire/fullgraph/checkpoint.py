@@ -1,0 +1,101 @@
+"""Checkpoints of a distributed full-graph run, and resuming from them.
+
+Every ``every`` epochs each rank writes ``rank{r}.pt`` for that epoch (model,
+optimizer, torch RNG state, early-stopping state, records so far) atomically;
+after a barrier rank 0 writes ``latest.json`` naming the epoch, so a checkpoint
+counts only once every rank has written it. ``--resume`` loads the epoch that
+``latest.json`` names and continues from the next one. Dropout masks are hashed
+from (seed, epoch), so a resumed run takes the same steps as an uninterrupted
+one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphwire.fsutil import write_json
+
+__all__ = ["CheckpointConfig", "load_checkpoint", "save_checkpoint"]
+
+FORMAT = "graphwire.checkpoint"
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and how often to checkpoint.
+
+    Attributes:
+        folder: checkpoint folder (created if missing).
+        every: checkpoint after every ``every``-th epoch.
+        resume: start from the latest complete checkpoint in ``folder``.
+    """
+
+    folder: str
+    every: int = 10
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"checkpoint every: expected >= 1, got {self.every}")
+
+
+def _epoch_dir(folder: Path, epoch: int) -> Path:
+    return folder / f"epoch{epoch:06d}"
+
+
+def save_checkpoint(
+    config: CheckpointConfig, epoch: int, rank: int, state: dict[str, Any]
+) -> None:
+    """Write this rank's ``state`` for ``epoch`` (atomic: temp file, rename)."""
+    where = _epoch_dir(Path(config.folder), epoch)
+    where.mkdir(parents=True, exist_ok=True)
+    final = where / f"rank{rank}.pt"
+    partial = where / f".rank{rank}.pt.partial"
+    torch.save(state, partial)
+    os.replace(partial, final)
+
+
+def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None:
+    """Rank 0, after every rank saved ``epoch``: make it the latest."""
+    write_json(
+        Path(config.folder) / "latest.json",
+        {"format": FORMAT, "epoch": epoch, "world_size": world_size},
+    )
+
+
+def load_checkpoint(
+    config: CheckpointConfig, rank: int, world_size: int
+) -> dict[str, Any] | None:
+    """This rank's state at the latest complete checkpoint (None if none).
+
+    Raises:
+        ValueError: ``latest.json`` is malformed, was written by a run with
+            another number of ranks, or names an epoch whose file is missing.
+    """
+    latest = Path(config.folder) / "latest.json"
+    if not latest.exists():
+        return None
+    try:
+        meta = json.loads(latest.read_text())
+        epoch, saved_world = int(meta["epoch"]), int(meta["world_size"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{latest}: not a graphwire checkpoint index: {error}"
+        ) from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{latest}: format {meta.get('format')!r}, expected {FORMAT}")
+    if saved_world != world_size:
+        raise ValueError(
+            f"{latest}: written by {saved_world} ranks, resuming with {world_size}"
+        )
+    path = _epoch_dir(Path(config.folder), epoch) / f"rank{rank}.pt"
+    if not path.exists():
+        raise ValueError(f"{path}: missing (latest.json names epoch {epoch})")
+    state: dict[str, Any] = torch.load(path, weights_only=True)
+    return state

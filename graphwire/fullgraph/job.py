@@ -1,0 +1,121 @@
+"""A distributed full-graph job: what every rank runs, however it was started.
+
+``graphwire train --workers N`` spawns N local processes with
+:func:`~graphwire.comm.launch.launch_local`; ``torchrun ... -m graphwire train``
+starts the processes itself. Either way each process calls :func:`run_rank`
+with its :class:`~graphwire.comm.context.WorkerContext`: join the process
+group, load this rank's part (memory-mapped), train, then gather every rank's
+report on rank 0, which returns them (the others return ``None``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphwire.comm.context import WorkerContext
+from graphwire.comm.dist import TorchTransport
+from graphwire.fullgraph.checkpoint import CheckpointConfig
+from graphwire.fullgraph.distributed import train_distributed
+from graphwire.partition.format import load_part
+from graphwire.training import EpochRecord, TrainConfig
+
+__all__ = ["FullGraphJob", "RankReport", "run_rank"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullGraphJob:
+    """Everything a rank needs (picklable; the same on every rank).
+
+    Attributes:
+        folder: the partitioned graph (one part per rank).
+        config: model and optimiser settings.
+        exchange: engine name.
+        options: engine options.
+        checkpoint: where and how often to checkpoint, and whether to resume.
+        progress: rank 0 prints one line per epoch.
+    """
+
+    folder: str
+    config: TrainConfig
+    exchange: str = "halo"
+    options: dict[str, Any] = field(default_factory=dict)
+    checkpoint: CheckpointConfig | None = None
+    progress: bool = True
+
+
+@dataclass(kw_only=True)
+class RankReport:
+    """One rank's run, sent to rank 0 at the end."""
+
+    rank: int
+    records: list[dict[str, Any]]
+    ledger: dict[str, Any]
+    counters: dict[str, int]
+    num_owned: int
+    num_halo: int
+    test_acc: float
+    val_acc: float
+    best_epoch: int
+    epochs_run: int
+    seconds: float
+
+
+def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
+    """Run ``job`` as rank ``ctx.rank``; rank 0 returns every rank's report."""
+    start = time.perf_counter()
+    transport = TorchTransport.open(ctx)
+    try:
+        part = load_part(job.folder, ctx.rank)
+        on_epoch = _printer(ctx, job) if ctx.rank == 0 and job.progress else None
+        run = train_distributed(
+            part,
+            transport,
+            job.config,
+            job.exchange,
+            options=job.options,
+            on_epoch=on_epoch,
+            checkpoint=job.checkpoint,
+        )
+        report = RankReport(
+            rank=ctx.rank,
+            records=[r.as_dict() for r in run.result.records],
+            ledger=run.ledger,
+            counters=run.counters,
+            num_owned=part.num_owned,
+            num_halo=part.num_halo,
+            test_acc=run.result.test_acc,
+            val_acc=run.result.val_acc,
+            best_epoch=run.result.best_epoch,
+            epochs_run=run.result.epochs_run,
+            seconds=time.perf_counter() - start,
+        )
+        reports = transport.all_gather_object(dataclasses.asdict(report), "meta.report")
+        return [RankReport(**r) for r in reports] if ctx.rank == 0 else None
+    finally:
+        transport.close()
+
+
+def _printer(ctx: WorkerContext, job: FullGraphJob) -> Any:
+    def show(record: EpochRecord) -> None:
+        times = record.times
+        work = times["forward_s"] + times["backward_s"]
+        comm = times.get("comm_s", 0.0)
+        sent = record.comm.get("by_tag", {})
+        layers = " ".join(
+            f"{tag}={num_bytes / 2**20:.2f}MiB"
+            for tag, num_bytes in sorted(sent.items())
+            if tag.startswith(("fwd.", "bwd."))
+        )
+        print(
+            f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
+            f"train {record.train_acc:.4f}  val {record.val_acc:.4f}  "
+            f"test {record.test_acc:.4f}  compute {work - comm:.3f}s  "
+            f"comm {comm:.3f}s  sync {times.get('sync_s', 0.0):.3f}s  "
+            f"rank0 sent {layers}",
+            flush=True,
+        )
+
+    return show
