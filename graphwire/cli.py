@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--exchange",
         default="g3",
-        choices=["halo", "g3"],
+        choices=["halo", "replicate", "g3"],
         help="how workers exchange boundary rows (distributed runs)",
     )
     train.add_argument(

@@ -3,4 +3,5 @@
 from graphwire.fullgraph import (
     halo,  # noqa: F401
     p2p,  # noqa: F401
+    replicate,  # noqa: F401
 )

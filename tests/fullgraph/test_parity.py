@@ -31,6 +31,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-6}
 ENGINES = [
     ("halo", {}),
     ("halo", {"cache_input": False}),
+    ("replicate", {}),
     ("g3", {"bin_rows": 16, "cache_input": False}),
     ("g3", {"bin_rows": 16}),
     ("g3", {"bin_rows": 16, "mode": "inter"}),

@@ -111,3 +111,29 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options):
     sent = {(r[0], r[1], r[2]): r[3] for led in ledgers for r in led["sent"]}
     recv = {(r[0], r[1], r[2]): r[3] for led in ledgers for r in led["recv"]}
     assert sent == recv
+
+
+def test_replicate_moves_nothing_per_layer_and_counts_its_recomputation(tmp_path):
+    graph = small_graph()
+    folder = write_parts(graph, 3, tmp_path, "metis")
+    ranks = run_local(
+        functools.partial(
+            dist_step,
+            folder=str(folder),
+            config=config_for("gcn"),
+            exchange="replicate",
+        ),
+        3,
+    )
+    tags = {row[2] for r in ranks for row in r["ledger"]["sent"]}
+    assert not {t for t in tags if t.startswith(("fwd.", "bwd."))}
+    assert "setup.replicate" in tags and "sync.grad" in tags
+    stats = PartitionStats.compute(
+        graph, get_partitioner("metis").partition(graph, 3, seed=0)
+    )
+    for rank, halo in zip(ranks, stats.num_halo, strict=True):
+        counters = rank["counters"]
+        # Layer 0 computes the owned nodes and their 1-hop halo; layer 1 only
+        # the owned nodes: the halo rows are the recomputation.
+        assert counters["redundant_rows"] == halo
+        assert counters["replicated_rows"] > halo  # the 2-hop nodes as well
