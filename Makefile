@@ -23,7 +23,8 @@ install: $(STAMP)
 
 demo: install
 	$(BIN)/graphwire train --dataset '$(DEMO_DATASET)' --model sage \
-		--partition metis --parts 4 --epochs 60 --seed 0 --out runs/demo
+		--workers 4 --exchange g3 --partition metis --epochs 40 --seed 0 \
+		--out runs/demo
 
 lint: install
 	$(BIN)/ruff check graphwire tests benchmarks
