@@ -1,0 +1,62 @@
+"""`graphwire train --workers N` and the same job under torchrun agree exactly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphwire.comm.launch import free_port
+
+SPEC = "synthetic:products?nodes=2000&degree=8&features=16&classes=4&seed=3"
+TRAIN = ["train", "--model", "sage", "--exchange", "g3", "--bin-rows", "64"]
+TRAIN += ["--epochs", "4", "--seed", "1", "--quiet", "--timeout", "120"]
+
+
+def _run(argv: list[str]) -> dict[str, str]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith("summary "), done.stdout[-2000:]
+    return dict(pair.split("=", 1) for pair in line.split()[1:])
+
+
+def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed beside this interpreter")
+    parts = tmp_path / "parts"
+    subprocess.run(
+        [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
+        + ["--method", "metis", "--parts", "2", "--out", str(parts)],
+        check=True,
+        capture_output=True,
+    )
+    common = [*TRAIN, "--dataset", str(parts)]
+    spawned = _run(
+        [sys.executable, "-m", "graphwire", *common, "--workers", "2"]
+        + ["--out", str(tmp_path / "spawned")]
+    )
+    launched = _run(
+        [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+        + ["--master-port", str(free_port()), "-m", "graphwire", *common]
+        + ["--out", str(tmp_path / "torchrun")]
+    )
+    assert spawned["workers"] == launched["workers"] == "2"
+    for key in ("test_acc", "val_acc", "epochs", "bytes_sent", "bytes_recv"):
+        assert spawned[key] == launched[key], key
+    assert int(spawned["bytes_sent"]) > 0
+    # metrics.jsonl: one epoch record per rank and epoch, then the summary.
+    records = [
+        json.loads(line) for line in (tmp_path / "torchrun" / "metrics.jsonl").open()
+    ]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert sorted((r["epoch"], r["rank"]) for r in epochs) == [
+        (e, r) for e in range(4) for r in range(2)
+    ]
+    assert all(r["comm"]["bytes_sent"] > 0 for r in epochs)
+    assert records[-1]["kind"] == "summary"
