@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--bin-rows", type=int, help="G3 rows per bin")
     train.add_argument(
-        "--threads", type=int, default=1, help="torch threads per worker"
+        "--threads",
+        type=int,
+        help="torch threads per process (workers default to 1)",
     )
     train.add_argument(
         "--timeout", type=float, default=600.0, help="seconds any collective may wait"

@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if int(args.workers) < 1:
         raise ValueError(f"--workers: expected >= 1, got {args.workers}")
     out = run_folder(args.out, f"train-{args.model}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(int(args.threads))
     graph = load_with_status(args.dataset, args.quiet)
     if graph.x is None or graph.y is None or graph.train_idx is None:
         raise ValueError(

@@ -59,7 +59,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         from graphwire.comm.launch import launch_local
 
         results = launch_local(
-            run_rank, world, job, threads=int(args.threads), timeout_s=args.timeout
+            run_rank, world, job, threads=int(args.threads or 1), timeout_s=args.timeout
         )
         reports = results[0]
         assert reports is not None
