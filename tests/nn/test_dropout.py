@@ -58,3 +58,32 @@ def test_dropout_rate_and_scale() -> None:
 def test_row_ids_must_match_rows() -> None:
     with pytest.raises(ValueError, match="row_ids"):
         hashed_dropout(torch.ones(3, 2), 0.5, torch.arange(4), seed=0)
+
+
+def test_mask_entries_are_independent_across_rows_and_columns() -> None:
+    # The cheap per-entry draw (row hash xor column hash, one multiply) must not
+    # tie entries together: any two columns, and neighbouring rows, are
+    # uncorrelated to within sampling noise (sd 1/sqrt(rows) ~ 0.0035).
+    rows, width = 80_000, 64
+    kept = hashed_dropout(torch.ones(rows, width), 0.5, torch.arange(rows), 9) != 0
+    k = kept.to(torch.float64)
+    assert abs(float(k.mean()) - 0.5) < 0.005
+    centred = k - k.mean(0)
+    corr = (centred.T @ centred) / rows / 0.25
+    off_diagonal = corr - torch.diag(torch.diag(corr))
+    assert float(off_diagonal.abs().max()) < 0.025  # ~7 sd over 2,016 pairs
+    rows_corr = float(((k[0::2] - 0.5) * (k[1::2] - 0.5)).mean() / 0.25)
+    assert abs(rows_corr) < 0.01
+
+
+def test_sparse_and_dense_paths_draw_the_same_mask() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(300, 40, generator=gen) + 0.1  # dense: every entry non-zero
+    sparse = x * (torch.rand(300, 40, generator=gen) < 0.1)  # sparse path
+    ids = torch.arange(1000, 1300)
+    dense_out = hashed_dropout(x, 0.4, ids, seed=5)
+    sparse_out = hashed_dropout(sparse, 0.4, ids, seed=5)
+    kept = sparse != 0
+    torch.testing.assert_close(
+        sparse_out[kept] != 0, dense_out[kept] != 0, rtol=0, atol=0
+    )
