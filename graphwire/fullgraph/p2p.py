@@ -17,9 +17,15 @@ the transfer behind computation:
 - **Intra-layer eager computation.** Bins whose inputs are all owned compute
   first, while halo rows are in flight; each bin that needs halo rows waits
   only for the messages carrying its own remote inputs.
-- **Backward** sends each halo row's gradient to its owner in one bulk
-  exchange per layer (tag ``bwd.L{l}``), as the halo engine does. (G3 also
-  pipelines the backward pass in reverse bin order; this engine does not.)
+- **Backward in reverse bins.** Each layer is one autograd node
+  (:class:`BinnedLayer`) that keeps every bin's graph. Its backward walks the
+  bins in reverse: the bins that read halo rows first, after which each halo
+  row's gradient is complete and goes to its owner (``isend``, tag
+  ``bwd.L{l}``), then the bins that read only owned rows while those
+  gradients are in flight. Parameter gradients accumulate bin by bin.
+- **Last layer.** Its output goes to no peer, so it runs in two bins (rows
+  without and with halo inputs): smaller bins would only repeat work, since a
+  bin transforms all of its source rows.
 
 ``mode`` switches parts off for G3's ablation: ``full`` (both), ``inter``
 (pipelined sends, but a layer waits for all its halo rows before computing),
@@ -133,10 +139,22 @@ class P2PEngine(Engine):
         local_first = torch.cat([order[~has_halo[order]], order[has_halo[order]]])
         self._local_count = int((~has_halo).sum())
         groups = [local_first[: self._local_count], local_first[self._local_count :]]
-        bins: list[_Bin] = []
-        for group in groups:
-            for rows in torch.split(group, self.bin_rows):
-                bins.append(self._bin(rows, degrees))
+        local_bins, halo_bins = (
+            [
+                self._bin(rows, degrees)
+                for rows in torch.split(group, self.bin_rows)
+                if rows.numel()
+            ]
+            for group in groups
+        )
+        self._num_local_bins = len(local_bins)  # bins of rows with no halo input
+        # The last layer's output goes to no peer, so small bins there would
+        # only repeat work (each bin transforms all its source rows): it runs
+        # in two, the rows without halo inputs and the rows with them.
+        self._last_bins = [
+            self._bin(group, degrees) for group in groups if group.numel()
+        ]
+        bins = local_bins + halo_bins
         self.schedule = torch.cat([b.rows for b in bins]) if bins else order
         position = torch.empty(n, dtype=torch.int64)
         position[self.schedule] = torch.arange(n)
@@ -220,6 +238,12 @@ class P2PEngine(Engine):
                     halo_message[pos] = len(keys)
                     keys.append((peer, b))
         self._message_keys = keys
+        self._last_bins = [
+            _Bin(b.rows, b.mg, b.src_owned, b.src_halo, frozenset(keys))
+            if b.src_halo.numel()
+            else b
+            for b in self._last_bins
+        ]
         self._bins_sent = {b for chunks in self._send_rows for b, _, _ in chunks}
         self._uses_halo = any(b.src_halo.numel() for b in self.bins)
         self.bins = [
@@ -314,6 +338,43 @@ class P2PEngine(Engine):
     ) -> torch.Tensor:
         if self._begin is None:
             raise RuntimeError("g3: begin(model, dropout_seed) must precede forward")
+        params = tuple(p for p in layer.parameters() if p.requires_grad)
+        track = torch.is_grad_enabled()
+        needs_grad = track and h.requires_grad
+        out: torch.Tensor = BinnedLayer.apply(
+            h, self, index, layer, (track, needs_grad), *params
+        )
+        return out
+
+    def _bin_order(self, index: int) -> list[tuple[int, _Bin]]:
+        """The bins of layer ``index`` in forward order, with their indices.
+
+        A layer whose halo rows are already here (the cached input layer)
+        computes the rows peers need first, so their sends start early; any
+        other layer computes the bins that need no halo rows first, while the
+        halo rows are in flight (eager computation). The last layer runs in
+        two bins (see ``_make_bins``).
+        """
+        if index == self.num_layers - 1:
+            return list(enumerate(self._last_bins))
+        bins = list(enumerate(self.bins))
+        local, halo = bins[: self._num_local_bins], bins[self._num_local_bins :]
+        return halo + local if index == 0 and self.cache_input else local + halo
+
+    def _forward_bins(
+        self,
+        index: int,
+        layer: nn.Module,
+        h: torch.Tensor,
+        track: bool,
+        needs_grad: bool,
+    ) -> tuple[torch.Tensor, list[tuple[_Bin, torch.Tensor, torch.Tensor]]]:
+        """Layer ``index`` in bins; the sends of the next layer's rows overlap.
+
+        Returns the owned output rows and, when ``track``, each bin's
+        ``(bin, source leaf, output)`` autograd graph for :meth:`_backward_bins`
+        (the source leaf requires grad when ``needs_grad``).
+        """
         pipelined = self.mode in ("full", "inter")
         eager = self.mode in ("full", "intra")
         if index == 0 and self.cache_input:
@@ -321,35 +382,100 @@ class P2PEngine(Engine):
         else:
             self._post_recvs(index, h.shape[1], h)
             if index == 0 or not pipelined:
-                detached = h.detach()
                 for b in range(len(self.bins)):
-                    self._send_bin(index, b, detached, local=False)
-            halo = HaloRows.apply(h, self, index)
+                    self._send_bin(index, b, h, local=False)
+            halo = self._halo[index]
         if not eager:
             self._wait(index, None)
         send_next = pipelined and index < self.num_layers - 1
-        outputs = []
-        for b, bin_ in enumerate(self.bins):
+        graphs: list[tuple[_Bin, torch.Tensor, torch.Tensor]] = []
+        out: torch.Tensor | None = None
+        for b, bin_ in self._bin_order(index):
             if eager and bin_.needs:
                 self._wait(index, bin_.needs)
             h_src = h.index_select(0, bin_.src_owned)
             if bin_.src_halo.numel():
                 h_src = torch.cat([h_src, halo.index_select(0, bin_.src_halo)])
-            out = layer(bin_.mg, h_src)
-            outputs.append(out)
+            with torch.set_grad_enabled(track):
+                h_src = h_src.requires_grad_(needs_grad)
+                out_b = layer(bin_.mg, h_src)
+            if track:
+                graphs.append((bin_, h_src, out_b))
+            if out is None:
+                out = out_b.new_empty((self.part.num_owned, out_b.shape[1]))
+            out[bin_.rows] = out_b.detach()
             if send_next:
-                self._post_recvs(index + 1, out.shape[1], out)
+                self._post_recvs(index + 1, out_b.shape[1], out_b)
                 if b in self._bins_sent:
-                    rows = self._finish_rows(index, out, bin_.rows)
+                    rows = self._finish_rows(index, out_b, bin_.rows)
                     self._send_bin(index + 1, b, rows, local=True)
         self._wait(index, None)
-        self.timed(self._drain_sends)
-        result = torch.cat(outputs).index_select(0, self._inverse)
-        if not self._uses_halo:
-            # Every rank must run every backward exchange: keep this rank's
-            # (empty) halo in the graph so its backward runs too.
-            result = result + halo.sum() * 0.0
-        return result
+        if index == self.num_layers - 1 or not pipelined:
+            # Pipelined sends of the next layer's rows stay in flight while it
+            # computes; every send is complete before the forward returns.
+            self.timed(self._drain_sends)
+        assert out is not None
+        return out, graphs
+
+    def _backward_bins(
+        self,
+        index: int,
+        graphs: list[tuple[_Bin, torch.Tensor, torch.Tensor]],
+        grad_out: torch.Tensor,
+        needs_input_grad: bool,
+    ) -> torch.Tensor | None:
+        """Backward of layer ``index``, bins in reverse: G3's backward pipeline.
+
+        Bins that read halo rows go first; once they are done every halo row's
+        gradient is complete and goes to its owner (``isend``, tag
+        ``bwd.L{index}``) while the bins that read only owned rows run their
+        backward. Parameter gradients accumulate in ``.grad`` as each bin's
+        graph is walked. Returns the owned rows' gradient (own bins' share plus
+        what peers returned, summed in rank order), or None for the input layer.
+        """
+        halo_bins = [g for g in graphs if g[0].src_halo.numel()]
+        local_bins = [g for g in graphs if not g[0].src_halo.numel()]
+        width = graphs[0][1].shape[1]
+        grad_owned = grad_out.new_zeros((self.part.num_owned, width))
+        grad_halo = grad_out.new_zeros((self.plan.num_halo, width))
+        tag = f"{self.phase}bwd.L{index}"
+
+        def walk(group: list[tuple[_Bin, torch.Tensor, torch.Tensor]]) -> None:
+            for bin_, h_src, out_b in reversed(group):
+                torch.autograd.backward(out_b, grad_out.index_select(0, bin_.rows))
+                if h_src.grad is None:
+                    continue
+                num_owned = bin_.src_owned.numel()
+                grad_owned.index_add_(0, bin_.src_owned, h_src.grad[:num_owned])
+                if bin_.src_halo.numel():
+                    grad_halo.index_add_(0, bin_.src_halo, h_src.grad[num_owned:])
+
+        walk(halo_bins)
+        if not needs_input_grad:
+            walk(local_bins)
+            return None
+        plan, transport = self.plan, self.transport
+        sends = [
+            transport.isend(grad_halo.index_select(0, idx).contiguous(), peer, tag)
+            for peer, idx in enumerate(plan.recv_idx)
+            if peer != transport.rank and idx.numel()
+        ]
+        received: list[tuple[int, Work, torch.Tensor]] = []
+        for peer, idx in enumerate(plan.send_idx):
+            if peer != transport.rank and idx.numel():
+                buf = grad_out.new_empty((idx.numel(), width))
+                received.append((peer, transport.irecv(buf, peer, tag), buf))
+        walk(local_bins)  # overlaps the gradients in flight
+
+        def collect() -> None:
+            for peer, work, buf in received:  # rank order: deterministic sums
+                work.wait()
+                grad_owned.index_add_(0, plan.send_idx[peer], buf)
+            for work in sends:
+                work.wait()
+
+        self.timed(collect)
+        return grad_owned
 
     def _drain_sends(self) -> None:
         for work in self._sends:
@@ -357,30 +483,41 @@ class P2PEngine(Engine):
         self._sends.clear()
 
 
-class HaloRows(torch.autograd.Function):
-    """``h_owned -> halo rows`` of one layer, filled as messages land.
+class BinnedLayer(torch.autograd.Function):
+    """``h_owned -> layer output of the owned rows``, computed in G3's bins.
 
-    Forward returns the layer's halo buffer (rows arrive later, each before a
-    bin reads it). Backward sends the halo rows' gradients to their owners in
-    one exchange and returns the owned rows' share of them.
+    Forward runs :meth:`P2PEngine._forward_bins` (halo rows arrive through the
+    engine's messages; each bin's autograd graph starts from its own source
+    rows). Backward runs :meth:`P2PEngine._backward_bins`: the bins' graphs in
+    reverse order, sending halo gradients to their owners as soon as they are
+    complete. The layer's parameters are inputs only so that the output
+    requires grad; their gradients accumulate through the bins' graphs.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, h_owned: torch.Tensor, engine: P2PEngine, layer: int
+        ctx: Any,
+        h: torch.Tensor,
+        engine: P2PEngine,
+        index: int,
+        layer: nn.Module,
+        flags: tuple[bool, bool],
+        *params: torch.Tensor,
     ) -> torch.Tensor:
-        ctx.engine, ctx.layer = engine, layer
-        return engine._halo[layer]
+        out, graphs = engine._forward_bins(index, layer, h.detach(), *flags)
+        ctx.engine, ctx.index, ctx.graphs = engine, index, graphs
+        ctx.num_params = len(params)
+        return out
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: Any, grad_halo: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None]:
+        ctx: Any, grad_out: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
         engine: P2PEngine = ctx.engine
-        tag = f"{engine.phase}bwd.L{ctx.layer}"
-        grad = engine.timed(
-            lambda: engine.plan.scatter_grad(
-                grad_halo.contiguous(), engine.transport, tag
-            )
+        graphs, ctx.graphs = ctx.graphs, None  # free the bins' graphs after use
+        if not graphs:
+            raise RuntimeError("g3: backward through a layer run without grad")
+        grad = engine._backward_bins(
+            ctx.index, graphs, grad_out.contiguous(), ctx.needs_input_grad[0]
         )
-        return grad, None, None
+        return (grad, None, None, None, None, *([None] * ctx.num_params))
