@@ -1,205 +1,531 @@
 """Distributed full-graph training over a shaped link: G3 vs halo vs replicate.
 
 python benchmarks/bench_fullgraph.py [--nodes 200000] [--epochs 6] [--rate-mbit 1000]
+                                     [--workers 4] [--threads 1] [--rounds 2] [--quick]
 
 In one run, on the synthetic products-like graph (F=100, GCN, hidden 128):
 
-1. generates the graph once and partitions it once per method (random, chunk,
-   metis, locality), so partitioning is not in any epoch time;
-2. checks the shaper with a single TCP stream;
-3. inside one network namespace whose loopback is shaped to ``--rate-mbit``
-   (one ``tbf`` shared by all workers, ARCHITECTURE §4), trains with
-   ``--workers 4`` for every engine (halo, replicate, g3 and G3's ablation
-   modes) on METIS parts, then g3 on every partitioner, plus single-process
-   training; the list runs ``--rounds`` times, alternating, and each
-   configuration's figure is its median over rounds of the median epoch time;
-4. unshaped: 1 worker vs 2 workers, one thread each (throughput scaling).
+0. generates the graph once and partitions it once per method (metis, random,
+   chunk, locality; plus metis into 2 parts for the scaling check), so
+   partitioning is in no epoch time;
+1. checks the shaper with a single TCP stream at ``--rate-mbit``;
+2. inside one network namespace whose loopback is shaped to ``--rate-mbit``
+   (one ``tbf`` shared by all workers, ARCHITECTURE §4) trains single-process
+   and, with ``--workers``, every engine (halo, replicate if the CLI offers
+   it, g3 and G3's ablation modes) on METIS parts, then g3 on every
+   partitioner. The list runs ``--rounds`` times, forwards then backwards, and
+   each configuration's figure is the median over rounds;
+3. unshaped (a namespace without a qdisc): 1 worker vs 2 workers, one thread
+   each, alternating.
 
-Prints the table (epoch time, bytes per epoch from the ledger, the qdisc's byte
-counter for the same run) and the ratios beside the issue's targets.
+Per run it records the summary's ``epoch_s_median`` (rank 0's forward +
+backward + grad sync, every epoch including the first), the median without
+the first epoch, the ledger's bytes (every rank, the whole run: set-up,
+training and evaluation), the training bytes per epoch, the qdisc's byte
+counter over the same run, test accuracy, and the time split (compute, comm,
+grad sync, eval per epoch, mean over ranks). Prints the table and the ratios
+beside the issue's targets. A configuration that fails or hangs is reported
+with its command and error; the others still run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from graphwire.testing.netns import (
-    ShapedNetwork,
-    measure_tcp_throughput,
-    netns_available,
-)
+from graphwire.testing.netns import ShapedNetwork, netns_available, tcp_stream
 
-PYTHON = [sys.executable, "-m", "graphwire"]
+CLI = [sys.executable, "-m", "graphwire"]
+METHODS = ("metis", "random", "chunk", "locality")
+_NOT_TRAINING = ("eval.", "setup.", "meta.")
 
 
-def _cli(argv: list[str], net: ShapedNetwork | None = None) -> dict[str, str]:
-    command = [*PYTHON, *argv]
-    done = (
-        net.run(command, capture_output=True, text=True, timeout=1800)
-        if net is not None
-        else subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    )
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One training configuration: a name and the ``graphwire train`` flags."""
+
+    name: str
+    argv: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Result:
+    """What one run of a configuration measured (seconds are per epoch)."""
+
+    epoch_s: float  # summary epoch_s_median: all epochs, rank 0
+    steady_s: float  # median of epochs 1.. (rank 0)
+    first_s: float  # epoch 0 (rank 0)
+    compute_s: float  # mean over ranks and epochs
+    comm_s: float
+    sync_s: float
+    eval_s: float
+    bytes_sent: int  # ledger, all ranks, whole run
+    train_bytes_epoch: float  # ledger, all ranks, training tags only
+    qdisc_bytes: int  # root qdisc of lo over the run
+    test_acc: float
+    wall_s: float
+
+
+class RunFailed(RuntimeError):
+    """A ``graphwire`` command exited non-zero or ran past its time limit."""
+
+
+# ------------------------------------------------------------------ running
+def _cli(argv: list[str], timeout_s: float) -> str:
+    """Run a ``graphwire`` command outside any namespace; its stdout."""
+    command = [*CLI, *argv]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired as error:
+        raise RunFailed(f"`{' '.join(command)}` ran past {timeout_s:.0f}s") from error
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    last = done.stdout.strip().splitlines()[-1]
+        raise RunFailed(
+            f"`{' '.join(command)}` exited {done.returncode}:\n{done.stderr[-3000:]}"
+        )
+    return done.stdout
+
+
+def _kill_namespace_processes(net: ShapedNetwork, grace_s: float = 2.0) -> None:
+    """SIGTERM every process in ``net`` (all started by us), then SIGKILL, by PID."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in net.pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while net.pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _train(
+    net: ShapedNetwork, argv: list[str], out: Path, timeout_s: float
+) -> tuple[dict[str, str], float]:
+    """``graphwire train ARGV --out OUT`` inside ``net``: summary fields, wall s."""
+    command = [*CLI, "train", *argv, "--out", str(out)]
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(out / "stdout.txt", "w") as stdout, open(out / "stderr.txt", "w") as err:
+        proc = net.popen(command, stdout=stdout, stderr=err)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            _kill_namespace_processes(net)
+            proc.wait()
+    wall = time.perf_counter() - start
+    stderr = (out / "stderr.txt").read_text(errors="replace")
+    if code is None:
+        raise RunFailed(
+            f"`{' '.join(command)}` ran past {timeout_s:.0f}s (killed); stderr "
+            f"tail:\n{stderr[-3000:]}"
+        )
+    if net.pids():  # workers left behind by a parent that exited
+        _kill_namespace_processes(net)
+    if code != 0:
+        raise RunFailed(f"`{' '.join(command)}` exited {code}:\n{stderr[-3000:]}")
+    lines = (out / "stdout.txt").read_text().strip().splitlines()
+    last = lines[-1] if lines else ""
     if not last.startswith("summary "):
-        return {}
-    return dict(pair.split("=", 1) for pair in last.split()[1:])
+        raise RunFailed(f"`{' '.join(command)}`: no summary line (last: {last!r})")
+    return dict(pair.split("=", 1) for pair in last.split()[1:]), wall
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _epoch_records(out: Path) -> dict[int, list[dict[str, Any]]]:
+    """Rank -> its epoch records from ``OUT/metrics.jsonl``, in epoch order."""
+    ranks: dict[int, list[dict[str, Any]]] = {}
+    with open(out / "metrics.jsonl") as handle:
+        for line in handle:
+            record = json.loads(line)
+            if record.get("kind") == "epoch":
+                ranks.setdefault(int(record.get("rank", 0)), []).append(record)
+    for records in ranks.values():
+        records.sort(key=lambda r: int(r["epoch"]))
+    return ranks
+
+
+def _epoch_seconds(times: dict[str, float], distributed: bool) -> float:
+    # The same definitions as the summary's epoch_s_median in each command.
+    if distributed:
+        return times["forward_s"] + times["backward_s"] + times["sync_s"]
+    return sum(v for k, v in times.items() if k != "eval_s")
+
+
+def _measure(net: ShapedNetwork, config: Config, out: Path, timeout_s: float) -> Result:
+    before = net.qdisc_bytes()
+    summary, wall = _train(net, list(config.argv), out, timeout_s)
+    qdisc = net.qdisc_bytes() - before
+    ranks = _epoch_records(out)
+    distributed = "bytes_sent" in summary
+    lead = [_epoch_seconds(r["times"], distributed) for r in ranks[0]]
+    epochs = len(lead)
+    split = {"compute": 0.0, "comm": 0.0, "sync": 0.0, "eval": 0.0}
+    train_bytes = 0
+    for records in ranks.values():
+        for record in records:
+            times = record["times"]
+            comm = times.get("comm_s", 0.0)
+            split["compute"] += _epoch_seconds(times, distributed) - comm
+            split["compute"] -= times.get("sync_s", 0.0)
+            split["comm"] += comm
+            split["sync"] += times.get("sync_s", 0.0)
+            split["eval"] += times.get("eval_s", 0.0)
+            by_tag = record.get("comm", {}).get("by_tag", {})
+            train_bytes += sum(
+                v for k, v in by_tag.items() if not k.startswith(_NOT_TRAINING)
+            )
+    per = max(1, epochs * len(ranks))
+    return Result(
+        epoch_s=float(summary["epoch_s_median"]),
+        steady_s=statistics.median(lead[1:] or lead),
+        first_s=lead[0],
+        compute_s=split["compute"] / per,
+        comm_s=split["comm"] / per,
+        sync_s=split["sync"] / per,
+        eval_s=split["eval"] / per,
+        bytes_sent=int(summary.get("bytes_sent", 0)),
+        train_bytes_epoch=train_bytes / max(1, epochs),
+        qdisc_bytes=qdisc,
+        test_acc=float(summary["test_acc"]),
+        wall_s=wall,
+    )
+
+
+# ------------------------------------------------------------------ setup
+def _exchanges() -> list[str]:
+    """The ``--exchange`` choices ``graphwire train --help`` lists."""
+    text = _cli(["train", "--help"], 120)
+    match = re.search(r"--exchange \{([^}]*)\}", text)
+    return match.group(1).split(",") if match else []
+
+
+def _prepare(args: argparse.Namespace, work: Path) -> None:
+    spec = (
+        f"synthetic:products?nodes={args.nodes}&degree=20&features={args.features}"
+        "&classes=47&seed=0"
+    )
+    start = time.perf_counter()
+    _cli(["data", "generate", "--dataset", spec, "--out", str(work / "graph")], 3600)
+    print(f"generated {spec} in {time.perf_counter() - start:.1f}s", flush=True)
+    jobs = [(m, args.workers, f"parts-{m}") for m in METHODS]
+    if args.workers != 2:
+        jobs.append(("metis", 2, "parts-metis-2"))
+    for method, parts, folder in jobs:
+        start = time.perf_counter()
+        _cli(
+            ["partition", "--dataset", str(work / "graph"), "--method", method]
+            + ["--parts", str(parts), "--out", str(work / folder)],
+            3600,
+        )
+        print(
+            f"partitioned with {method} into {parts} parts in "
+            f"{time.perf_counter() - start:.1f}s",
+            flush=True,
+        )
+
+
+def _configs(
+    args: argparse.Namespace, work: Path, exchanges: list[str]
+) -> list[Config]:
+    common: tuple[str, ...] = ("--model", args.model, "--hidden", str(args.hidden))
+    common += ("--epochs", str(args.epochs), "--seed", "0", "--quiet")
+    common += ("--patience", str(10 * args.epochs), "--threads", str(args.threads))
+    common += ("--timeout", str(args.collective_timeout))
+    metis = ("--dataset", str(work / "parts-metis"), "--workers", str(args.workers))
+    configs = [
+        Config("single process", (*common, "--dataset", str(work / "graph"))),
+        Config("halo (metis)", (*common, *metis, "--exchange", "halo")),
+    ]
+    if "replicate" in exchanges:
+        configs.append(
+            Config("replicate (metis)", (*common, *metis, "--exchange", "replicate"))
+        )
+    configs.append(Config("g3 (metis)", (*common, *metis, "--exchange", "g3")))
+    for mode in ("sequential", "inter", "intra"):
+        configs.append(
+            Config(
+                f"g3 {mode} (metis)",
+                (*common, *metis, "--exchange", "g3", "--g3-mode", mode),
+            )
+        )
+    for method in METHODS[1:]:
+        parts = ("--dataset", str(work / f"parts-{method}"))
+        configs.append(
+            Config(
+                f"g3 ({method})",
+                (*common, *parts, "--workers", str(args.workers), "--exchange", "g3"),
+            )
+        )
+    return configs
+
+
+def _shaper_check(net: ShapedNetwork, rate: float) -> None:
+    before = net.qdisc_bytes()
+    stream = tcp_stream(net, 2.0)
+    qdisc = net.qdisc_bytes() - before
+    mbit = stream.mbit_per_s
+    print(
+        f"shaper: one TCP stream {mbit:.0f} Mbit/s measured vs {rate:g} configured "
+        f"({mbit / rate:.3f}x); qdisc {qdisc:,} B for {stream.num_bytes:,} B "
+        f"payload ({qdisc / stream.num_bytes:.4f})",
+        flush=True,
+    )
+    if mbit < 0.9 * rate:
+        print(f"  ! below 0.9 x {rate:g} Mbit/s: the host, not tbf, limits the link")
+    if mbit > 1.05 * rate:
+        print(f"  ! above {rate:g} Mbit/s: the shaper is not limiting")
+
+
+def _qdisc_drops(net: ShapedNetwork) -> str:
+    """The root qdisc's drop and overlimit counters, as ``tc -s`` prints them."""
+    done = net.run(
+        [shutil.which("tc") or "tc", "-s", "qdisc", "show", "dev", "lo"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    match = re.search(r"\(dropped \d+, overlimits \d+", done.stdout)
+    return match.group(0).lstrip("(") if match else done.stdout.strip()
+
+
+# ------------------------------------------------------------------ report
+def _median(results: list[Result], field: str) -> float:
+    return statistics.median(float(getattr(r, field)) for r in results)
+
+
+def _print_table(
+    results: dict[str, list[Result]], failures: dict[str, str], epochs: int
+) -> None:
+    mib = 2**20
+    print(
+        f"\n{'configuration':22s} {'epoch s':>8s} {'w/o ep0':>8s} {'ep0 s':>7s} "
+        f"{'compute':>8s} {'comm':>7s} {'sync':>6s} {'eval':>6s} "
+        f"{'MiB/ep':>8s} {'trainMiB/ep':>11s} {'qdiscMiB':>9s} {'ledg/qd':>7s} "
+        f"{'acc':>6s} {'wall s':>7s} {'n':>2s}"
+    )
+    for name, runs in results.items():
+        if not runs:
+            print(f"{name:22s} FAILED: {failures.get(name, '?').splitlines()[0]}")
+            continue
+        ledger = _median(runs, "bytes_sent")
+        qdisc = _median(runs, "qdisc_bytes")
+        ratio = f"{ledger / qdisc:.3f}" if ledger and qdisc else "-"
+        print(
+            f"{name:22s} {_median(runs, 'epoch_s'):8.3f} "
+            f"{_median(runs, 'steady_s'):8.3f} {_median(runs, 'first_s'):7.2f} "
+            f"{_median(runs, 'compute_s'):8.3f} {_median(runs, 'comm_s'):7.3f} "
+            f"{_median(runs, 'sync_s'):6.3f} {_median(runs, 'eval_s'):6.3f} "
+            f"{ledger / mib / epochs:8.1f} "
+            f"{_median(runs, 'train_bytes_epoch') / mib:11.1f} "
+            f"{qdisc / mib:9.1f} {ratio:>7s} {runs[-1].test_acc:6.4f} "
+            f"{_median(runs, 'wall_s'):7.1f} {len(runs):2d}"
+        )
+    print(
+        "epoch s: summary epoch_s_median (rank 0 fwd+bwd+grad sync, all epochs), "
+        "median over rounds; w/o ep0: the same without epoch 0;\ncompute/comm/"
+        "sync/eval: seconds per epoch, mean over ranks (compute = fwd+bwd-comm); "
+        "MiB/ep: ledger bytes of the whole run (set-up, training, eval; all "
+        "ranks) / epochs;\ntrainMiB/ep: training tags only; qdiscMiB: lo's root "
+        "qdisc over the whole run (headers, ACKs, rendezvous included); "
+        "ledg/qd: ledger / qdisc bytes."
+    )
+
+
+def _ratio_line(
+    label: str,
+    results: dict[str, list[Result]],
+    a: str,
+    b: str,
+    target: str,
+    ok: Any,
+) -> None:
+    if not results.get(a) or not results.get(b):
+        print(f"{label:34s} n/a ({a} or {b} has no result){target}")
+        return
+    value = _median(results[a], "epoch_s") / _median(results[b], "epoch_s")
+    steady = _median(results[a], "steady_s") / _median(results[b], "steady_s")
+    verdict = "" if ok is None else ("  MET" if ok(value) else "  NOT MET")
+    print(f"{label:34s} {value:5.2f}x (w/o epoch 0: {steady:.2f}x){target}{verdict}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--nodes", type=int, default=200_000)
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--rate-mbit", type=float, default=1000.0)
+    parser.add_argument("--features", type=int, default=100)
     parser.add_argument("--hidden", type=int, default=128)
-    args = parser.parse_args()
+    parser.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat"])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2, help="repetitions")
+    parser.add_argument("--rate-mbit", type=float, default=1000.0)
+    parser.add_argument("--threads", type=int, default=1, help="per process")
+    parser.add_argument("--run-timeout", type=float, default=1800.0, help="per run")
+    parser.add_argument("--collective-timeout", type=float, default=600.0)
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument("--json", help="also write every run's figures here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.epochs, args.rounds = 20_000, 3, 1
     available, why = netns_available()
     if not available:
         print(f"bench_fullgraph: needs network namespaces: {why}")
         return 1
 
+    started = time.perf_counter()
+    print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     work = Path(tempfile.mkdtemp(prefix="gw-bench-fullgraph-"))
-    spec = (
-        f"synthetic:products?nodes={args.nodes}&degree=20&features=100"
-        "&classes=47&seed=0"
-    )
-    graph = work / "graph"
-    _cli(["data", "generate", "--dataset", spec, "--out", str(graph)])
-    methods = ["metis", "random", "chunk", "locality"]
-    for method in methods:
-        start = time.perf_counter()
-        _cli(
-            ["partition", "--dataset", str(graph), "--method", method]
-            + ["--parts", str(args.workers), "--out", str(work / f"parts-{method}")]
-        )
-        print(f"partitioned with {method} in {time.perf_counter() - start:.1f}s")
-    _cli(
-        ["partition", "--dataset", str(graph), "--method", "metis", "--parts", "2"]
-        + ["--out", str(work / "parts-metis-2")]
-    )
+    try:
+        return _bench(args, work, started)
+    finally:
+        if args.keep:
+            print(f"work folder kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
-    train = ["train", "--model", "gcn", "--hidden", str(args.hidden)]
-    train += ["--epochs", str(args.epochs), "--seed", "0", "--quiet"]
-    train += ["--patience", str(10 * args.epochs)]
-    runs: dict[str, list[str]] = {
-        "single process": ["--dataset", str(graph), "--workers", "1"],
-    }
-    metis = ["--dataset", str(work / "parts-metis"), "--workers", str(args.workers)]
-    for exchange in ("halo", "replicate", "g3"):
-        runs[f"{exchange} (metis)"] = [*metis, "--exchange", exchange]
-    for mode in ("sequential", "inter", "intra"):
-        runs[f"g3 {mode} (metis)"] = [*metis, "--exchange", "g3", "--g3-mode", mode]
-    for method in methods[1:]:
-        runs[f"g3 ({method})"] = [
-            "--dataset",
-            str(work / f"parts-{method}"),
-            "--workers",
-            str(args.workers),
-            "--exchange",
-            "g3",
-        ]
 
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
+    _prepare(args, work)
+    exchanges = _exchanges()
+    if "replicate" not in exchanges:
+        print(f"note: `train --exchange` offers {exchanges}; replicate skipped")
+    configs = _configs(args, work, exchanges)
+    results: dict[str, list[Result]] = {c.name: [] for c in configs}
+    failures: dict[str, str] = {}
+
+    def attempt(net: ShapedNetwork, config: Config, tag: str) -> Result | None:
+        if config.name in failures:
+            return None  # one failure per configuration is enough
+        slug = re.sub(r"[^a-z0-9]+", "-", config.name.lower()).strip("-")
+        try:
+            return _measure(net, config, work / f"run-{tag}-{slug}", args.run_timeout)
+        except (RunFailed, OSError, KeyError, ValueError, IndexError) as error:
+            failures[config.name] = str(error)
+            print(f"  {config.name}: FAILED\n{error}", flush=True)
+            return None
+
     with ShapedNetwork(rate_mbit=args.rate_mbit) as net:
-        tcp = measure_tcp_throughput(net, seconds=1.0)
-        print(
-            f"shaper: one TCP stream {tcp:.0f} Mbit/s of {args.rate_mbit:.0f} "
-            f"configured ({tcp / args.rate_mbit:.2f}x)"
-        )
+        _shaper_check(net, args.rate_mbit)
         for round_index in range(args.rounds):
-            names = list(runs) if round_index % 2 == 0 else list(reversed(runs))
-            for name in names:
-                before = net.qdisc_bytes()
-                out = work / f"run-{len(results[name])}-{name.replace(' ', '_')}"
-                summary = _cli([*train, *runs[name], "--out", str(out)], net)
-                qdisc = net.qdisc_bytes() - before
-                results[name].append(
-                    {
-                        "epoch_s": float(summary["epoch_s_median"]),
-                        "bytes": float(summary.get("bytes_sent", 0)),
-                        "qdisc": float(qdisc),
-                        "test_acc": float(summary["test_acc"]),
-                    }
-                )
-                print(
-                    f"  round {round_index}: {name:22s} epoch "
-                    f"{float(summary['epoch_s_median']):.3f}s",
-                    flush=True,
-                )
+            order = configs if round_index % 2 == 0 else configs[::-1]
+            for config in order:
+                result = attempt(net, config, str(round_index))
+                if result is not None:
+                    results[config.name].append(result)
+                    print(
+                        f"  round {round_index}: {config.name:22s} epoch "
+                        f"{result.epoch_s:.3f}s (w/o ep0 {result.steady_s:.3f}s, "
+                        f"ep0 {result.first_s:.2f}s) wall {result.wall_s:.0f}s",
+                        flush=True,
+                    )
+        print(f"shaped link over the whole session: {_qdisc_drops(net)}")
+
+    # Unshaped: 1 worker vs 2 workers, one thread each, alternating.
+    common = ["--model", args.model, "--hidden", str(args.hidden)]
+    common += ["--epochs", str(args.epochs), "--seed", "0", "--quiet"]
+    common += ["--patience", str(10 * args.epochs), "--threads", "1"]
+    two_parts = "parts-metis" if args.workers == 2 else "parts-metis-2"
+    scaling = [
+        Config("unshaped 1 worker", (*common, "--dataset", str(work / "graph"))),
+        Config(
+            "unshaped 2 workers g3",
+            (*common, "--dataset", str(work / two_parts), "--workers", "2")
+            + ("--exchange", "g3"),
+        ),
+    ]
+    for config in scaling:
+        results[config.name] = []
+    with ShapedNetwork(rate_mbit=None) as net:
+        for round_index in range(args.rounds):
+            order = scaling if round_index % 2 == 0 else scaling[::-1]
+            for config in order:
+                result = attempt(net, config, f"u{round_index}")
+                if result is not None:
+                    results[config.name].append(result)
+                    print(
+                        f"  round {round_index}: {config.name:22s} epoch "
+                        f"{result.epoch_s:.3f}s (w/o ep0 {result.steady_s:.3f}s)",
+                        flush=True,
+                    )
 
     print(
-        f"\n{args.nodes:,} nodes, F=100, GCN hidden {args.hidden}, {args.workers} "
-        f"workers, {args.rate_mbit:.0f} Mbit/s shared loopback, {args.epochs} "
-        f"epochs x {args.rounds} rounds"
+        f"\n{args.nodes:,} nodes, F={args.features}, {args.model.upper()} hidden "
+        f"{args.hidden}, {args.workers} workers x {args.threads} thread(s), "
+        f"{args.rate_mbit:g} Mbit/s shared loopback (tbf), {args.epochs} epochs "
+        f"x {args.rounds} round(s); load average now {os.getloadavg()[0]:.1f}"
     )
-    print(
-        f"{'configuration':24s} {'epoch s':>8s} {'MiB/epoch':>10s} "
-        f"{'qdisc/ledger':>12s} {'test acc':>8s}"
+    _print_table(results, failures, args.epochs)
+    print()
+    _ratio_line(
+        "g3 / halo epoch time",
+        results,
+        "g3 (metis)",
+        "halo (metis)",
+        "  target <= 0.75",
+        lambda v: v <= 0.75,
     )
-    epoch_s = {}
-    for name, values in results.items():
-        epoch_s[name] = statistics.median(v["epoch_s"] for v in values)
-        mib = statistics.median(v["bytes"] for v in values) / 2**20 / args.epochs
-        ledger = statistics.median(v["bytes"] for v in values)
-        qdisc = statistics.median(v["qdisc"] for v in values)
-        ratio = f"{qdisc / ledger:.3f}" if ledger else "-"
+    for other in ("replicate (metis)", "single process"):
+        if other in results:
+            _ratio_line(f"g3 / {other}", results, "g3 (metis)", other, "", None)
+    for mode in ("sequential", "inter", "intra"):
+        _ratio_line(
+            f"g3 full / g3 {mode}",
+            results,
+            "g3 (metis)",
+            f"g3 {mode} (metis)",
+            "",
+            None,
+        )
+    _ratio_line(
+        "locality / metis under g3",
+        results,
+        "g3 (locality)",
+        "g3 (metis)",
+        "  target <= 0.9",
+        lambda v: v <= 0.9,
+    )
+    one, two = results["unshaped 1 worker"], results["unshaped 2 workers g3"]
+    if one and two:
+        speedup = _median(one, "epoch_s") / _median(two, "epoch_s")
+        steady = _median(one, "steady_s") / _median(two, "steady_s")
+        verdict = "MET" if speedup >= 1.6 else "NOT MET"
         print(
-            f"{name:24s} {epoch_s[name]:8.3f} {mib:10.1f} {ratio:>12s} "
-            f"{values[-1]['test_acc']:8.4f}"
+            f"{'unshaped 2 workers / 1 worker':34s} {speedup:5.2f}x throughput (w/o "
+            f"epoch 0: {steady:.2f}x)  target >= 1.6, 1 thread each  {verdict}"
         )
-    print("(MiB/epoch: every byte of the run, training, evaluation and set-up.)")
-
-    def ratio(a: str, b: str) -> float:
-        return epoch_s[a] / epoch_s[b]
-
-    print(
-        f"\ng3 / halo epoch time        = {ratio('g3 (metis)', 'halo (metis)'):.2f}x "
-        "(target <= 0.75x)"
-    )
-    print(
-        f"g3 / replicate epoch time   = {ratio('g3 (metis)', 'replicate (metis)'):.2f}x"
-    )
-    print(f"g3 / single process         = {ratio('g3 (metis)', 'single process'):.2f}x")
-    print(
-        f"locality / metis (under g3) = {ratio('g3 (locality)', 'g3 (metis)'):.2f}x "
-        "(target <= 0.9x)"
-    )
-
-    # Unshaped scaling: one worker vs two, one thread each, alternating.
-    one, two = [], []
-    for _ in range(args.rounds):
-        one.append(
-            float(
-                _cli(
-                    [*train, "--dataset", str(graph), "--workers", "1"]
-                    + ["--threads", "1", "--out", str(work / "scale-1")]
-                )["epoch_s_median"]
+    else:
+        print(f"{'unshaped 2 workers / 1 worker':34s} n/a (a run failed)")
+    if failures:
+        print("\nfailed configurations (command and error):")
+        for name, error in failures.items():
+            print(f"--- {name}\n{error}")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "results": {k: [asdict(r) for r in v] for k, v in results.items()},
+                    "failures": failures,
+                },
+                indent=1,
             )
         )
-        two.append(
-            float(
-                _cli(
-                    [*train, "--dataset", str(work / "parts-metis-2")]
-                    + ["--workers", "2", "--exchange", "g3", "--threads", "1"]
-                    + ["--out", str(work / "scale-2")]
-                )["epoch_s_median"]
-            )
-        )
-    speedup = statistics.median(one) / statistics.median(two)
-    print(
-        f"unshaped 2 workers / 1 worker throughput = {speedup:.2f}x "
-        "(target >= 1.6x; 1 thread per worker)"
-    )
-    return 0
+    print(f"\nbench_fullgraph took {time.perf_counter() - started:.0f}s")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
