@@ -245,7 +245,6 @@ class P2PEngine(Engine):
             for b in self._last_bins
         ]
         self._bins_sent = {b for chunks in self._send_rows for b, _, _ in chunks}
-        self._uses_halo = any(b.src_halo.numel() for b in self.bins)
         self.bins = [
             _Bin(
                 b.rows,
@@ -295,9 +294,9 @@ class P2PEngine(Engine):
         wanted = list(pending) if keys is None else [k for k in keys if k in pending]
         if not wanted:
             return
-        # Written past autograd: the buffer is the output of HaloRows, and each
-        # row is written once, before any bin reads it.
-        halo = self._halo[layer].data
+        # Each row is written once, before any bin reads it; the buffer is
+        # outside autograd (each bin's graph starts from its gathered rows).
+        halo = self._halo[layer]
 
         def wait() -> None:
             for key in wanted:
