@@ -434,6 +434,10 @@ class P2PEngine(Engine):
         """
         halo_bins = [g for g in graphs if g[0].src_halo.numel()]
         local_bins = [g for g in graphs if not g[0].src_halo.numel()]
+        if not needs_input_grad:  # parameter gradients only, nothing to send
+            for bin_, _, out_b in [*reversed(halo_bins), *reversed(local_bins)]:
+                torch.autograd.backward(out_b, grad_out.index_select(0, bin_.rows))
+            return None
         width = graphs[0][1].shape[1]
         grad_owned = grad_out.new_zeros((self.part.num_owned, width))
         grad_halo = grad_out.new_zeros((self.plan.num_halo, width))
@@ -450,9 +454,6 @@ class P2PEngine(Engine):
                     grad_halo.index_add_(0, bin_.src_halo, h_src.grad[num_owned:])
 
         walk(halo_bins)
-        if not needs_input_grad:
-            walk(local_bins)
-            return None
         plan, transport = self.plan, self.transport
         sends = [
             transport.isend(grad_halo.index_select(0, idx).contiguous(), peer, tag)
