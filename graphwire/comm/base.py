@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import pickle
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from graphwire.comm.ledger import Ledger
+
+if TYPE_CHECKING:
+    from graphwire.comm.service import Service
 
 __all__ = ["Transport", "TransportError", "Work", "encode_object", "row_bytes"]
 
@@ -92,6 +95,12 @@ class Transport(ABC):
 
     def barrier(self) -> None:
         self.all_gather_object(None, "meta.barrier")
+
+    def open_service(self, name: str, handlers: Mapping[str, Any]) -> Service:
+        """Collective: this rank's end of the request/response service ``name``
+        (see :mod:`graphwire.comm.service`); every rank passes the same
+        handler names."""
+        raise NotImplementedError(f"{type(self).__name__} has no services")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the transport is unusable afterwards."""

@@ -34,9 +34,9 @@ survivors' pending collectives fail at once rather than at the timeout.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,9 @@ from graphwire.comm.base import (
     row_bytes,
 )
 from graphwire.comm.context import WorkerContext
+
+if TYPE_CHECKING:
+    from graphwire.comm.service import Service
 
 __all__ = ["TorchTransport"]
 
@@ -119,6 +122,13 @@ class TorchTransport(Transport):
                 f"{ctx.init_method} ({ctx.backend}) failed: {error}"
             ) from error
         return cls(ctx, check_splits=check_splits, owns_group=True)
+
+    def open_service(self, name: str, handlers: Mapping[str, Any]) -> Service:
+        """See :meth:`Transport.open_service` (a serving thread over p2p)."""
+        from graphwire.comm.dist_service import TorchService
+
+        self._check_open(name)
+        return TorchService(self, name, handlers)
 
     def close(self) -> None:
         """Destroy the process group (if :meth:`open` made it); idempotent."""

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -25,8 +25,10 @@ from graphwire.comm.base import (
     encode_object,
     row_bytes,
 )
+from graphwire.comm.service import HEADER_BYTES, Service
+from graphwire.comm.wire import pack, unpack
 
-__all__ = ["LocalTransport", "run_local"]
+__all__ = ["LocalService", "LocalTransport", "run_local"]
 
 T = TypeVar("T")
 
@@ -41,6 +43,8 @@ class _Hub:
             for d in range(world_size)
         }
         self.failed = threading.Event()
+        self.services: dict[str, list[LocalService | None]] = {}
+        self.lock = threading.Lock()
 
 
 class _Done:
@@ -143,6 +147,17 @@ class LocalTransport(Transport):
         self._posted[src].append(pending)
         return pending
 
+    def open_service(self, name: str, handlers: Mapping[str, Any]) -> Service:
+        """See :meth:`Transport.open_service`; a peer's handler runs on the
+        calling thread, one request at a time per server, as a serving thread
+        would run it."""
+        service = LocalService(self, name, handlers)
+        with self._hub.lock:
+            table = self._hub.services.setdefault(name, [None] * self.world_size)
+            table[self.rank] = service
+        self.barrier()  # every rank's handlers are registered
+        return service
+
     def all_gather_object(self, obj: Any, tag: str) -> list[Any]:
         # Pickled, as across processes: no rank shares another's objects, and
         # the ledger counts the same bytes as TorchTransport's.
@@ -160,6 +175,53 @@ class LocalTransport(Transport):
             self.ledger.record_recv(src, tag, len(received))
             out.append(pickle.loads(received))
         return out
+
+
+class LocalService(Service):
+    """:class:`Service` between the ranks of one :func:`run_local` group.
+
+    Requests and responses are packed and unpacked as on the wire (no rank
+    sees another's tensors) and counted in both ranks' ledgers.
+    """
+
+    def __init__(
+        self, transport: LocalTransport, name: str, handlers: Mapping[str, Any]
+    ) -> None:
+        super().__init__(transport, name, handlers)
+        self._hub = transport._hub
+        self._closed = False
+
+    def _call(
+        self, requests: Mapping[int, Sequence[torch.Tensor]], kind: str
+    ) -> dict[int, list[torch.Tensor]]:
+        if self._closed:
+            raise TransportError(f"rank {self.rank}: service {self.name} is closed")
+        tag = self.tag(kind)
+        out: dict[int, list[torch.Tensor]] = {}
+        for peer, tensors in requests.items():
+            server = self._hub.services[self.name][peer]
+            if server is None or self._hub.failed.is_set():
+                raise self._fail(peer, kind, "the peer is not serving")
+            message = pack(tensors)
+            size = HEADER_BYTES + message.numel()
+            self.transport.ledger.record_send(peer, f"{tag}.req", size)
+            server.transport.ledger.record_recv(self.rank, f"{tag}.req", size)
+            try:
+                response = pack(server._answer(self.rank, kind, unpack(message)))
+            except Exception as error:
+                raise self._fail(
+                    peer, kind, f"its handler raised: {type(error).__name__}: {error}"
+                ) from error
+            size = HEADER_BYTES + response.numel()
+            server.transport.ledger.record_send(self.rank, tag, size)
+            self.transport.ledger.record_recv(peer, tag, size)
+            out[peer] = unpack(response)
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.transport.barrier()
 
 
 def run_local(
