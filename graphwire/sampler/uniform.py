@@ -27,12 +27,22 @@ from collections.abc import Sequence
 import torch
 
 from graphwire.graph.graph import Graph
-from graphwire.sampler.base import Block, SampledBatch
+from graphwire.nn.dropout import splitmix64
+from graphwire.sampler.base import Block, SampledBatch, derive_seed
 
-__all__ = ["UniformNeighborSampler"]
+__all__ = [
+    "UniformNeighborSampler",
+    "check_seeds",
+    "hashed_draws",
+    "layer_seed",
+    "relabel",
+    "sample_rows",
+    "slot_table",
+    "stitch_block",
+]
 
 
-def _floyd_subsets(deg: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+def _floyd_subsets(deg: torch.Tensor, k: int, draws: torch.Tensor) -> torch.Tensor:
     """A uniform ``k``-subset of ``range(deg[i])`` for every row ``i``.
 
     Floyd's algorithm: for ``j`` in ``deg-k .. deg-1`` draw ``t`` in ``[0, j]``
@@ -41,14 +51,13 @@ def _floyd_subsets(deg: torch.Tensor, k: int, gen: torch.Generator) -> torch.Ten
     Args:
         deg: int64 [n], every entry > k.
         k: subset size.
-        gen: random generator.
+        draws: float64 [n, k] uniforms in [0, 1), one per row and round.
 
     Returns:
         int64 [n, k], distinct offsets per row.
     """
     n = deg.numel()
     chosen = torch.empty(n, k, dtype=torch.int64)
-    draws = torch.rand(n, k, generator=gen, dtype=torch.float64)
     for i in range(k):  # loop over the fan-out, not over nodes
         top = deg - (k - i)  # j, the largest value allowed this round
         pick = torch.minimum((draws[:, i] * (top + 1)).long(), top)
@@ -57,6 +66,80 @@ def _floyd_subsets(deg: torch.Tensor, k: int, gen: torch.Generator) -> torch.Ten
             pick = torch.where(seen, top, pick)
         chosen[:, i] = pick
     return chosen
+
+
+Draw = torch.Generator | int
+"""Where a block's randomness comes from: a generator (draws depend on which
+rows are sampled together) or an int seed (*hashed* draws: row ``v``'s subset
+is a function of ``(seed, v)`` alone, whoever samples it and with whatever
+other rows)."""
+
+
+def hashed_draws(keys: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+    """float64 [n, k] uniforms in [0, 1) fixed by ``(seed, keys[i], j)``.
+
+    53 bits of SplitMix64 per draw, so ``floor(u * (deg + 1))`` is unbiased
+    for any degree a graph can have.
+    """
+    cols = torch.arange(k, dtype=torch.int64)
+    words = splitmix64(keys.unsqueeze(1) * _MAX_FANOUT + cols, seed)
+    return ((words >> 11) & ((1 << 53) - 1)).to(torch.float64) * 2.0**-53
+
+
+_MAX_FANOUT = 1 << 12
+
+
+def sample_rows(
+    indptr: torch.Tensor,
+    rows: torch.Tensor,
+    fanout: int,
+    draw: Draw,
+    keys: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform ``fanout``-subsets of CSR rows, without replacement.
+
+    Args:
+        indptr: int64 [R + 1], the CSR's row offsets.
+        rows: int64 [n], rows to sample (any order, repeats allowed).
+        fanout: neighbours per row; ``-1`` keeps every neighbour.
+        draw: a generator, or an int seed for hashed draws.
+        keys: int64 [n], per-row hash keys (global node IDs) for hashed draws;
+            defaults to ``rows``.
+
+    Returns:
+        ``(indptr [n + 1], pos [E])``: the block's row offsets and the CSR
+        position of each sampled edge, rows in order, a row's picks in the
+        order Floyd's algorithm made them.
+    """
+    start = indptr.index_select(0, rows)
+    deg = indptr.index_select(0, rows + 1) - start
+    count = deg if fanout < 0 else deg.clamp(max=fanout)
+    out_indptr = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+    torch.cumsum(count, 0, out=out_indptr[1:])
+    num_edges = int(out_indptr[-1])  # host sync: sizes the edge arrays
+    row = torch.repeat_interleave(torch.arange(rows.numel()), count)
+    # Slot i of row r is edge start[r] + (i - indptr[r]) unless subsampled.
+    pos = (start - out_indptr[:-1]).index_select(0, row)
+    pos += torch.arange(num_edges, dtype=torch.int64)
+    if fanout > 0:
+        if fanout > _MAX_FANOUT:
+            raise ValueError(f"fanout: at most {_MAX_FANOUT}, got {fanout}")
+        big = deg > fanout
+        big_rows = big.nonzero().view(-1)
+        if big_rows.numel():
+            # Rows with deg > fanout own exactly `fanout` consecutive slots,
+            # in row order, so the subsets fill the masked slots row-major.
+            if isinstance(draw, torch.Generator):
+                draws = torch.rand(
+                    big_rows.numel(), fanout, generator=draw, dtype=torch.float64
+                )
+            else:
+                key = rows if keys is None else keys
+                draws = hashed_draws(key[big_rows], fanout, draw)
+            subsets = _floyd_subsets(deg[big_rows], fanout, draws)
+            subsets += start[big_rows].unsqueeze(1)
+            pos.masked_scatter_(big.index_select(0, row), subsets)
+    return out_indptr, pos
 
 
 class UniformNeighborSampler:
@@ -71,6 +154,11 @@ class UniformNeighborSampler:
             no generator.
         edge_weight: optional float32 [graph.num_edges] in CSR order; each block
             gets the weights of its sampled edges as ``edge_weight``.
+        hashed: an int given to :meth:`sample` seeds *hashed* draws (layer
+            ``l`` uses ``derive_seed(seed, l)``, node ``v``'s subset depends on
+            that and ``v`` only), the draws the distributed sampler makes, so
+            it samples exactly these blocks. Otherwise an int seeds a fresh
+            generator.
     """
 
     def __init__(
@@ -79,6 +167,7 @@ class UniformNeighborSampler:
         fanouts: Sequence[int],
         seed: int = 0,
         edge_weight: torch.Tensor | None = None,
+        hashed: bool = False,
     ) -> None:
         if not fanouts or any(f == 0 or f < -1 for f in fanouts):
             raise ValueError(
@@ -93,13 +182,9 @@ class UniformNeighborSampler:
         self.graph = graph
         self.fanouts = [int(f) for f in fanouts]
         self.edge_weight = edge_weight
+        self.hashed = hashed
         self.generator = torch.Generator().manual_seed(seed)
-        # global ID -> local row of the block being built; -1 between calls.
-        # int32 when node IDs and per-block edge positions (at most num_edges)
-        # fit, as random access into this table is the relabelling's cost.
-        small = graph.num_nodes < 2**31 - 1 and graph.num_edges < 2**31 - 1
-        slot_dtype = torch.int32 if small else torch.int64
-        self._slot = torch.full((graph.num_nodes,), -1, dtype=slot_dtype)
+        self._slot = slot_table(graph.num_nodes, graph.num_edges)
 
     def sample(
         self, seeds: torch.Tensor, generator: torch.Generator | int | None = None
@@ -114,98 +199,112 @@ class UniformNeighborSampler:
         Returns:
             The batch; ``blocks[-1].dst_nid`` equals ``seeds``.
         """
-        if isinstance(generator, int):
+        if isinstance(generator, int) and not self.hashed:
             generator = torch.Generator().manual_seed(generator)
-        gen = self.generator if generator is None else generator
-        seeds = torch.as_tensor(seeds, dtype=torch.int64)
-        if seeds.dim() != 1 or torch.unique(seeds).numel() != seeds.numel():
-            raise ValueError("seeds: expected a 1-D tensor of distinct node IDs")
-        if seeds.numel() and (
-            int(seeds.min()) < 0 or int(seeds.max()) >= self.graph.num_nodes
-        ):
-            raise ValueError(
-                f"seeds: node IDs must lie in [0, {self.graph.num_nodes}), found "
-                f"[{int(seeds.min())}, {int(seeds.max())}]"
-            )
+        draw = self.generator if generator is None else generator
+        seeds = check_seeds(seeds, self.graph.num_nodes)
         blocks: list[Block] = []
         dst_nid = seeds
-        for fanout in reversed(self.fanouts):
-            block = self._sample_block(dst_nid, fanout, gen)
+        for layer in reversed(range(len(self.fanouts))):
+            layer_draw = (
+                draw if isinstance(draw, torch.Generator) else layer_seed(draw, layer)
+            )
+            block = self._sample_block(dst_nid, self.fanouts[layer], layer_draw)
             blocks.append(block)
             dst_nid = block.src_nid
         blocks.reverse()
         return SampledBatch(seeds=seeds, blocks=blocks)
 
-    def _sample_block(
-        self, dst_nid: torch.Tensor, fanout: int, gen: torch.Generator
-    ) -> Block:
-        graph_indptr = self.graph.indptr
-        start = graph_indptr.index_select(0, dst_nid)
-        deg = graph_indptr.index_select(0, dst_nid + 1) - start
-        count = deg if fanout < 0 else deg.clamp(max=fanout)
-        indptr = torch.zeros(dst_nid.numel() + 1, dtype=torch.int64)
-        torch.cumsum(count, 0, out=indptr[1:])
-        num_edges = int(indptr[-1])  # host sync: sizes the edge arrays
-        row = torch.repeat_interleave(torch.arange(dst_nid.numel()), count)
-        # Slot i of row r is edge start[r] + (i - indptr[r]) unless subsampled.
-        eid = (start - indptr[:-1]).index_select(0, row)
-        eid += torch.arange(num_edges, dtype=torch.int64)
-        if fanout > 0:
-            big = deg > fanout
-            big_rows = big.nonzero().view(-1)
-            if big_rows.numel():
-                # Rows with deg > fanout own exactly `fanout` consecutive slots,
-                # in row order, so the subsets fill the masked slots row-major.
-                subsets = _floyd_subsets(deg[big_rows], fanout, gen)
-                subsets += start[big_rows].unsqueeze(1)
-                eid.masked_scatter_(big.index_select(0, row), subsets)
+    def _sample_block(self, dst_nid: torch.Tensor, fanout: int, draw: Draw) -> Block:
+        indptr, eid = sample_rows(self.graph.indptr, dst_nid, fanout, draw)
         sources = self.graph.indices.index_select(0, eid)
-        src_nid, local = self._relabel(dst_nid, sources)
         weight = None
         if self.edge_weight is not None:
             weight = self.edge_weight.index_select(0, eid)
-        return Block(
-            indptr,
-            local,
-            src_nid.numel(),
-            dst_nid.numel(),
-            weight,
-            src_nid=src_nid,
-            dst_nid=dst_nid,
-            eid=eid,
+        return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
+
+
+def layer_seed(batch_seed: int, layer: int) -> int:
+    """The hashed-draw seed of one layer of a batch."""
+    return derive_seed(batch_seed, layer)
+
+
+def check_seeds(seeds: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """``seeds`` as int64, checked: 1-D, distinct, in ``[0, num_nodes)``."""
+    seeds = torch.as_tensor(seeds, dtype=torch.int64)
+    if seeds.dim() != 1 or torch.unique(seeds).numel() != seeds.numel():
+        raise ValueError("seeds: expected a 1-D tensor of distinct node IDs")
+    if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= num_nodes):
+        raise ValueError(
+            f"seeds: node IDs must lie in [0, {num_nodes}), found "
+            f"[{int(seeds.min())}, {int(seeds.max())}]"
         )
+    return seeds
 
-    def _relabel(
-        self, dst_nid: torch.Tensor, src_global: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Local source rows: destinations first, then new nodes by first appearance.
 
-        Uses the ``[num_nodes]`` slot table instead of a sort: O(E) gathers and
-        scatters, no ``torch.unique``. The table is reset before returning.
-        (Rows fit the table's dtype: a block has at most num_nodes sources.)
+def slot_table(num_nodes: int, num_edges: int) -> torch.Tensor:
+    """The relabelling table of :func:`stitch_block`: all -1, one per node.
 
-        Returns:
-            ``(src_nid [num_src], local [E])`` with ``src_nid[local] == src_global``.
-        """
-        slot = self._slot
-        dtype = slot.dtype
-        num_dst = dst_nid.numel()
-        # scatter_/index_select rather than advanced indexing: several times
-        # faster on CPU.
-        slot.scatter_(0, dst_nid, torch.arange(num_dst, dtype=dtype))
-        local = slot.index_select(0, src_global)
-        is_new = local < 0
-        candidates = src_global[is_new]  # [M], with repeats
-        m = candidates.numel()
-        # First occurrence of each new node: amax of (m - position) is m minus
-        # the smallest position that names it (slot holds -1 before, < any).
-        slot.scatter_reduce_(0, candidates, torch.arange(m, 0, -1, dtype=dtype), "amax")
-        first_pos = m - slot.index_select(0, candidates)  # [M]
-        is_first = first_pos == torch.arange(m, dtype=dtype)
-        new_nid = candidates[is_first]
-        # New node at first position p gets row num_dst + (#firsts before p).
-        row_at = torch.cumsum(is_first, 0, dtype=dtype) + (num_dst - 1)
-        local.masked_scatter_(is_new, row_at.index_select(0, first_pos))
-        src_nid = torch.cat([dst_nid, new_nid])
-        slot.index_fill_(0, src_nid, -1)
-        return src_nid, local.to(torch.int64)
+    int32 when node IDs and per-block edge positions (at most num_edges) fit,
+    as random access into this table is the relabelling's cost. The table
+    makes a sampler single-threaded: use one table per thread.
+    """
+    small = num_nodes < 2**31 - 1 and num_edges < 2**31 - 1
+    return torch.full((num_nodes,), -1, dtype=torch.int32 if small else torch.int64)
+
+
+def stitch_block(
+    slot: torch.Tensor,
+    dst_nid: torch.Tensor,
+    indptr: torch.Tensor,
+    sources: torch.Tensor,
+    eid: torch.Tensor,
+    weight: torch.Tensor | None,
+) -> Block:
+    """A :class:`Block` from sampled edges in global IDs (rows in dst order)."""
+    src_nid, local = relabel(slot, dst_nid, sources)
+    return Block(
+        indptr,
+        local,
+        src_nid.numel(),
+        dst_nid.numel(),
+        weight,
+        src_nid=src_nid,
+        dst_nid=dst_nid,
+        eid=eid,
+    )
+
+
+def relabel(
+    slot: torch.Tensor, dst_nid: torch.Tensor, src_global: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local source rows: destinations first, then new nodes by first appearance.
+
+    Uses the ``[num_nodes]`` slot table instead of a sort: O(E) gathers and
+    scatters, no ``torch.unique``. The table is reset before returning.
+    (Rows fit the table's dtype: a block has at most num_nodes sources.)
+
+    Returns:
+        ``(src_nid [num_src], local [E])`` with ``src_nid[local] == src_global``.
+    """
+    dtype = slot.dtype
+    num_dst = dst_nid.numel()
+    # scatter_/index_select rather than advanced indexing: several times
+    # faster on CPU.
+    slot.scatter_(0, dst_nid, torch.arange(num_dst, dtype=dtype))
+    local = slot.index_select(0, src_global)
+    is_new = local < 0
+    candidates = src_global[is_new]  # [M], with repeats
+    m = candidates.numel()
+    # First occurrence of each new node: amax of (m - position) is m minus
+    # the smallest position that names it (slot holds -1 before, < any).
+    slot.scatter_reduce_(0, candidates, torch.arange(m, 0, -1, dtype=dtype), "amax")
+    first_pos = m - slot.index_select(0, candidates)  # [M]
+    is_first = first_pos == torch.arange(m, dtype=dtype)
+    new_nid = candidates[is_first]
+    # New node at first position p gets row num_dst + (#firsts before p).
+    row_at = torch.cumsum(is_first, 0, dtype=dtype) + (num_dst - 1)
+    local.masked_scatter_(is_new, row_at.index_select(0, first_pos))
+    src_nid = torch.cat([dst_nid, new_nid])
+    slot.index_fill_(0, src_nid, -1)
+    return src_nid, local.to(torch.int64)

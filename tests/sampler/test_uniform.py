@@ -81,18 +81,21 @@ def test_blocks_are_valid_subgraphs(num_nodes, num_edges, fanouts, seed) -> None
     assert batch.num_sampled_edges == sum(b.num_edges for b in batch.blocks)
 
 
-def test_subsets_are_uniform() -> None:
+@pytest.mark.parametrize("hashed", [False, True])
+def test_subsets_are_uniform(hashed: bool) -> None:
     """Fan-out 3 of 10 neighbours: each neighbour and each 3-subset equally likely.
 
     12,000 destinations share the same 10 in-neighbours, so one call gives
-    12,000 independent draws (fixed seed: the test is deterministic).
+    12,000 independent draws (fixed seed: the test is deterministic). Hashed
+    draws (the distributed sampler's) must be as uniform as the generator's.
     """
     num_dst, k = 12_000, 3
     dst = torch.arange(10, 10 + num_dst).repeat_interleave(10)
     src = torch.arange(10).repeat(num_dst)
     graph = Graph.from_edge_index(src, dst, num_nodes=10 + num_dst)
     seeds = torch.arange(10, 10 + num_dst)
-    block = UniformNeighborSampler(graph, [k]).sample(seeds, 1234).blocks[0]
+    sampler = UniformNeighborSampler(graph, [k], hashed=hashed)
+    block = sampler.sample(seeds, 1234).blocks[0]
     neighbours = block.src_nid[block.indices].view(num_dst, k)
     per_node = torch.bincount(neighbours.view(-1), minlength=10).numpy()
     assert chisquare(per_node).pvalue > 1e-3
@@ -113,6 +116,28 @@ def test_repeated_draws_of_one_node_are_uniform() -> None:
         counts += torch.bincount(block.src_nid[block.indices], minlength=11)
     assert int(counts[0]) == 0
     assert chisquare(counts[1:].numpy()).pvalue > 1e-3
+
+
+def test_hashed_draws_of_one_node_are_uniform_across_batch_seeds() -> None:
+    graph = Graph.from_edge_index(
+        torch.arange(1, 11), torch.zeros(10, dtype=torch.long)
+    )
+    sampler = UniformNeighborSampler(graph, [3], hashed=True)
+    counts = torch.zeros(11, dtype=torch.long)
+    for batch_seed in range(600):
+        block = sampler.sample(torch.tensor([0]), batch_seed).blocks[0]
+        counts += torch.bincount(block.src_nid[block.indices], minlength=11)
+    assert int(counts[0]) == 0
+    assert chisquare(counts[1:].numpy()).pvalue > 1e-3
+
+
+def test_hashed_subset_of_a_node_does_not_depend_on_the_other_seeds() -> None:
+    graph = _random_graph(400, 6000, seed=5)
+    sampler = UniformNeighborSampler(graph, [4], hashed=True)
+    alone = sampler.sample(torch.tensor([17]), 5).blocks[0]
+    among = sampler.sample(torch.tensor([3, 17, 250]), 5).blocks[0]
+    row = among.eid[among.indptr[1] : among.indptr[2]]
+    assert torch.equal(alone.eid, row)
 
 
 def test_same_seed_same_batch_and_different_seed_differs() -> None:

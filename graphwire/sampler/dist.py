@@ -1,0 +1,237 @@
+"""`DistNeighborSampler`: uniform neighbour sampling over a partitioned graph.
+
+The owner-compute rule (DistDGL §4.1): a node's neighbours are sampled by the
+rank that owns it, because only that rank stores its in-edges. For each layer,
+from the seeds outward:
+
+1. the frontier (the layer's destinations, global IDs) is split by owner;
+2. the owned part is sampled here; each other owner gets ONE request with its
+   frontier nodes, answered by its serving thread (``sample.hop`` in the
+   ledger): per node the number of sampled edges, then the sources, global
+   edge IDs and (GCN) edge weights, in node order;
+3. the pieces are stitched back into frontier order and relabelled into a
+   :class:`Block` in global IDs, exactly as the single-process sampler does.
+
+Draws are *hashed*: node ``v``'s subset in layer ``l`` of a batch with seed
+``s`` is a function of ``(derive_seed(s, l), v)`` alone (see
+:func:`~graphwire.sampler.uniform.hashed_draws`). So it does not matter which
+rank samples a node, or with which other nodes, and the blocks equal
+``UniformNeighborSampler(graph, fanouts, hashed=True).sample(seeds, s)`` on the
+graph the parts make up, bit for bit. That is the distributed sampler's test
+oracle, and why a presampled schedule (RapidGNN) and on-demand sampling see the
+same batches.
+
+Global edge IDs: rank ``r``'s stored in-edges (as the model kind samples them:
+with self-loops for GCN/GAT) are edges ``edge_offset[r] ..`` of that graph.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from graphwire.comm.base import Transport
+from graphwire.partition.book import PartitionBook
+from graphwire.sampler.base import Block, SampledBatch
+from graphwire.sampler.uniform import (
+    check_seeds,
+    layer_seed,
+    sample_rows,
+    slot_table,
+    stitch_block,
+)
+
+__all__ = ["DistNeighborSampler", "OwnedCSR"]
+
+
+@dataclass(frozen=True, eq=False)
+class OwnedCSR:
+    """The in-edges of one rank's owned nodes, as they are sampled.
+
+    Attributes:
+        start: global ID of the first owned node (row 0).
+        indptr: int64 [n + 1].
+        indices: int64 [e], *global* source IDs.
+        weight: float32 [e] edge weights (GCN), or None.
+        edge_offset: global ID of this rank's first edge.
+    """
+
+    start: int
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    weight: torch.Tensor | None
+    edge_offset: int
+
+    @property
+    def num_owned(self) -> int:
+        return self.indptr.numel() - 1
+
+    def sample(
+        self, dst_nid: torch.Tensor, fanout: int, seed: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(counts [n], sources [E], eid [E], weight [E] | None)`` of owned
+        ``dst_nid``, edges in node order."""
+        rows = dst_nid - self.start
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.num_owned):
+            raise ValueError(
+                f"sample: nodes outside the owned range [{self.start}, "
+                f"{self.start + self.num_owned})"
+            )
+        indptr, pos = sample_rows(self.indptr, rows, fanout, seed, keys=dst_nid)
+        weight = None if self.weight is None else self.weight.index_select(0, pos)
+        return (
+            indptr[1:] - indptr[:-1],
+            self.indices.index_select(0, pos),
+            pos + self.edge_offset,
+            weight,
+        )
+
+
+class DistNeighborSampler:
+    """Samples blocks around seeds across ranks; every rank makes one, together.
+
+    Args:
+        csr: this rank's owned in-edges.
+        book: the partition book (owner of any global ID).
+        transport: the run's transport (the constructor opens the ``sample``
+            service on it, a collective call).
+        fanouts: per layer, input layer first (as
+            :class:`~graphwire.sampler.uniform.UniformNeighborSampler`).
+
+    Attributes:
+        counters: ``local_rows`` / ``remote_rows`` (frontier nodes sampled here
+            / by their owners), ``requests`` (messages to owners), ``edges``
+            (sampled edges), ``batches``, and ``seconds`` (time in
+            :meth:`sample`), since the last :meth:`reset_counters`.
+    """
+
+    def __init__(
+        self,
+        csr: OwnedCSR,
+        book: PartitionBook,
+        transport: Transport,
+        fanouts: Sequence[int],
+    ) -> None:
+        if not fanouts or any(f == 0 or f < -1 for f in fanouts):
+            raise ValueError(
+                f"fanouts: expected a non-empty list of positive ints (or -1 for "
+                f"all neighbours), got {list(fanouts)}"
+            )
+        self.csr = csr
+        self.book = book
+        self.rank = transport.rank
+        self.fanouts = [int(f) for f in fanouts]
+        self.num_nodes = book.num_nodes
+        self._slot = slot_table(book.num_nodes, 2**31)
+        self.counters: dict[str, float] = {}
+        self.reset_counters()
+        self.service = transport.open_service("sample", {"hop": self._answer})
+
+    def reset_counters(self) -> None:
+        self.counters = dict.fromkeys(
+            ("local_rows", "remote_rows", "requests", "edges", "batches", "seconds"),
+            0,
+        )
+
+    def sample(self, seeds: torch.Tensor, batch_seed: int) -> SampledBatch:
+        """The blocks of one mini-batch (global IDs), input layer first.
+
+        Args:
+            seeds: int64 [B], distinct global IDs (any owners).
+            batch_seed: the batch's seed; layer ``l`` draws with
+                ``derive_seed(batch_seed, l)``.
+        """
+        began = time.perf_counter()
+        seeds = check_seeds(seeds, self.num_nodes)
+        blocks: list[Block] = []
+        dst_nid = seeds
+        for layer in reversed(range(len(self.fanouts))):
+            seed = layer_seed(batch_seed, layer)
+            block = self._sample_block(dst_nid, self.fanouts[layer], seed)
+            blocks.append(block)
+            dst_nid = block.src_nid
+        blocks.reverse()
+        self.counters["batches"] += 1
+        self.counters["seconds"] += time.perf_counter() - began
+        return SampledBatch(seeds=seeds, blocks=blocks)
+
+    def close(self) -> None:
+        """Collective: stop serving (after every rank's last :meth:`sample`)."""
+        self.service.close()
+
+    # ------------------------------------------------------------------ parts
+    def _sample_block(self, dst_nid: torch.Tensor, fanout: int, seed: int) -> Block:
+        owner = self.book.owner(dst_nid)
+        groups = []
+        requests = {}
+        params = torch.tensor([fanout, seed], dtype=torch.int64)
+        for peer in owner.unique().tolist():
+            where = (owner == peer).nonzero().view(-1)
+            if peer == self.rank:
+                groups.append((where, *self.csr.sample(dst_nid[where], fanout, seed)))
+                self.counters["local_rows"] += where.numel()
+            else:
+                requests[peer] = (where, [dst_nid[where], params])
+                self.counters["remote_rows"] += where.numel()
+        if requests:
+            self.counters["requests"] += len(requests)
+            answers = self.service.call(
+                {peer: request for peer, (_, request) in requests.items()}, "hop"
+            )
+            for peer, (where, _) in requests.items():
+                counts, src, ids, w = answers[peer]
+                groups.append((where, counts, src, ids, w if w.numel() else None))
+        indptr, sources, eid, weight = _stitch(dst_nid.numel(), groups)
+        self.counters["edges"] += eid.numel()
+        return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
+
+    def _answer(self, src: int, request: list[torch.Tensor]) -> list[torch.Tensor]:
+        dst_nid, params = request
+        fanout, seed = int(params[0]), int(params[1])
+        counts, sources, eid, weight = self.csr.sample(dst_nid, fanout, seed)
+        empty = torch.empty(0, dtype=torch.float32)
+        return [counts, sources, eid, empty if weight is None else weight]
+
+
+Group = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None
+]
+
+
+def _stitch(
+    n: int, groups: list[Group]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Edges of several owner groups back in frontier order.
+
+    Args:
+        n: frontier size.
+        groups: per owner ``(positions in the frontier, counts, sources, eid,
+            weight)``, each owner's edges in the order of its positions.
+
+    Returns:
+        ``(indptr [n + 1], sources [E], eid [E], weight [E] | None)``.
+    """
+    counts = torch.zeros(n, dtype=torch.int64)
+    for where, count, *_ in groups:
+        counts[where] = count
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    total = int(indptr[-1])
+    sources = torch.empty(total, dtype=torch.int64)
+    eid = torch.empty(total, dtype=torch.int64)
+    weighted = any(g[4] is not None for g in groups)
+    weight = torch.empty(total, dtype=torch.float32) if weighted else None
+    for where, count, src, ids, w in groups:
+        # Edge k of this group lands at indptr[its row] + (k - first edge of row).
+        first = torch.cumsum(count, 0) - count
+        offset = torch.arange(src.numel(), dtype=torch.int64)
+        offset -= torch.repeat_interleave(first, count)
+        target = torch.repeat_interleave(indptr.index_select(0, where), count) + offset
+        sources[target] = src
+        eid[target] = ids
+        if weight is not None and w is not None:
+            weight[target] = w
+    return indptr, sources, eid, weight
