@@ -92,6 +92,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--bin-rows", type=int, help="G3 rows per bin")
     train.add_argument(
+        "--fetch",
+        default="on-demand",
+        choices=["on-demand", "rapid"],
+        help="distributed mini-batch: pull remote features per batch (DistDGL) "
+        "or from a presampled hot cache and prefetcher (RapidGNN)",
+    )
+    train.add_argument(
+        "--n-hot",
+        type=int,
+        help="rapid: hot-cache rows (default: remote nodes read twice or more "
+        "in the first epoch)",
+    )
+    train.add_argument(
+        "--prefetch", type=int, default=4, help="rapid: batches kept ready (Q)"
+    )
+    train.add_argument("--presample-dir", help="rapid: where the schedule goes")
+    train.add_argument(
+        "--eval-every", type=int, default=1, help="minibatch: evaluate every K epochs"
+    )
+    train.add_argument(
         "--threads",
         type=int,
         help="torch threads per process (workers default to 1)",

@@ -155,7 +155,9 @@ class EpochRecord:
     ``times`` holds seconds per phase: ``sample_s``, ``forward_s``,
     ``backward_s`` (including the optimizer step) and ``eval_s``; distributed
     runs add ``comm_s`` (inside forward/backward) and ``sync_s``. ``comm`` holds
-    the epoch's bytes by tag and by peer (distributed runs only).
+    the epoch's bytes by tag and by peer (distributed runs only); ``extra``
+    what a loop measures besides (distributed mini-batch: seeds, remote rows,
+    cache hits, CPU time and energy).
     """
 
     epoch: int
@@ -166,6 +168,7 @@ class EpochRecord:
     times: dict[str, float]
     peak_rss_mb: float
     comm: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -40,31 +40,63 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
 
     ctx = WorkerContext.from_env() if under_torchrun() else None
     world = ctx.world_size if ctx is not None else int(args.workers)
-    if args.mode != "fullgraph":
-        raise ValueError(f"--workers: mode {args.mode!r} is not distributed yet")
     folder = _partitioned_folder(args, world, out, leader=ctx is None or ctx.rank == 0)
-    job = FullGraphJob(
-        folder=str(folder),
-        config=config,
-        exchange=args.exchange,
-        options=_engine_options(args),
-        checkpoint=_checkpoint(args, out),
-        progress=not args.quiet,
-    )
+    job: Any
+    if args.mode == "minibatch":
+        from graphwire.minibatch.job import MinibatchJob
+        from graphwire.minibatch.job import run_rank as run_minibatch_rank
+
+        job = MinibatchJob(
+            folder=str(folder),
+            config=config,
+            options=_fetch_options(args),
+            checkpoint=_checkpoint(args, out),
+            progress=not args.quiet,
+        )
+        target: Any = run_minibatch_rank
+    else:
+        job = FullGraphJob(
+            folder=str(folder),
+            config=config,
+            exchange=args.exchange,
+            options=_engine_options(args),
+            checkpoint=_checkpoint(args, out),
+            progress=not args.quiet,
+        )
+        target = run_rank
     if ctx is not None:
-        reports = run_rank(ctx, job)
+        reports = target(ctx, job)
         if reports is None:
             return 0  # rank 0 reports
     else:
         from graphwire.comm.launch import launch_local
 
         results = launch_local(
-            run_rank, world, job, threads=int(args.threads or 1), timeout_s=args.timeout
+            target, world, job, threads=int(args.threads or 1), timeout_s=args.timeout
         )
         reports = results[0]
         assert reports is not None
-    _report(args, config, out, reports)
+    if args.mode == "minibatch":
+        from graphwire.commands.report_minibatch import report_minibatch
+
+        report_minibatch(args, config, out, reports)
+    else:
+        _report(args, config, out, reports)
     return 0
+
+
+def _fetch_options(args: argparse.Namespace) -> Any:
+    from graphwire.minibatch.dist import FetchOptions
+
+    if args.fetch != "rapid" and (args.n_hot is not None or args.presample_dir):
+        raise ValueError("--n-hot / --presample-dir: only with --fetch rapid")
+    return FetchOptions(
+        fetch=args.fetch,
+        n_hot=args.n_hot,
+        prefetch=int(args.prefetch),
+        presample_dir=args.presample_dir,
+        eval_every=int(args.eval_every),
+    )
 
 
 def _partitioned_folder(

@@ -53,7 +53,7 @@ class RankReport:
     rank: int
     records: list[dict[str, Any]]
     ledger: dict[str, Any]
-    counters: dict[str, int]
+    counters: dict[str, Any]
     num_owned: int
     num_halo: int
     test_acc: float

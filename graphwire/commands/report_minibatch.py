@@ -1,0 +1,169 @@
+"""The report of a distributed mini-batch run (rank 0 / the parent process).
+
+``metrics.jsonl`` gets every rank's per-epoch records; stdout gets the time
+split per rank, the feature traffic per rank (rows and bytes by purpose:
+on-demand pulls, prefetches, cache fills), and the summary line with
+``remote_rows=``, ``remote_bytes=``, ``cache_hit_rate=`` and ``seeds_per_s=``.
+
+Global seeds/s of an epoch is all ranks' seeds over the slowest rank's
+training time (the ranks step in lockstep); the summary gives the median over
+epochs. Remote rows are the rows pulled from other ranks (the stores' counters:
+every on-demand, prefetch and cache-fill row); remote bytes are the ledger's
+bytes of those requests and answers (``kv.*`` tags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from graphwire.commands.common import console, print_table
+from graphwire.fullgraph.job import RankReport
+from graphwire.runlog import MetricsLog, format_summary
+from graphwire.training import TrainConfig
+
+__all__ = ["report_minibatch", "summarise"]
+
+_KINDS = ("pull", "prefetch", "cache")
+
+
+def summarise(reports: list[RankReport]) -> dict[str, Any]:
+    """The summary fields of a run (see the module docstring)."""
+    lead = reports[0]
+    epochs = min(len(r.records) for r in reports)
+    per_epoch = []
+    for e in range(epochs):
+        seeds = sum(r.records[e]["extra"]["seeds"] for r in reports)
+        slowest = max(r.records[e]["extra"]["train_s"] for r in reports)
+        per_epoch.append(seeds / slowest if slowest > 0 else 0.0)
+    hits = sum(rec["extra"]["cache_hits"] for r in reports for rec in r.records)
+    missed = sum(rec["extra"]["missed_rows"] for r in reports for rec in r.records)
+    remote_rows = sum(
+        r.counters["store"][k]["remote_rows"]
+        for r in reports
+        for k in _KINDS
+        if k in r.counters["store"]
+    )
+    sent = sum(row[3] for r in reports for row in r.ledger["sent"])
+    recv = sum(row[3] for r in reports for row in r.ledger["recv"])
+    feature_bytes = sum(
+        row[3] for r in reports for row in r.ledger["recv"] if row[2].startswith("kv.")
+    )
+    feature_bytes += sum(
+        row[3]
+        for r in reports
+        for row in r.ledger["sent"]
+        if row[2].startswith("kv.") and row[2].endswith(".req")
+    )
+    train_s = [
+        max(r.records[e]["extra"]["train_s"] for r in reports) for e in range(epochs)
+    ]
+    return {
+        "test_acc": lead.test_acc,
+        "val_acc": lead.val_acc,
+        "epochs": lead.epochs_run,
+        "best_epoch": lead.best_epoch,
+        "workers": len(reports),
+        "epoch_s_median": statistics.median(train_s) if train_s else 0.0,
+        "seeds_per_s": statistics.median(per_epoch) if per_epoch else 0.0,
+        "remote_rows": remote_rows,
+        "remote_bytes": feature_bytes,
+        "cache_hit_rate": hits / (hits + missed) if hits + missed else 0.0,
+        "bytes_sent": sent,
+        "bytes_recv": recv,
+    }
+
+
+def report_minibatch(
+    args: argparse.Namespace,
+    config: TrainConfig,
+    out: Path,
+    reports: list[RankReport],
+) -> None:
+    lead = reports[0]
+    with MetricsLog(out) as log:
+        log.write(
+            "config",
+            dataset=args.dataset,
+            mode="minibatch",
+            fetch=args.fetch,
+            workers=len(reports),
+            **config.as_dict(),
+        )
+        for epoch in range(lead.epochs_run):
+            for report in reports:
+                if epoch < len(report.records):
+                    log.write("epoch", rank=report.rank, **report.records[epoch])
+        _time_table(reports)
+        _traffic_table(reports)
+        summary = summarise(reports)
+        log.write("summary", **summary)
+    console.print(f"metrics: {out / 'metrics.jsonl'}")
+    print(format_summary(summary), flush=True)
+
+
+def _time_table(reports: list[RankReport]) -> None:
+    rows = []
+    for report in reports:
+        t: dict[str, float] = defaultdict(float)
+        seeds = 0
+        for record in report.records:
+            for key, value in record["times"].items():
+                t[key] += value
+            seeds += record["extra"]["seeds"]
+        rows.append(
+            (
+                report.rank,
+                seeds,
+                t["sample_s"],
+                t["fetch_s"],
+                t["wait_s"],
+                t["forward_s"],
+                t["sync_s"],
+                t["eval_s"],
+            )
+        )
+    print_table(
+        "time split per rank (all epochs, seconds)",
+        ["rank", "seeds", "sample", "fetch", "wait", "compute", "sync", "eval"],
+        rows,
+    )
+
+
+def _traffic_table(reports: list[RankReport]) -> None:
+    rows = []
+    for report in reports:
+        store = report.counters["store"]
+        recv: dict[str, int] = defaultdict(int)
+        for _, _, tag, num_bytes, _ in report.ledger["recv"]:
+            recv[tag] += num_bytes
+        for kind in _KINDS:
+            if kind not in store:
+                continue
+            rows.append(
+                (
+                    report.rank,
+                    kind,
+                    store[kind]["remote_rows"],
+                    store[kind]["remote_requests"],
+                    recv[f"kv.{kind}"] / 2**20,
+                )
+            )
+        sampler = report.counters.get("sampler", {})
+        rows.append(
+            (
+                report.rank,
+                "sample.hop",
+                sampler.get("remote_rows", 0),
+                sampler.get("requests", 0),
+                recv["sample.hop"] / 2**20,
+            )
+        )
+    print_table(
+        "remote traffic per rank (rows and requests this rank asked for)",
+        ["rank", "purpose", "rows", "requests", "MiB received"],
+        rows,
+    )

@@ -1,0 +1,338 @@
+"""RapidGNN's feature path: a double-buffered hot-node cache and a prefetcher.
+
+:class:`HotCache` holds the features of ``n_hot`` remote nodes in one of two
+preallocated buffers ``[n_hot, F]``:
+
+- the *steady* buffer serves lookups during an epoch;
+- the *next* epoch's hot set is built into the other buffer by a background
+  thread (rows already in the steady buffer are copied, the rest pulled from
+  their owners in one request per owner, ledger tag ``kv.cache``);
+- :meth:`HotCache.swap` makes the next buffer steady at the epoch boundary,
+  and only once it is complete: if the build is still running, the swap (and
+  any lookup for that epoch, such as the prefetcher's when it runs ahead)
+  waits for it; the counter ``swap_waits`` says how often that happened.
+
+:class:`Prefetcher` is a thread that walks the run's batch keys ahead of the
+trainer and assembles each batch's input features: cache first, then local
+rows, then ONE batched pull per owner for the misses (``kv.prefetch``). At
+most ``Q`` assembled batches are alive at once (taken from the trainer's
+queue and not yet released included), so cache plus prefetch memory stays
+within ``(2 n_hot + Q max_batch_inputs) F 4`` bytes. If the trainer asks for a
+batch the prefetcher has not started, the trainer takes it (the on-demand
+fallback) and the prefetcher skips it; one it has started, the trainer waits
+for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from graphwire.feature.base import FeatureStore
+
+__all__ = ["HotCache", "Prefetcher", "assemble_inputs"]
+
+
+@dataclass
+class _Buffer:
+    ids: torch.Tensor  # int64 [k <= n_hot], sorted
+    rows: torch.Tensor  # float32 [n_hot, F]; rows[:k] hold ids' features
+    epoch: int = -1  # the epoch whose hot set this is (-1: none)
+    complete: bool = False  # False while it is (re)built
+
+
+class HotCache:
+    """Two buffers of ``n_hot`` feature rows, one per epoch's hot set.
+
+    The buffer of epoch ``e`` serves every lookup for a batch of epoch ``e``
+    (the trainer's, and the prefetcher's when it runs ahead into the next
+    epoch), so what a batch finds in the cache depends on the schedule only,
+    never on timing.
+
+    Args:
+        store: where rows come from (remote rows with ``kind="cache"``).
+        n_hot: rows per buffer.
+    """
+
+    def __init__(self, store: FeatureStore, n_hot: int) -> None:
+        if n_hot < 0:
+            raise ValueError(f"n_hot: expected >= 0, got {n_hot}")
+        self.store = store
+        self.n_hot = n_hot
+        empty = torch.empty(0, dtype=torch.int64)
+        self._buffers = [
+            _Buffer(empty, torch.zeros(n_hot, store.dim)),
+            _Buffer(empty, torch.zeros(n_hot, store.dim)),
+        ]
+        self._cond = threading.Condition()
+        self._builder: threading.Thread | None = None
+        self._build_error: BaseException | None = None
+        self.epoch = -1  # the steady buffer's epoch
+        self.counters = {
+            "swaps": 0,
+            "swap_waits": 0,
+            "copied_rows": 0,
+            "filled_rows": 0,
+        }
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of both buffers' rows."""
+        return sum(b.rows.numel() * b.rows.element_size() for b in self._buffers)
+
+    def fill(self, epoch: int, hot_ids: torch.Tensor) -> None:
+        """Build ``epoch``'s buffer now, in this thread, and make it steady."""
+        self.build(epoch, hot_ids, background=False)
+        self.swap(epoch)
+
+    def build(self, epoch: int, hot_ids: torch.Tensor, background: bool = True) -> None:
+        """Build ``epoch``'s buffer from its ranked hot IDs (the first ``n_hot``)
+        in the buffer the steady one is not; rows the steady buffer holds are
+        copied, the others pulled (one request per owner)."""
+        self._join_builder()
+        ids = torch.sort(hot_ids[: self.n_hot].to(torch.int64)).values
+        with self._cond:
+            steady = self._find(self.epoch)
+            target = (
+                self._buffers[1] if steady is self._buffers[0] else self._buffers[0]
+            )
+            target.epoch, target.complete = epoch, False
+
+        def work() -> None:
+            self._build(target, steady, ids)
+
+        if background:
+            self._builder = threading.Thread(target=work, name="hot-cache", daemon=True)
+            self._builder.start()
+        else:
+            work()
+            self._raise_build_error()
+
+    def _build(
+        self, target: _Buffer, source: _Buffer | None, ids: torch.Tensor
+    ) -> None:
+        try:
+            rows = target.rows[: ids.numel()]
+            hit = torch.zeros(ids.numel(), dtype=torch.bool)
+            if source is not None and source.ids.numel():
+                hit, found = _search(source, ids)
+                rows[hit] = found
+            missing = ids[~hit]
+            if missing.numel():
+                rows[~hit] = self.store.pull(missing, kind="cache")
+            self.counters["copied_rows"] += int(hit.sum())
+            self.counters["filled_rows"] += missing.numel()
+            with self._cond:
+                target.ids, target.complete = ids, True
+                self._cond.notify_all()
+        except BaseException as error:  # re-raised by swap / lookup
+            with self._cond:
+                self._build_error = error
+                self._cond.notify_all()
+
+    def swap(self, epoch: int) -> None:
+        """Make ``epoch``'s buffer steady: waits until it is complete (the
+        trainer calls this at the epoch boundary, before the next build)."""
+        self._wait_complete(epoch)
+        with self._cond:
+            self.epoch = epoch
+        self.counters["swaps"] += 1
+
+    def lookup(
+        self, nid: torch.Tensor, epoch: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hit bool [n], rows [hits, F])`` of ``nid`` in the buffer of
+        ``epoch`` (default: the steady one), waiting until it is complete."""
+        buffer = self._wait_complete(self.epoch if epoch is None else epoch)
+        return _search(buffer, nid)
+
+    def wait_built(self) -> None:
+        """Block until a background build (if any) has finished."""
+        self._join_builder()
+
+    # ------------------------------------------------------------- helpers
+    def _find(self, epoch: int) -> _Buffer | None:
+        for buffer in self._buffers:
+            if buffer.epoch == epoch and epoch >= 0:
+                return buffer
+        return None
+
+    def _wait_complete(self, epoch: int) -> _Buffer:
+        waited = False
+        with self._cond:
+            while True:
+                self._raise_build_error()
+                buffer = self._find(epoch)
+                if buffer is not None and buffer.complete:
+                    break
+                waited = True
+                if not self._cond.wait(timeout=600):
+                    raise RuntimeError(f"cache: epoch {epoch}'s buffer never completed")
+        if waited:
+            self.counters["swap_waits"] += 1
+        return buffer
+
+    def _join_builder(self) -> None:
+        if self._builder is not None:
+            self._builder.join()
+            self._builder = None
+        self._raise_build_error()
+
+    def _raise_build_error(self) -> None:
+        if self._build_error is not None:
+            error = self._build_error
+            raise RuntimeError(f"cache: building a buffer failed: {error}") from error
+
+
+def _search(buffer: _Buffer, nid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = buffer.ids
+    if not ids.numel():
+        return torch.zeros(nid.numel(), dtype=torch.bool), buffer.rows[:0]
+    pos = torch.searchsorted(ids, nid).clamp(max=ids.numel() - 1)
+    hit = ids.index_select(0, pos) == nid
+    return hit, buffer.rows.index_select(0, pos[hit])
+
+
+def assemble_inputs(
+    store: FeatureStore,
+    cache: HotCache | None,
+    nid: torch.Tensor,
+    local: torch.Tensor,
+    kind: str,
+    epoch: int | None = None,
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """Input features of one batch: cache first, then local rows, then one
+    pull per owner for the rest.
+
+    Returns:
+        ``(x float32 [len(nid), F], counts)`` with ``cache_hits``,
+        ``local_rows`` and ``missed_rows``.
+    """
+    x = torch.empty(nid.numel(), store.dim)
+    remote = ~local
+    remote_pos = remote.nonzero().view(-1)
+    hits = 0
+    if cache is not None and remote_pos.numel():
+        hit, rows = cache.lookup(nid[remote_pos], epoch)
+        x[remote_pos[hit]] = rows
+        hits = int(hit.sum())
+        remote_pos = remote_pos[~hit]
+    local_pos = local.nonzero().view(-1)
+    x[local_pos] = store.pull(nid[local_pos], kind=kind)
+    if remote_pos.numel():
+        x[remote_pos] = store.pull(nid[remote_pos], kind=kind)
+    counts = {
+        "cache_hits": hits,
+        "local_rows": local_pos.numel(),
+        "missed_rows": remote_pos.numel(),
+    }
+    return x, counts
+
+
+@dataclass
+class _Slot:
+    item: object = None
+    ready: bool = False
+
+
+@dataclass
+class Prefetcher:
+    """Assembles batches ahead of the trainer, at most ``depth`` alive.
+
+    Args:
+        keys: the batch keys in the order the trainer will ask for them.
+        make: ``key -> item`` (runs on the prefetcher thread).
+        depth: Q, the most assembled batches alive at once.
+        nbytes: ``item -> bytes`` it holds (for the memory counter).
+    """
+
+    keys: Iterable[Hashable]
+    make: Callable[[Hashable], object]
+    depth: int
+    nbytes: Callable[[object], int] = lambda item: 0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ValueError(f"prefetch depth Q: expected >= 1, got {self.depth}")
+        self._slots: dict[Hashable, _Slot] = {}
+        self._taken: set[Hashable] = set()  # keys the trainer made itself
+        self._cond = threading.Condition()
+        self._permits = threading.Semaphore(self.depth)
+        self._alive_bytes = 0
+        self._stop = False
+        self._error: BaseException | None = None
+        self.counters.update(
+            prefetched=0, fallbacks=0, waited=0, peak_bytes=0, peak_alive=0
+        )
+        self._alive = 0
+        self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for key in self.keys:
+                while not self._permits.acquire(timeout=0.05):
+                    if self._stop:
+                        return
+                with self._cond:
+                    if self._stop:
+                        return
+                    if key in self._taken:  # the trainer made it itself
+                        self._taken.discard(key)
+                        self._permits.release()
+                        continue
+                    self._slots[key] = _Slot()
+                item = self.make(key)
+                with self._cond:
+                    slot = self._slots[key]
+                    slot.item, slot.ready = item, True
+                    self._alive += 1
+                    self._alive_bytes += self.nbytes(item)
+                    self.counters["peak_alive"] = max(
+                        self.counters["peak_alive"], self._alive
+                    )
+                    self.counters["peak_bytes"] = max(
+                        self.counters["peak_bytes"], self._alive_bytes
+                    )
+                    self.counters["prefetched"] += 1
+                    self._cond.notify_all()
+        except BaseException as error:  # re-raised to the trainer by get()
+            with self._cond:
+                self._error = error
+                self._cond.notify_all()
+
+    def get(self, key: Hashable) -> object | None:
+        """The prefetched item for ``key``, or None: the trainer must make it
+        itself (the prefetcher has not started it, and now never will)."""
+        with self._cond:
+            slot = self._slots.get(key)
+            if slot is None:
+                self._taken.add(key)
+                self.counters["fallbacks"] += 1
+                return None
+            if not slot.ready:
+                self.counters["waited"] += 1
+            while not slot.ready:
+                if self._error is not None:
+                    raise RuntimeError(f"prefetcher failed: {self._error}")
+                self._cond.wait(timeout=0.05)
+            return slot.item
+
+    def release(self, key: Hashable) -> None:
+        """The trainer is done with ``key``'s item: free its permit."""
+        with self._cond:
+            slot = self._slots.pop(key, None)
+            if slot is None:
+                return  # the trainer's own (fallback) batch
+            self._alive -= 1
+            self._alive_bytes -= self.nbytes(slot.item)
+        self._permits.release()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+        self._thread.join(timeout=30)

@@ -1,0 +1,548 @@
+"""Distributed mini-batch training: one rank's loop, top to bottom.
+
+Every rank owns one part, runs a sampling server and a feature server beside
+its trainer, and takes the same number of steps per epoch (DistDGL, ARCHITECTURE
+§6). One step of rank ``w``:
+
+1. the batch: seeds and seed ``H(s0, w, epoch, i)`` from the schedule
+   (:mod:`~graphwire.minibatch.schedule`);
+2. blocks: sampled now by the owner-compute sampler (``--fetch on-demand``),
+   or read from the presampled schedule on disk (``--fetch rapid``);
+3. input features: ``on-demand`` pulls every remote input row from its owner
+   (one request per owner, ``kv.pull``); ``rapid`` takes the batch the
+   prefetcher assembled (hot cache, then local rows, then one pull per owner
+   for the misses, ``kv.prefetch``), or assembles it itself when the trainer
+   has outrun the prefetcher (``kv.pull``);
+4. forward with hashed dropout (seeded by ``H(s0, epoch, i)``, so a node's mask
+   does not depend on which rank trains it), mean cross-entropy over the seeds,
+   backward;
+5. the gradients are averaged over ranks (``sync.grad``), and every rank takes
+   the same Adam step.
+
+Both fetch modes see the same blocks and the same feature values, so they take
+bitwise-identical steps: ``rapid`` changes only where rows come from.
+
+Evaluation is exact full-graph inference through the ``halo`` engine (as the
+single-process loop evaluates on the whole graph), every ``eval_every`` epochs
+and after the last one.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from graphwire.comm.base import Transport
+from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
+from graphwire.feature.dist import DistFeatureStore
+from graphwire.fullgraph.checkpoint import (
+    CheckpointConfig,
+    load_checkpoint,
+    mark_complete,
+    save_checkpoint,
+)
+from graphwire.fullgraph.distributed import (
+    _global_metrics,
+    _ledger_delta,
+    _split_sizes,
+    build_engine,
+    forward_loss,
+    seeded_model,
+    sync_gradients,
+)
+from graphwire.meter import ResourceMeter
+from graphwire.minibatch.owned import owned_csr
+from graphwire.minibatch.presample import PresampledEpoch, presample_epoch
+from graphwire.minibatch.schedule import (
+    Batch,
+    epoch_batches,
+    split_train,
+    steps_per_epoch,
+)
+from graphwire.nn.models import LAYER_KINDS
+from graphwire.partition.local import LocalPart
+from graphwire.sampler.base import SampledBatch
+from graphwire.sampler.dist import DistNeighborSampler
+from graphwire.training import (
+    BestEpoch,
+    EpochRecord,
+    TrainConfig,
+    TrainResult,
+    make_optimizer,
+)
+
+__all__ = ["FETCH_MODES", "FetchOptions", "MinibatchRun", "train_minibatch_distributed"]
+
+FETCH_MODES = ("on-demand", "rapid")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchOptions:
+    """How a trainer gets its batches' input features.
+
+    Attributes:
+        fetch: ``on-demand`` (DistDGL) or ``rapid`` (RapidGNN).
+        n_hot: rows of the hot cache (rapid). None: the remote nodes the first
+            epoch's batches read at least twice. A row read once per epoch
+            costs one fetch on demand and at least one through the cache, so
+            only repeated reads can pay for a cache row.
+        prefetch: Q, batches the prefetcher keeps ready (rapid).
+        presample_dir: where the presampled schedule goes (rapid); None: a
+            temporary folder removed at the end.
+        eval_every: evaluate every this many epochs (and after the last).
+    """
+
+    fetch: str = "on-demand"
+    n_hot: int | None = None
+    prefetch: int = 4
+    presample_dir: str | None = None
+    eval_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.fetch not in FETCH_MODES:
+            raise ValueError(
+                f"fetch: expected one of {FETCH_MODES}, got {self.fetch!r}"
+            )
+        if self.n_hot is not None and self.n_hot < 0:
+            raise ValueError(f"n_hot: expected >= 0, got {self.n_hot}")
+        if self.prefetch < 1:
+            raise ValueError(f"prefetch: expected >= 1, got {self.prefetch}")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every: expected >= 1, got {self.eval_every}")
+
+
+@dataclass(kw_only=True)
+class MinibatchRun:
+    """One rank's view of a finished run (accuracies are global).
+
+    Attributes:
+        result: accuracies, records and weights.
+        ledger: this rank's ledger snapshot for the whole run.
+        counters: sampler, cache and prefetcher counters, and the setup.
+        batches: per step ``(epoch, index, seeds checksum)`` (tests use it).
+    """
+
+    result: TrainResult
+    ledger: dict[str, Any]
+    counters: dict[str, Any] = field(default_factory=dict)
+    batches: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+class _Loop:
+    """The state of one rank's run; :meth:`run` is the epoch loop."""
+
+    def __init__(
+        self,
+        part: LocalPart,
+        transport: Transport,
+        config: TrainConfig,
+        options: FetchOptions,
+    ) -> None:
+        if part.x is None or part.y is None or part.train_local is None:
+            raise ValueError(
+                f"part {part.part_id}: training needs features, labels and splits"
+            )
+        num_classes = int(part.meta.get("num_classes") or 0)
+        if num_classes < 1:
+            raise ValueError(f"part {part.part_id}: meta.json has no num_classes")
+        assert config.fanouts is not None
+        self.part, self.transport, self.config, self.options = (
+            part,
+            transport,
+            config,
+            options,
+        )
+        self.rank, self.world = transport.rank, transport.world_size
+        kind = LAYER_KINDS[config.model]
+        self.sampler = DistNeighborSampler(
+            owned_csr(part, transport, kind), part.book, transport, config.fanouts
+        )
+        self.weighted = kind.gcn_weights
+        self.store = DistFeatureStore(part, transport)
+        start = part.global_range[0]
+        mine = part.train_local.to(torch.int64) + start
+        every = transport.all_gather_object(mine, "setup.train")
+        self.share = split_train(every, self.rank)
+        shares = [split_train(every, r).numel() for r in range(self.world)]
+        self.steps = steps_per_epoch(shares, config.batch_size)
+        self.model = seeded_model(part.x.shape[1], num_classes, config)
+        self.optimizer = make_optimizer(self.model, config)
+        self.sizes = _split_sizes(part, transport)
+        self.eval_engine = build_engine(part, transport, config, "halo")
+        self.cache: HotCache | None = None
+        self.prefetcher: Prefetcher | None = None
+        self.presample_root: Path | None = None
+        self._owned_presample = False
+        self.epochs: dict[int, PresampledEpoch] = {}
+        self.counters: dict[str, Any] = {
+            "train_share": self.share.numel(),
+            "steps_per_epoch": self.steps,
+        }
+
+    # ------------------------------------------------------------ schedule
+    def batches(self, epoch: int) -> list[Batch]:
+        return epoch_batches(self.share, self.config.seed, self.rank, epoch, self.steps)
+
+    def sample(self, batch: Batch) -> SampledBatch:
+        return self.sampler.sample(batch.seeds, batch.seed)
+
+    # --------------------------------------------------------------- rapid
+    def presample(self, first: int) -> None:
+        """Sample the rest of the run to disk (every rank at once: each
+        serves the others' remote frontiers meanwhile), then stop sampling."""
+        if self.options.presample_dir is None:
+            self.presample_root = Path(tempfile.mkdtemp(prefix="graphwire-presample-"))
+            self._owned_presample = True
+        else:
+            self.presample_root = Path(self.options.presample_dir)
+        folder = self.presample_root / f"rank{self.rank}"
+        began = time.perf_counter()
+        for epoch in range(first, self.config.epochs):
+            presample_epoch(
+                folder, self.batches(epoch), self.sample, self.store.is_local
+            )
+        self.counters["presample_s"] = time.perf_counter() - began
+        self.counters["sampler"] = dict(self.sampler.counters)
+        for epoch in range(first, self.config.epochs):
+            self.epochs[epoch] = PresampledEpoch(
+                folder, epoch, self.config.num_layers, self.weighted
+            )
+
+    def start_rapid(self, first: int, hot_ids: torch.Tensor | None) -> None:
+        epoch0 = self.epochs[first]
+        n_hot = self.options.n_hot
+        if n_hot is None:
+            n_hot = int((epoch0.hot_counts >= 2).sum())
+        self.counters["n_hot"] = n_hot
+        self.cache = HotCache(self.store, n_hot)
+        self.cache.fill(first, epoch0.hot_ids if hot_ids is None else hot_ids)
+        keys = [
+            (e, i) for e in range(first, self.config.epochs) for i in range(self.steps)
+        ]
+        self.prefetcher = Prefetcher(
+            keys=keys,
+            make=lambda key: self.assemble(key, "prefetch"),  # type: ignore[arg-type]
+            depth=self.options.prefetch,
+            nbytes=lambda item: item[1].numel() * 4,  # type: ignore[index]
+        )
+        self.counters["max_batch_inputs"] = max(
+            e.max_inputs for e in self.epochs.values()
+        )
+
+    def assemble(
+        self, key: tuple[int, int], kind: str
+    ) -> tuple[SampledBatch, torch.Tensor, torch.Tensor, dict[str, int]]:
+        """A presampled batch with its input features and labels."""
+        epoch, index = key
+        sampled, local = self.epochs[epoch].batch(index)
+        x, counts = assemble_inputs(
+            self.store, self.cache, sampled.input_nid, local, kind, epoch
+        )
+        return sampled, x, self.store.labels(sampled.seeds), counts
+
+    # ---------------------------------------------------------------- step
+    def step(self, batch: Batch, stats: dict[str, float]) -> float:
+        """One training step; returns the batch's loss."""
+        began = time.perf_counter()
+        if self.prefetcher is not None:
+            key = (batch.epoch, batch.index)
+            item = self.prefetcher.get(key)
+            got = time.perf_counter()
+            stats["wait_s"] += got - began
+            if item is None:
+                sampled, x, y, counts = self.assemble(key, "pull")
+                stats["fallbacks"] += 1
+            else:
+                sampled, x, y, counts = item  # type: ignore[misc]
+            fetched = time.perf_counter()
+            stats["fetch_s"] += fetched - got
+        else:
+            sampled = self.sample(batch)
+            sampled_at = time.perf_counter()
+            stats["sample_s"] += sampled_at - began
+            local = self.store.is_local(sampled.input_nid)
+            x, counts = assemble_inputs(
+                self.store, None, sampled.input_nid, local, "pull"
+            )
+            y = self.store.labels(sampled.seeds)
+            fetched = time.perf_counter()
+            stats["fetch_s"] += fetched - sampled_at
+        for name, value in counts.items():
+            stats[name] += value
+        stats["seeds"] += sampled.seeds.numel()
+        stats["edges"] += sampled.num_sampled_edges
+        loss = self.train_on(sampled, x, y, batch.dropout_seed)
+        computed = time.perf_counter()
+        stats["compute_s"] += computed - fetched
+        sync_gradients(self.model, self.transport)
+        for p in self.model.parameters():
+            assert p.grad is not None
+            p.grad /= self.world
+        self.optimizer.step()
+        stats["sync_s"] += time.perf_counter() - computed
+        if self.prefetcher is not None:
+            self.prefetcher.release((batch.epoch, batch.index))
+        return loss
+
+    def train_on(
+        self, sampled: SampledBatch, x: torch.Tensor, y: torch.Tensor, seed: int
+    ) -> float:
+        self.model.train()
+        logits = self.model(
+            sampled.blocks, x, row_ids=sampled.input_nid, dropout_seed=seed
+        )
+        loss = F.cross_entropy(logits, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return float(loss.detach())
+
+    def evaluate(self, loss: float) -> dict[str, float]:
+        self.model.eval()
+        with torch.no_grad():
+            logits, _ = forward_loss(
+                self.eval_engine, self.model, self.sizes["train"], None
+            )
+            return _global_metrics(
+                logits, self.part, self.transport, self.sizes, torch.tensor(loss)
+            )
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        if self.cache is not None:
+            self.cache.wait_built()
+        self.store.close()
+        if self._owned_presample and self.presample_root is not None:
+            shutil.rmtree(self.presample_root, ignore_errors=True)
+
+
+def train_minibatch_distributed(
+    part: LocalPart,
+    transport: Transport,
+    config: TrainConfig,
+    options: FetchOptions | None = None,
+    *,
+    on_epoch: Callable[[EpochRecord], None] | None = None,
+    checkpoint: CheckpointConfig | None = None,
+) -> MinibatchRun:
+    """Train ``config.model`` on sampled mini-batches, this rank owning ``part``.
+
+    Args:
+        part: this rank's part (features, labels and splits required).
+        transport: connects the ranks (rank == part ID).
+        config: model, optimiser, ``fanouts``, ``batch_size`` (per trainer).
+        options: the fetch mode and its settings.
+        on_epoch: called on every rank with each epoch's record.
+        checkpoint: checkpoint every K epochs and/or resume from the latest.
+
+    Returns:
+        The run, with accuracies over all ranks' nodes.
+    """
+    options = options or FetchOptions()
+    loop = _Loop(part, transport, config, options)
+    best = BestEpoch(config.patience)
+    records: list[EpochRecord] = []
+    first, hot_ids = 0, None
+    if checkpoint is not None and checkpoint.resume:
+        state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
+        if state is not None:
+            first, hot_ids = _restore(state, loop, best, records)
+    seen: list[tuple[int, int, int]] = []
+    try:
+        if options.fetch == "rapid" and first < config.epochs:
+            loop.presample(first)
+            loop.sampler.close()
+            loop.start_rapid(first, hot_ids)
+        meter = ResourceMeter()
+        for epoch in range(first, config.epochs):
+            record, stopped = _epoch(loop, epoch, best, meter, seen)
+            records.append(record)
+            if on_epoch is not None:
+                on_epoch(record)
+            if checkpoint is not None and (epoch + 1) % checkpoint.every == 0:
+                _save(checkpoint, epoch, loop, best, records)
+            if stopped:
+                break
+        if options.fetch != "rapid" or first >= config.epochs:
+            loop.sampler.close()
+    finally:
+        loop.close()
+    return MinibatchRun(
+        result=TrainResult(
+            test_acc=best.test_acc,
+            val_acc=best.val_acc,
+            best_epoch=best.epoch,
+            epochs_run=len(records),
+            records=records,
+            state_dict=copy.deepcopy(loop.model.state_dict()),
+            best_state_dict=best.state_dict,
+        ),
+        ledger=transport.ledger.snapshot(),
+        counters=_counters(loop),
+        batches=seen,
+    )
+
+
+_STATS = (
+    "sample_s",
+    "fetch_s",
+    "wait_s",
+    "compute_s",
+    "sync_s",
+    "seeds",
+    "edges",
+    "cache_hits",
+    "local_rows",
+    "missed_rows",
+    "fallbacks",
+)
+
+
+def _epoch(
+    loop: _Loop,
+    epoch: int,
+    best: BestEpoch,
+    meter: ResourceMeter,
+    seen: list[tuple[int, int, int]],
+) -> tuple[EpochRecord, bool]:
+    transport, config = loop.transport, loop.config
+    before = transport.ledger.snapshot()
+    cache_before = _cache_rows(loop.store)
+    meter.start()
+    began = time.perf_counter()
+    stats = dict.fromkeys(_STATS, 0.0)
+    if loop.cache is not None:
+        if epoch > loop.cache.epoch:
+            loop.cache.swap(epoch)
+        if epoch + 1 < config.epochs:
+            loop.cache.build(epoch + 1, loop.epochs[epoch + 1].hot_ids)
+    total = 0.0
+    for batch in loop.batches(epoch):
+        total += loop.step(batch, stats) * batch.seeds.numel()
+        seen.append((batch.epoch, batch.index, int(batch.seeds.sum())))
+    train_s = time.perf_counter() - began
+    last = epoch + 1 == config.epochs
+    metrics: dict[str, float] = {}
+    stopped = False
+    eval_began = time.perf_counter()
+    if (epoch + 1) % loop.options.eval_every == 0 or last:
+        metrics = loop.evaluate(total)
+        stopped = best.update(epoch, metrics, loop.model)
+    eval_s = time.perf_counter() - eval_began
+    reading = meter.stop()
+    remote = stats["missed_rows"] + _cache_rows(loop.store) - cache_before
+    extra = {
+        "seeds": int(stats["seeds"]),
+        "seeds_per_s": stats["seeds"] / train_s if train_s > 0 else 0.0,
+        "sampled_edges": int(stats["edges"]),
+        "remote_rows": int(remote),
+        "missed_rows": int(stats["missed_rows"]),
+        "cache_hits": int(stats["cache_hits"]),
+        "local_rows": int(stats["local_rows"]),
+        "fallbacks": int(stats["fallbacks"]),
+        "train_s": train_s,
+        "resources": reading.as_dict(),
+    }
+    record = EpochRecord(
+        epoch=epoch,
+        loss=total / max(1.0, stats["seeds"]),
+        train_acc=metrics.get("train_acc", float("nan")),
+        val_acc=metrics.get("val_acc", float("nan")),
+        test_acc=metrics.get("test_acc", float("nan")),
+        times={
+            "sample_s": stats["sample_s"],
+            "fetch_s": stats["fetch_s"],
+            "wait_s": stats["wait_s"],
+            "forward_s": stats["compute_s"],
+            "backward_s": 0.0,
+            "sync_s": stats["sync_s"],
+            "eval_s": eval_s,
+        },
+        peak_rss_mb=reading.peak_rss_mb,
+        comm=_ledger_delta(before, transport.ledger.snapshot()),
+        extra=extra,
+    )
+    return record, stopped
+
+
+def _cache_rows(store: DistFeatureStore) -> int:
+    """Remote rows this rank has pulled into its hot cache so far."""
+    return int(store.stats().get("cache", {}).get("remote_rows", 0))
+
+
+def _counters(loop: _Loop) -> dict[str, Any]:
+    out = dict(loop.counters)
+    out["store"] = loop.store.stats()
+    if "sampler" not in out:
+        out["sampler"] = dict(loop.sampler.counters)
+    if loop.cache is not None:
+        out["cache"] = dict(loop.cache.counters)
+        out["cache_bytes"] = loop.cache.nbytes
+    if loop.prefetcher is not None:
+        out["prefetch"] = dict(loop.prefetcher.counters)
+    return out
+
+
+def _save(
+    checkpoint: CheckpointConfig,
+    epoch: int,
+    loop: _Loop,
+    best: BestEpoch,
+    records: list[EpochRecord],
+) -> None:
+    cache = loop.cache
+    state = {
+        "epoch": epoch,
+        "model": loop.model.state_dict(),
+        "optimizer": loop.optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "best": {
+            "epoch": best.epoch,
+            "val_acc": best.val_acc,
+            "val_loss": best.val_loss,
+            "test_acc": best.test_acc,
+            "stale": best._stale,
+            "state_dict": best.state_dict,
+        },
+        "records": [r.as_dict() for r in records],
+        # The sampler's position is the next epoch (the schedule is hashed
+        # from it); the cache is the hot set the next epoch starts with.
+        "sampler": {"next_epoch": epoch + 1},
+        "cache": None if cache is None else {"hot_ids": _next_hot(loop, epoch)},
+    }
+    save_checkpoint(checkpoint, epoch, loop.rank, state)
+    loop.transport.barrier()
+    if loop.rank == 0:
+        mark_complete(checkpoint, epoch, loop.world)
+    loop.transport.barrier()
+
+
+def _next_hot(loop: _Loop, epoch: int) -> torch.Tensor | None:
+    nxt = loop.epochs.get(epoch + 1)
+    return None if nxt is None else nxt.hot_ids
+
+
+def _restore(
+    state: dict[str, Any], loop: _Loop, best: BestEpoch, records: list[EpochRecord]
+) -> tuple[int, torch.Tensor | None]:
+    loop.model.load_state_dict(state["model"])
+    loop.optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    saved = state["best"]
+    best.epoch, best.val_acc = saved["epoch"], saved["val_acc"]
+    best.val_loss, best.test_acc = saved["val_loss"], saved["test_acc"]
+    best._stale, best.state_dict = saved["stale"], saved["state_dict"]
+    records.extend(EpochRecord(**r) for r in state["records"])
+    cache = state.get("cache")
+    return int(state["sampler"]["next_epoch"]), None if cache is None else cache[
+        "hot_ids"
+    ]

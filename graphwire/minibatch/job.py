@@ -1,0 +1,83 @@
+"""A distributed mini-batch job: what every rank runs, however it was started.
+
+As :mod:`graphwire.fullgraph.job`: ``graphwire train --workers N --mode
+minibatch`` spawns N local processes, ``torchrun`` starts them itself; each
+joins the process group, loads its part (memory-mapped), trains, and rank 0
+gathers every rank's report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from graphwire.comm.context import WorkerContext
+from graphwire.comm.dist import TorchTransport
+from graphwire.fullgraph.checkpoint import CheckpointConfig
+from graphwire.fullgraph.job import RankReport
+from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
+from graphwire.partition.format import load_part
+from graphwire.training import EpochRecord, TrainConfig
+
+__all__ = ["MinibatchJob", "run_rank"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MinibatchJob:
+    """Everything a rank needs (picklable; the same on every rank)."""
+
+    folder: str
+    config: TrainConfig
+    options: FetchOptions
+    checkpoint: CheckpointConfig | None = None
+    progress: bool = True
+
+
+def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:
+    """Run ``job`` as rank ``ctx.rank``; rank 0 returns every rank's report."""
+    start = time.perf_counter()
+    transport = TorchTransport.open(ctx)
+    try:
+        part = load_part(job.folder, ctx.rank)
+        on_epoch = _show if ctx.rank == 0 and job.progress else None
+        run = train_minibatch_distributed(
+            part,
+            transport,
+            job.config,
+            job.options,
+            on_epoch=on_epoch,
+            checkpoint=job.checkpoint,
+        )
+        report = RankReport(
+            rank=ctx.rank,
+            records=[r.as_dict() for r in run.result.records],
+            ledger=run.ledger,
+            counters=run.counters,
+            num_owned=part.num_owned,
+            num_halo=part.num_halo,
+            test_acc=run.result.test_acc,
+            val_acc=run.result.val_acc,
+            best_epoch=run.result.best_epoch,
+            epochs_run=run.result.epochs_run,
+            seconds=time.perf_counter() - start,
+        )
+        reports = transport.all_gather_object(dataclasses.asdict(report), "meta.report")
+        return [RankReport(**r) for r in reports] if ctx.rank == 0 else None
+    finally:
+        transport.close()
+
+
+def _show(record: EpochRecord) -> None:
+    t, extra = record.times, record.extra
+    hits, missed = extra["cache_hits"], extra["missed_rows"]
+    rate = hits / (hits + missed) if hits + missed else 0.0
+    print(
+        f"epoch {record.epoch:4d}  loss {record.loss:.4f}  val {record.val_acc:.4f}  "
+        f"test {record.test_acc:.4f}  rank0 seeds/s {extra['seeds_per_s']:.0f}  "
+        f"sample {t['sample_s']:.2f}s fetch {t['fetch_s']:.2f}s "
+        f"wait {t['wait_s']:.2f}s compute {t['forward_s']:.2f}s "
+        f"sync {t['sync_s']:.2f}s  remote rows {extra['remote_rows']}  "
+        f"hit rate {rate:.3f}",
+        flush=True,
+    )

@@ -1,0 +1,101 @@
+"""Worker functions for the distributed mini-batch tests (in-process and gloo)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from graphwire.comm.base import Transport
+from graphwire.fullgraph.checkpoint import CheckpointConfig
+from graphwire.minibatch.dist import FetchOptions, _Loop, train_minibatch_distributed
+from graphwire.minibatch.schedule import Batch
+from graphwire.partition.format import load_part
+from graphwire.training import TrainConfig
+
+
+def train(
+    transport: Transport,
+    folder: str,
+    config: TrainConfig,
+    options: FetchOptions,
+    checkpoint: CheckpointConfig | None = None,
+    die_at: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """Train; return what the tests compare (parameters, batches, counters)."""
+    part = load_part(folder, transport.rank)
+    if die_at is not None:
+        _arm_death(transport.rank, *die_at)
+    run = train_minibatch_distributed(
+        part, transport, config, options, checkpoint=checkpoint
+    )
+    return {
+        "state": run.result.state_dict,
+        "batches": run.batches,
+        "counters": run.counters,
+        "records": [r.as_dict() for r in run.result.records],
+        "test_acc": run.result.test_acc,
+        "ledger": run.ledger,
+    }
+
+
+def _arm_death(rank: int, victim: int, epoch: int) -> None:
+    """Rank ``victim`` SIGKILLs itself at its first step of ``epoch``."""
+    import os
+    import signal
+
+    if rank != victim:
+        return
+    original = _Loop.step
+
+    def step(self: _Loop, batch: Batch, stats: dict[str, float]) -> float:
+        if batch.epoch == epoch:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, batch, stats)
+
+    _Loop.step = step  # type: ignore[method-assign]
+
+
+def feature_paths(
+    transport: Transport, folder: str, config: TrainConfig, n_hot: int
+) -> dict[str, Any]:
+    """Every feature path of ``--fetch rapid`` on a graph whose row ``g`` is
+    ``g * 10 + column`` (new global IDs): prefetched, fallback (assembled by
+    the trainer), cache lookups, on-demand pulls. Returns the worst error."""
+    part = load_part(folder, transport.rank)
+    loop = _Loop(part, transport, config, FetchOptions(fetch="rapid", n_hot=n_hot))
+    worst = 0.0
+    checked = {"prefetched": 0, "fallback": 0, "cache": 0, "on_demand": 0}
+    try:
+        loop.presample(0)
+        loop.sampler.close()
+        loop.start_rapid(0, None)
+        assert loop.prefetcher is not None and loop.cache is not None
+        cols = torch.arange(loop.store.dim, dtype=torch.float32)
+        for epoch in range(config.epochs):
+            if epoch > loop.cache.epoch:
+                loop.cache.swap(epoch)
+            if epoch + 1 < config.epochs:
+                loop.cache.build(epoch + 1, loop.epochs[epoch + 1].hot_ids)
+            for index in range(loop.steps):
+                key = (epoch, index)
+                item: Any = loop.prefetcher.get(key)
+                paths = {"fallback": loop.assemble(key, "pull")}
+                if item is not None:
+                    paths["prefetched"] = item
+                for path, (sampled, x, _, _) in paths.items():
+                    checked[path] += 1
+                    truth = sampled.input_nid.unsqueeze(1).float() * 10 + cols
+                    worst = max(worst, float((x - truth).abs().max()))
+                hit, rows = loop.cache.lookup(sampled.input_nid, epoch)
+                checked["cache"] += int(hit.sum())
+                if rows.numel():
+                    worst = max(worst, float((rows - truth[hit]).abs().max()))
+                pulled = loop.store.pull(sampled.input_nid, kind="pull")
+                checked["on_demand"] += pulled.shape[0]
+                worst = max(worst, float((pulled - truth).abs().max()))
+                loop.prefetcher.release(key)
+        transport.barrier()
+    finally:
+        loop.close()
+    return {"worst": worst, "checked": checked, "counters": dict(loop.counters)}

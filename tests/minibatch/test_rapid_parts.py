@@ -1,0 +1,156 @@
+"""The schedule, the hot cache and the prefetcher, one at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from graphwire.feature.base import TensorStore
+from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
+from graphwire.minibatch.schedule import (
+    epoch_batches,
+    schedule_seed,
+    split_train,
+    steps_per_epoch,
+)
+
+
+# ------------------------------------------------------------------ schedule
+def test_two_level_split_is_equal_prefers_own_nodes_and_partitions_all() -> None:
+    per_rank = [torch.arange(0, 10), torch.arange(100, 102), torch.arange(200, 207)]
+    shares = [split_train(per_rank, r) for r in range(3)]
+    assert [s.numel() for s in shares] == [7, 6, 6]  # 19 nodes: 7, 6, 6
+    assert torch.equal(
+        torch.sort(torch.cat(shares)).values, torch.sort(torch.cat(per_rank)).values
+    )
+    # Own nodes first: rank 0 keeps 7 of its own, rank 2 six of its seven.
+    assert bool((shares[0] < 10).all())
+    assert int((shares[2] >= 200).sum()) == 6
+    own = (shares[1] >= 100) & (shares[1] < 102)
+    assert int(own.sum()) == 2 and shares[1].numel() == 6
+
+
+def test_every_trainer_runs_the_same_number_of_steps() -> None:
+    shares = [torch.arange(101), torch.arange(1000, 1100)]
+    steps = steps_per_epoch([s.numel() for s in shares], 25)
+    assert steps == 5
+    for rank, share in enumerate(shares):
+        batches = epoch_batches(share, 7, rank, 3, steps)
+        assert len(batches) == 5
+        assert torch.equal(
+            torch.sort(torch.cat([b.seeds for b in batches])).values, share
+        )
+        assert max(b.seeds.numel() for b in batches) <= 25
+
+
+def test_schedule_is_a_function_of_seed_worker_epoch_batch() -> None:
+    share = torch.arange(50)
+    one = epoch_batches(share, 7, 1, 2, 4)
+    two = epoch_batches(share, 7, 1, 2, 4)
+    assert [b.seed for b in one] == [b.seed for b in two]
+    assert all(torch.equal(a.seeds, b.seeds) for a, b in zip(one, two, strict=True))
+    other = epoch_batches(share, 7, 1, 3, 4)
+    assert not torch.equal(one[0].seeds, other[0].seeds)
+    seeds = {
+        schedule_seed(7, w, e, i) for w in range(3) for e in range(3) for i in range(5)
+    }
+    assert len(seeds) == 45
+    # Dropout seeds do not depend on the worker.
+    assert one[0].dropout_seed == epoch_batches(share, 7, 0, 2, 4)[0].dropout_seed
+
+
+# ---------------------------------------------------------------------- cache
+class _SlowStore(TensorStore):
+    """Cache fills take ``delay`` seconds; rows are ``id * 10 + column``."""
+
+    def __init__(self, num_nodes: int, dim: int, delay: float) -> None:
+        x = torch.arange(num_nodes, dtype=torch.float32).unsqueeze(1) * 10
+        super().__init__(x + torch.arange(dim, dtype=torch.float32))
+        self.delay = delay
+
+    def _pull(
+        self, nid: torch.Tensor, dims: torch.Tensor | None, kind: str
+    ) -> torch.Tensor:
+        if kind == "cache":
+            time.sleep(self.delay)
+        return super()._pull(nid, dims, kind)
+
+
+def _truth(nid: torch.Tensor, dim: int = 3) -> torch.Tensor:
+    return nid.unsqueeze(1).float() * 10 + torch.arange(dim, dtype=torch.float32)
+
+
+def test_swap_waits_for_the_next_buffer_to_be_complete() -> None:
+    store = _SlowStore(100, 3, delay=0.4)
+    cache = HotCache(store, n_hot=5)
+    cache.fill(0, torch.tensor([9, 8, 7, 6, 5, 4]))
+    cache.build(1, torch.tensor([1, 2, 9, 3]))  # background, 0.4 s
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    reader = threading.Thread(
+        target=lambda: seen.append(cache.lookup(torch.tensor([2, 9, 50]), epoch=1))
+    )
+    reader.start()  # a prefetcher already in epoch 1 waits for its buffer
+    began = time.perf_counter()
+    cache.swap(1)
+    assert time.perf_counter() - began > 0.2  # the swap waited for the build
+    reader.join()
+    hit, rows = seen[0]
+    assert hit.tolist() == [True, True, False]
+    assert torch.equal(rows, _truth(torch.tensor([2, 9])))
+    assert cache.counters["swap_waits"] >= 1
+    assert cache.epoch == 1
+    hit, rows = cache.lookup(torch.tensor([1, 3, 8]))
+    assert hit.tolist() == [True, True, False]
+    assert torch.equal(rows, _truth(torch.tensor([1, 3])))
+    # 9 was in the steady buffer: copied, not pulled again.
+    assert cache.counters["copied_rows"] == 1
+    assert cache.counters["filled_rows"] == 5 + 3
+
+
+def test_assemble_takes_cache_then_local_then_pulls_the_rest() -> None:
+    store = _SlowStore(50, 3, delay=0.0)
+    cache = HotCache(store, n_hot=2)
+    cache.fill(0, torch.tensor([4, 7]))
+    nid = torch.tensor([1, 4, 2, 7, 9])
+    local = torch.tensor([True, False, True, False, False])
+    x, counts = assemble_inputs(store, cache, nid, local, "prefetch", 0)
+    assert torch.equal(x, _truth(nid))
+    assert counts == {"cache_hits": 2, "local_rows": 2, "missed_rows": 1}
+
+
+# ----------------------------------------------------------------- prefetcher
+def test_prefetcher_never_holds_more_than_q_batches_and_yields_to_the_trainer() -> None:
+    made: list[int] = []
+
+    def make(key: object) -> object:
+        made.append(int(key))  # type: ignore[call-overload]
+        time.sleep(0.01)
+        return torch.full((10,), float(key))  # type: ignore[arg-type]
+
+    prefetcher = Prefetcher(keys=range(12), make=make, depth=3, nbytes=lambda t: 40)
+    time.sleep(0.2)  # it fills its window, then stops: nothing is released
+    assert prefetcher.counters["peak_alive"] == 3 and made == [0, 1, 2]
+    for key in range(12):
+        item = prefetcher.get(key)
+        if item is None:  # trainer outran it: the on-demand path
+            assert key not in made
+        else:
+            assert torch.equal(item, torch.full((10,), float(key)))  # type: ignore[arg-type]
+        prefetcher.release(key)
+        if key == 5:
+            # Jump ahead: keys 6-8 are the trainer's before the prefetcher starts them.
+            for skip in (6, 7, 8):
+                if skip not in made:
+                    assert prefetcher.get(skip) is None
+    prefetcher.close()
+    assert prefetcher.counters["peak_alive"] <= 3
+    assert prefetcher.counters["peak_bytes"] <= 3 * 40
+    assert len(made) == len(set(made))  # nothing assembled twice
+
+
+def test_prefetch_depth_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="Q"):
+        Prefetcher(keys=[], make=lambda k: k, depth=0)
