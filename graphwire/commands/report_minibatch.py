@@ -22,6 +22,7 @@ from typing import Any
 
 from graphwire.commands.common import console, print_table
 from graphwire.fullgraph.job import RankReport
+from graphwire.minibatch.dist import fetch_traffic
 from graphwire.runlog import MetricsLog, format_summary
 from graphwire.training import TrainConfig
 
@@ -49,15 +50,7 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
     )
     sent = sum(row[3] for r in reports for row in r.ledger["sent"])
     recv = sum(row[3] for r in reports for row in r.ledger["recv"])
-    feature_bytes = sum(
-        row[3] for r in reports for row in r.ledger["recv"] if row[2].startswith("kv.")
-    )
-    feature_bytes += sum(
-        row[3]
-        for r in reports
-        for row in r.ledger["sent"]
-        if row[2].startswith("kv.") and row[2].endswith(".req")
-    )
+    feature_bytes = sum(fetch_traffic(r.ledger)[0] for r in reports)
     train_s = [
         max(r.records[e]["extra"]["train_s"] for r in reports) for e in range(epochs)
     ]

@@ -80,7 +80,13 @@ from graphwire.training import (
     make_optimizer,
 )
 
-__all__ = ["FETCH_MODES", "FetchOptions", "MinibatchRun", "train_minibatch_distributed"]
+__all__ = [
+    "FETCH_MODES",
+    "FetchOptions",
+    "MinibatchRun",
+    "fetch_traffic",
+    "train_minibatch_distributed",
+]
 
 FETCH_MODES = ("on-demand", "rapid")
 
@@ -439,12 +445,18 @@ def _epoch(
         stopped = best.update(epoch, metrics, loop.model)
     eval_s = time.perf_counter() - eval_began
     reading = meter.stop()
+    after = transport.ledger.snapshot()
     remote = stats["missed_rows"] + _cache_rows(loop.store) - cache_before
+    fetch_bytes, fetch_messages = (
+        a - b for a, b in zip(fetch_traffic(after), fetch_traffic(before), strict=True)
+    )
     extra = {
         "seeds": int(stats["seeds"]),
         "seeds_per_s": stats["seeds"] / train_s if train_s > 0 else 0.0,
         "sampled_edges": int(stats["edges"]),
         "remote_rows": int(remote),
+        "remote_bytes": fetch_bytes,
+        "remote_messages": fetch_messages,
         "missed_rows": int(stats["missed_rows"]),
         "cache_hits": int(stats["cache_hits"]),
         "local_rows": int(stats["local_rows"]),
@@ -468,10 +480,25 @@ def _epoch(
             "eval_s": eval_s,
         },
         peak_rss_mb=reading.peak_rss_mb,
-        comm=_ledger_delta(before, transport.ledger.snapshot()),
+        comm=_ledger_delta(before, after),
         extra=extra,
     )
     return record, stopped
+
+
+def fetch_traffic(snapshot: dict[str, Any]) -> tuple[int, int]:
+    """``(bytes, messages)`` of this rank's feature fetches as a client: its
+    ``kv.*.req`` requests sent and the answers it received."""
+    requests = [
+        r for r in snapshot["sent"] if r[2].startswith("kv.") and r[2].endswith(".req")
+    ]
+    answers = [
+        r
+        for r in snapshot["recv"]
+        if r[2].startswith("kv.") and not r[2].endswith(".req")
+    ]
+    rows = requests + answers
+    return sum(r[3] for r in rows), sum(r[4] for r in rows)
 
 
 def _cache_rows(store: DistFeatureStore) -> int:

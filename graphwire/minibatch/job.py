@@ -77,7 +77,8 @@ def _show(record: EpochRecord) -> None:
         f"test {record.test_acc:.4f}  rank0 seeds/s {extra['seeds_per_s']:.0f}  "
         f"sample {t['sample_s']:.2f}s fetch {t['fetch_s']:.2f}s "
         f"wait {t['wait_s']:.2f}s compute {t['forward_s']:.2f}s "
-        f"sync {t['sync_s']:.2f}s  remote rows {extra['remote_rows']}  "
-        f"hit rate {rate:.3f}",
+        f"sync {t['sync_s']:.2f}s  remote rows {extra['remote_rows']} "
+        f"({extra['remote_messages']} messages, "
+        f"{extra['remote_bytes'] / 2**20:.2f} MiB)  hit rate {rate:.3f}",
         flush=True,
     )

@@ -60,3 +60,32 @@ def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
     ]
     assert all(r["comm"]["bytes_sent"] > 0 for r in epochs)
     assert records[-1]["kind"] == "summary"
+
+
+def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
+    tmp_path: Path,
+) -> None:
+    """`--mode minibatch`: the summary line carries the fetch figures, and
+    rapid (under torchrun) and on-demand (spawned) reach the same accuracy,
+    the same batches giving the same weights."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed beside this interpreter")
+    common = ["train", "--model", "sage", "--mode", "minibatch", "--dataset", SPEC]
+    common += ["--epochs", "3", "--seed", "1", "--quiet", "--timeout", "120"]
+    common += ["--batch-size", "40", "--fanouts", "4,6"]
+    spawned = _run(
+        [sys.executable, "-m", "graphwire", *common, "--workers", "2"]
+        + ["--fetch", "on-demand", "--out", str(tmp_path / "spawned")]
+    )
+    launched = _run(
+        [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+        + ["--master-port", str(free_port()), "-m", "graphwire", *common]
+        + ["--fetch", "rapid", "--out", str(tmp_path / "torchrun")]
+    )
+    for key in ("seeds_per_s", "remote_rows", "remote_bytes", "cache_hit_rate"):
+        assert key in spawned and key in launched, key
+    assert spawned["test_acc"] == launched["test_acc"]
+    assert float(spawned["cache_hit_rate"]) == 0.0
+    assert float(launched["cache_hit_rate"]) > 0.0
+    assert int(launched["remote_rows"]) < int(spawned["remote_rows"])

@@ -115,6 +115,12 @@ def test_rapid_and_on_demand_take_identical_steps(
     assert rows[1] < rows[0]
     hits = sum(rec["extra"]["cache_hits"] for r in rapid for rec in r["records"])
     assert hits > 0
+    # Per-epoch fetch messages: each request and each answer, from the ledger.
+    for r in on_demand:
+        store = r["counters"]["store"]
+        requests = store["pull"]["remote_requests"] + store["labels"]["remote_requests"]
+        sent = sum(rec["extra"]["remote_messages"] for rec in r["records"])
+        assert sent == 2 * requests > 0
 
 
 def _remote_rows(results: list[dict[str, Any]]) -> int:
