@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.commands.common import console, print_table
+from graphwire.commands.train_dist import write_epochs
 from graphwire.fullgraph.job import RankReport
 from graphwire.minibatch.dist import fetch_traffic
 from graphwire.runlog import MetricsLog, format_summary
@@ -76,7 +77,6 @@ def report_minibatch(
     out: Path,
     reports: list[RankReport],
 ) -> None:
-    lead = reports[0]
     with MetricsLog(out) as log:
         log.write(
             "config",
@@ -86,10 +86,7 @@ def report_minibatch(
             workers=len(reports),
             **config.as_dict(),
         )
-        for epoch in range(lead.epochs_run):
-            for report in reports:
-                if epoch < len(report.records):
-                    log.write("epoch", rank=report.rank, **report.records[epoch])
+        write_epochs(log, reports)
         _time_table(reports)
         _traffic_table(reports)
         summary = summarise(reports)

@@ -27,7 +27,7 @@ from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
 from graphwire.runlog import MetricsLog, format_summary
 from graphwire.training import TrainConfig
 
-__all__ = ["run_distributed", "under_torchrun"]
+__all__ = ["run_distributed", "under_torchrun", "write_epochs"]
 
 
 def under_torchrun() -> bool:
@@ -153,7 +153,6 @@ def _report(
     out: Path,
     reports: list[RankReport],
 ) -> None:
-    lead = reports[0]
     with MetricsLog(out) as log:
         log.write(
             "config",
@@ -163,16 +162,21 @@ def _report(
             exchange=args.exchange,
             **config.as_dict(),
         )
-        for epoch in range(lead.epochs_run):
-            for report in reports:
-                if epoch < len(report.records):
-                    log.write("epoch", rank=report.rank, **report.records[epoch])
+        write_epochs(log, reports)
         _print_time_split(reports)
         totals = _print_comm(reports)
         summary = _summary(reports, totals)
         log.write("summary", **summary)
     console.print(f"metrics: {out / 'metrics.jsonl'}")
     print(format_summary(summary), flush=True)
+
+
+def write_epochs(log: MetricsLog, reports: list[RankReport]) -> None:
+    """Every rank's epoch records, epoch by epoch, into ``metrics.jsonl``."""
+    for epoch in range(max(len(r.records) for r in reports)):
+        for report in reports:
+            if epoch < len(report.records):
+                log.write("epoch", rank=report.rank, **report.records[epoch])
 
 
 def _print_time_split(reports: list[RankReport]) -> None:

@@ -58,9 +58,12 @@ __all__ = [
     "DistributedResult",
     "build_engine",
     "forward_loss",
+    "restore_training_state",
+    "save_on_every_rank",
     "seeded_model",
     "sync_gradients",
     "train_distributed",
+    "training_state",
 ]
 
 SPLITS = ("train", "val", "test")
@@ -185,7 +188,7 @@ def train_distributed(
     if checkpoint is not None and checkpoint.resume:
         state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
         if state is not None:
-            first = _restore(state, model, optimizer, best, records)
+            first = restore_training_state(state, model, optimizer, best, records)
     stopped = False
     for epoch in range(first, config.epochs):
         if stopped:
@@ -316,7 +319,19 @@ def _save(
     best: BestEpoch,
     records: list[EpochRecord],
 ) -> None:
-    state = {
+    state = training_state(epoch, model, optimizer, best, records)
+    save_on_every_rank(checkpoint, epoch, transport, state)
+
+
+def training_state(
+    epoch: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    best: BestEpoch,
+    records: list[EpochRecord],
+) -> dict[str, Any]:
+    """What a checkpoint holds of any training loop after ``epoch``."""
+    return {
         "epoch": epoch,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
@@ -331,6 +346,15 @@ def _save(
         },
         "records": [r.as_dict() for r in records],
     }
+
+
+def save_on_every_rank(
+    checkpoint: CheckpointConfig,
+    epoch: int,
+    transport: Transport,
+    state: dict[str, Any],
+) -> None:
+    """Write this rank's ``state``; the checkpoint counts once all have."""
     save_checkpoint(checkpoint, epoch, transport.rank, state)
     transport.barrier()  # every rank has written this epoch
     if transport.rank == 0:
@@ -338,7 +362,7 @@ def _save(
     transport.barrier()
 
 
-def _restore(
+def restore_training_state(
     state: dict[str, Any],
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,

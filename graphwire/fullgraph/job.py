@@ -15,14 +15,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from graphwire.comm.base import Transport
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import train_distributed
 from graphwire.partition.format import load_part
-from graphwire.training import EpochRecord, TrainConfig
+from graphwire.partition.local import LocalPart
+from graphwire.training import EpochRecord, TrainConfig, TrainResult
 
-__all__ = ["FullGraphJob", "RankReport", "run_rank"]
+__all__ = [
+    "FullGraphJob",
+    "RankReport",
+    "gather_reports",
+    "rank_report",
+    "run_rank",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,23 +87,42 @@ def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
             on_epoch=on_epoch,
             checkpoint=job.checkpoint,
         )
-        report = RankReport(
-            rank=ctx.rank,
-            records=[r.as_dict() for r in run.result.records],
-            ledger=run.ledger,
-            counters=run.counters,
-            num_owned=part.num_owned,
-            num_halo=part.num_halo,
-            test_acc=run.result.test_acc,
-            val_acc=run.result.val_acc,
-            best_epoch=run.result.best_epoch,
-            epochs_run=run.result.epochs_run,
-            seconds=time.perf_counter() - start,
+        report = rank_report(
+            ctx.rank, part, run.result, run.ledger, run.counters, start
         )
-        reports = transport.all_gather_object(dataclasses.asdict(report), "meta.report")
-        return [RankReport(**r) for r in reports] if ctx.rank == 0 else None
+        return gather_reports(transport, report)
     finally:
         transport.close()
+
+
+def rank_report(
+    rank: int,
+    part: LocalPart,
+    result: TrainResult,
+    ledger: dict[str, Any],
+    counters: dict[str, Any],
+    start: float,
+) -> RankReport:
+    """This rank's report of a finished run (``start``: its perf_counter)."""
+    return RankReport(
+        rank=rank,
+        records=[r.as_dict() for r in result.records],
+        ledger=ledger,
+        counters=counters,
+        num_owned=part.num_owned,
+        num_halo=part.num_halo,
+        test_acc=result.test_acc,
+        val_acc=result.val_acc,
+        best_epoch=result.best_epoch,
+        epochs_run=result.epochs_run,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def gather_reports(transport: Transport, report: RankReport) -> list[RankReport] | None:
+    """Every rank's report on rank 0 (the others get None)."""
+    reports = transport.all_gather_object(dataclasses.asdict(report), "meta.report")
+    return [RankReport(**r) for r in reports] if transport.rank == 0 else None
 
 
 def _printer(ctx: WorkerContext, job: FullGraphJob) -> Any:

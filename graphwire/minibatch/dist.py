@@ -44,20 +44,18 @@ import torch.nn.functional as F
 from graphwire.comm.base import Transport
 from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
 from graphwire.feature.dist import DistFeatureStore
-from graphwire.fullgraph.checkpoint import (
-    CheckpointConfig,
-    load_checkpoint,
-    mark_complete,
-    save_checkpoint,
-)
+from graphwire.fullgraph.checkpoint import CheckpointConfig, load_checkpoint
 from graphwire.fullgraph.distributed import (
     _global_metrics,
     _ledger_delta,
     _split_sizes,
     build_engine,
     forward_loss,
+    restore_training_state,
+    save_on_every_rank,
     seeded_model,
     sync_gradients,
+    training_state,
 )
 from graphwire.meter import ResourceMeter
 from graphwire.minibatch.owned import owned_csr
@@ -526,31 +524,12 @@ def _save(
     best: BestEpoch,
     records: list[EpochRecord],
 ) -> None:
-    cache = loop.cache
-    state = {
-        "epoch": epoch,
-        "model": loop.model.state_dict(),
-        "optimizer": loop.optimizer.state_dict(),
-        "rng": torch.get_rng_state(),
-        "best": {
-            "epoch": best.epoch,
-            "val_acc": best.val_acc,
-            "val_loss": best.val_loss,
-            "test_acc": best.test_acc,
-            "stale": best._stale,
-            "state_dict": best.state_dict,
-        },
-        "records": [r.as_dict() for r in records],
-        # The sampler's position is the next epoch (the schedule is hashed
-        # from it); the cache is the hot set the next epoch starts with.
-        "sampler": {"next_epoch": epoch + 1},
-        "cache": None if cache is None else {"hot_ids": _next_hot(loop, epoch)},
-    }
-    save_checkpoint(checkpoint, epoch, loop.rank, state)
-    loop.transport.barrier()
-    if loop.rank == 0:
-        mark_complete(checkpoint, epoch, loop.world)
-    loop.transport.barrier()
+    state = training_state(epoch, loop.model, loop.optimizer, best, records)
+    # The sampler's position is the next epoch (the schedule is hashed from
+    # it); the cache is the hot set the next epoch starts with.
+    state["sampler"] = {"next_epoch": epoch + 1}
+    state["cache"] = None if loop.cache is None else {"hot_ids": _next_hot(loop, epoch)}
+    save_on_every_rank(checkpoint, epoch, loop.transport, state)
 
 
 def _next_hot(loop: _Loop, epoch: int) -> torch.Tensor | None:
@@ -561,14 +540,7 @@ def _next_hot(loop: _Loop, epoch: int) -> torch.Tensor | None:
 def _restore(
     state: dict[str, Any], loop: _Loop, best: BestEpoch, records: list[EpochRecord]
 ) -> tuple[int, torch.Tensor | None]:
-    loop.model.load_state_dict(state["model"])
-    loop.optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])
-    saved = state["best"]
-    best.epoch, best.val_acc = saved["epoch"], saved["val_acc"]
-    best.val_loss, best.test_acc = saved["val_loss"], saved["test_acc"]
-    best._stale, best.state_dict = saved["stale"], saved["state_dict"]
-    records.extend(EpochRecord(**r) for r in state["records"])
+    restore_training_state(state, loop.model, loop.optimizer, best, records)
     cache = state.get("cache")
     return int(state["sampler"]["next_epoch"]), None if cache is None else cache[
         "hot_ids"

@@ -8,14 +8,13 @@ gathers every rank's report.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
 from graphwire.fullgraph.checkpoint import CheckpointConfig
-from graphwire.fullgraph.job import RankReport
+from graphwire.fullgraph.job import RankReport, gather_reports, rank_report
 from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
 from graphwire.partition.format import load_part
 from graphwire.training import EpochRecord, TrainConfig
@@ -49,21 +48,10 @@ def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:
             on_epoch=on_epoch,
             checkpoint=job.checkpoint,
         )
-        report = RankReport(
-            rank=ctx.rank,
-            records=[r.as_dict() for r in run.result.records],
-            ledger=run.ledger,
-            counters=run.counters,
-            num_owned=part.num_owned,
-            num_halo=part.num_halo,
-            test_acc=run.result.test_acc,
-            val_acc=run.result.val_acc,
-            best_epoch=run.result.best_epoch,
-            epochs_run=run.result.epochs_run,
-            seconds=time.perf_counter() - start,
+        report = rank_report(
+            ctx.rank, part, run.result, run.ledger, run.counters, start
         )
-        reports = transport.all_gather_object(dataclasses.asdict(report), "meta.report")
-        return [RankReport(**r) for r in reports] if ctx.rank == 0 else None
+        return gather_reports(transport, report)
     finally:
         transport.close()
 
