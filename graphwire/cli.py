@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--n-hot",
         type=int,
-        help="rapid: hot-cache rows (default: remote nodes read twice or more "
-        "in the first epoch)",
+        help="rapid: hot-cache rows (default: the distinct remote nodes the "
+        "first epoch reads; memory 2 x n_hot x F x 4 bytes)",
     )
     train.add_argument(
         "--prefetch", type=int, default=4, help="rapid: batches kept ready (Q)"

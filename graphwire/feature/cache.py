@@ -6,7 +6,9 @@ preallocated buffers ``[n_hot, F]``:
 - the *steady* buffer serves lookups during an epoch;
 - the *next* epoch's hot set is built into the other buffer by a background
   thread (rows already in the steady buffer are copied, the rest pulled from
-  their owners in one request per owner, ledger tag ``kv.cache``);
+  their owners in one request per owner, ledger tag ``kv.cache``); when the
+  hot set is smaller than ``n_hot``, the free slots keep rows of the steady
+  buffer, so rows leave the cache only when the space is needed;
 - :meth:`HotCache.swap` makes the next buffer steady at the epoch boundary,
   and only once it is complete: if the build is still running, the swap (and
   any lookup for that epoch, such as the prefetcher's when it runs ahead)
@@ -115,6 +117,7 @@ class HotCache:
         self, target: _Buffer, source: _Buffer | None, ids: torch.Tensor
     ) -> None:
         try:
+            ids = _with_retained(ids, source, self.n_hot)
             rows = target.rows[: ids.numel()]
             hit = torch.zeros(ids.numel(), dtype=torch.bool)
             if source is not None and source.ids.numel():
@@ -185,6 +188,20 @@ class HotCache:
         if self._build_error is not None:
             error = self._build_error
             raise RuntimeError(f"cache: building a buffer failed: {error}") from error
+
+
+def _with_retained(
+    hot: torch.Tensor, source: _Buffer | None, n_hot: int
+) -> torch.Tensor:
+    """The IDs a new buffer holds: the epoch's hot set (sorted), then, in the
+    slots it leaves free, rows the steady buffer already holds (lowest IDs
+    first). Retained rows are copied, never pulled, so a node that drops out
+    of one epoch's hot set and comes back later is not fetched again."""
+    spare = n_hot - hot.numel()
+    if source is None or spare <= 0 or not source.ids.numel():
+        return hot
+    kept = source.ids[~torch.isin(source.ids, hot)][:spare]
+    return torch.sort(torch.cat([hot, kept])).values
 
 
 def _search(buffer: _Buffer, nid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -95,10 +95,12 @@ class FetchOptions:
 
     Attributes:
         fetch: ``on-demand`` (DistDGL) or ``rapid`` (RapidGNN).
-        n_hot: rows of the hot cache (rapid). None: the remote nodes the first
-            epoch's batches read at least twice. A row read once per epoch
-            costs one fetch on demand and at least one through the cache, so
-            only repeated reads can pay for a cache row.
+        n_hot: rows of the hot cache (rapid). None: as many as the distinct
+            remote nodes the first epoch reads, so that (with rows retained
+            across epochs) a remote row is fetched about once per run; the
+            two buffers take ``2 n_hot F 4`` bytes (reported as
+            ``cache_bytes``), so set it lower where memory is short: fetches
+            grow as it shrinks (the paper's Fig. 5 curve).
         prefetch: Q, batches the prefetcher keeps ready (rapid).
         presample_dir: where the presampled schedule goes (rapid); None: a
             temporary folder removed at the end.
@@ -225,7 +227,7 @@ class _Loop:
         epoch0 = self.epochs[first]
         n_hot = self.options.n_hot
         if n_hot is None:
-            n_hot = int((epoch0.hot_counts >= 2).sum())
+            n_hot = epoch0.hot_ids.numel()
         self.counters["n_hot"] = n_hot
         self.cache = HotCache(self.store, n_hot)
         self.cache.fill(first, epoch0.hot_ids if hot_ids is None else hot_ids)

@@ -105,8 +105,12 @@ def test_swap_waits_for_the_next_buffer_to_be_complete() -> None:
     hit, rows = cache.lookup(torch.tensor([1, 3, 8]))
     assert hit.tolist() == [True, True, False]
     assert torch.equal(rows, _truth(torch.tensor([1, 3])))
-    # 9 was in the steady buffer: copied, not pulled again.
-    assert cache.counters["copied_rows"] == 1
+    # 9 was in the steady buffer: copied, not pulled again; the free slot
+    # keeps the old buffer's lowest other row (5), also copied.
+    assert torch.equal(
+        cache.lookup(torch.tensor([5, 6]))[0], torch.tensor([True, False])
+    )
+    assert cache.counters["copied_rows"] == 2
     assert cache.counters["filled_rows"] == 5 + 3
 
 
