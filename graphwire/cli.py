@@ -101,8 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--n-hot",
         type=int,
-        help="rapid: hot-cache rows (default: the distinct remote nodes the "
-        "first epoch reads; memory 2 x n_hot x F x 4 bytes)",
+        help="rapid: hot-cache rows (default: the distinct remote nodes of the "
+        "run's schedule, within --cache-mb; memory 2 x n_hot x F x 4 bytes)",
+    )
+    train.add_argument(
+        "--cache-mb",
+        type=float,
+        default=512.0,
+        help="rapid: memory for the two cache buffers when --n-hot is not given",
     )
     train.add_argument(
         "--prefetch", type=int, default=4, help="rapid: batches kept ready (Q)"

@@ -7,7 +7,8 @@ on-demand pulls, prefetches, cache fills), and the summary line with
 
 Global seeds/s of an epoch is all ranks' seeds over the slowest rank's
 training time (the ranks step in lockstep); the summary gives the median over
-epochs. Remote rows are the rows pulled from other ranks (the stores' counters:
+epochs. ``presample_s``, ``n_hot`` and ``cache_mib`` (rapid) are the largest
+over ranks. Remote rows are the rows pulled from other ranks (the stores' counters:
 every on-demand, prefetch and cache-fill row); remote bytes are the ledger's
 bytes of those requests and answers (``kv.*`` tags).
 """
@@ -66,6 +67,9 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
         "remote_rows": remote_rows,
         "remote_bytes": feature_bytes,
         "cache_hit_rate": hits / (hits + missed) if hits + missed else 0.0,
+        "presample_s": max(r.counters.get("presample_s", 0.0) for r in reports),
+        "n_hot": max(r.counters.get("n_hot", 0) for r in reports),
+        "cache_mib": max(r.counters.get("cache_bytes", 0) for r in reports) / 2**20,
         "bytes_sent": sent,
         "bytes_recv": recv,
     }

@@ -93,6 +93,7 @@ def _fetch_options(args: argparse.Namespace) -> Any:
     return FetchOptions(
         fetch=args.fetch,
         n_hot=args.n_hot,
+        cache_mb=float(args.cache_mb),
         prefetch=int(args.prefetch),
         presample_dir=args.presample_dir,
         eval_every=int(args.eval_every),

@@ -95,12 +95,13 @@ class FetchOptions:
 
     Attributes:
         fetch: ``on-demand`` (DistDGL) or ``rapid`` (RapidGNN).
-        n_hot: rows of the hot cache (rapid). None: as many as the distinct
-            remote nodes the first epoch reads, so that (with rows retained
-            across epochs) a remote row is fetched about once per run; the
-            two buffers take ``2 n_hot F 4`` bytes (reported as
-            ``cache_bytes``), so set it lower where memory is short: fetches
-            grow as it shrinks (the paper's Fig. 5 curve).
+        n_hot: rows of the hot cache (rapid). None: the distinct remote nodes
+            of the whole presampled run (the paper's Eq. 2 counts accesses
+            over all epochs), so that with rows kept across epochs each remote
+            row is fetched once per run, but at most what fits ``cache_mb``.
+            Fetches grow as it shrinks (the paper's Fig. 5 curve).
+        cache_mb: with ``n_hot`` None, the most memory the two cache buffers
+            may take (``2 n_hot F 4`` bytes, reported as ``cache_bytes``).
         prefetch: Q, batches the prefetcher keeps ready (rapid).
         presample_dir: where the presampled schedule goes (rapid); None: a
             temporary folder removed at the end.
@@ -109,6 +110,7 @@ class FetchOptions:
 
     fetch: str = "on-demand"
     n_hot: int | None = None
+    cache_mb: float = 512.0
     prefetch: int = 4
     presample_dir: str | None = None
     eval_every: int = 1
@@ -120,6 +122,8 @@ class FetchOptions:
             )
         if self.n_hot is not None and self.n_hot < 0:
             raise ValueError(f"n_hot: expected >= 0, got {self.n_hot}")
+        if not self.cache_mb > 0:
+            raise ValueError(f"cache_mb: expected > 0, got {self.cache_mb}")
         if self.prefetch < 1:
             raise ValueError(f"prefetch: expected >= 1, got {self.prefetch}")
         if self.eval_every < 1:
@@ -227,7 +231,9 @@ class _Loop:
         epoch0 = self.epochs[first]
         n_hot = self.options.n_hot
         if n_hot is None:
-            n_hot = epoch0.hot_ids.numel()
+            touched = torch.unique(torch.cat([e.hot_ids for e in self.epochs.values()]))
+            fits = int(self.options.cache_mb * 2**20) // (2 * self.store.dim * 4)
+            n_hot = min(touched.numel(), fits)
         self.counters["n_hot"] = n_hot
         self.cache = HotCache(self.store, n_hot)
         self.cache.fill(first, epoch0.hot_ids if hot_ids is None else hot_ids)
