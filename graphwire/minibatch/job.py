@@ -60,6 +60,9 @@ def _show(record: EpochRecord) -> None:
     t, extra = record.times, record.extra
     hits, missed = extra["cache_hits"], extra["missed_rows"]
     rate = hits / (hits + missed) if hits + missed else 0.0
+    res = extra["resources"]
+    joules = res["energy_j"]
+    energy = f"{joules:.1f} J" if joules is not None else res["energy_source"]
     print(
         f"epoch {record.epoch:4d}  loss {record.loss:.4f}  val {record.val_acc:.4f}  "
         f"test {record.test_acc:.4f}  rank0 seeds/s {extra['seeds_per_s']:.0f}  "
@@ -67,6 +70,8 @@ def _show(record: EpochRecord) -> None:
         f"wait {t['wait_s']:.2f}s compute {t['forward_s']:.2f}s "
         f"sync {t['sync_s']:.2f}s  remote rows {extra['remote_rows']} "
         f"({extra['remote_messages']} messages, "
-        f"{extra['remote_bytes'] / 2**20:.2f} MiB)  hit rate {rate:.3f}",
+        f"{extra['remote_bytes'] / 2**20:.2f} MiB)  hit rate {rate:.3f}  "
+        f"cpu {res['cpu_s']:.2f}s  peak rss {res['peak_rss_mb']:.0f} MiB  "
+        f"energy {energy}",
         flush=True,
     )

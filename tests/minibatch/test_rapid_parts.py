@@ -158,3 +158,50 @@ def test_prefetcher_never_holds_more_than_q_batches_and_yields_to_the_trainer() 
 def test_prefetch_depth_must_be_positive() -> None:
     with pytest.raises(ValueError, match="Q"):
         Prefetcher(keys=[], make=lambda k: k, depth=0)
+
+
+# ----------------------------------------------------------------- presample
+def test_presampled_epochs_read_back_bitwise_and_memory_mapped(tmp_path) -> None:
+    import numpy as np
+
+    from graphwire.graph.graph import Graph
+    from graphwire.minibatch.presample import PresampledEpoch, presample_epoch
+    from graphwire.sampler.uniform import UniformNeighborSampler
+
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, 300, (2, 3000), generator=gen)
+    graph = Graph.from_edge_index(src, dst, num_nodes=300).deduplicate()
+    weight = torch.rand(graph.num_edges, generator=gen)
+    sampler = UniformNeighborSampler(graph, [3, 4], edge_weight=weight, hashed=True)
+    share = torch.arange(0, 300, 2)
+    local = lambda nid: nid < 150  # noqa: E731
+    for epoch in range(2):
+        batches = epoch_batches(share, 3, 0, epoch, 4)
+        presample_epoch(
+            tmp_path, batches, lambda b: sampler.sample(b.seeds, b.seed), local
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_00000", "epoch_00001"]
+    for epoch in range(2):
+        stored = PresampledEpoch(tmp_path, epoch, 2, weighted=True)
+        assert isinstance(stored._arrays["ints"], np.memmap)
+        inputs = []
+        for batch in epoch_batches(share, 3, 0, epoch, 4):
+            want = sampler.sample(batch.seeds, batch.seed)
+            got, flags = stored.batch(batch.index)
+            assert torch.equal(got.seeds, want.seeds)
+            assert torch.equal(flags, local(want.input_nid))
+            for a, b in zip(got.blocks, want.blocks, strict=True):
+                for field in ("src_nid", "dst_nid", "indptr", "indices", "eid"):
+                    assert torch.equal(getattr(a, field), getattr(b, field))
+                assert torch.equal(a.edge_weight, b.edge_weight)
+            inputs.append(want.input_nid)
+        # The ranking: remote inputs by access count, most first, ties by ID.
+        remote = torch.cat([i[i >= 150] for i in inputs])
+        ids, counts = torch.unique(remote, return_counts=True)
+        assert torch.equal(
+            stored.hot_counts, torch.sort(counts, descending=True).values
+        )
+        top = stored.hot_ids[stored.hot_counts == stored.hot_counts[0]]
+        assert torch.equal(top, torch.sort(top).values)
+        assert set(stored.hot_ids.tolist()) == set(ids.tolist())
+        assert stored.max_inputs == max(i.numel() for i in inputs)
