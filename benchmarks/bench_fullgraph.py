@@ -386,11 +386,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_fullgraph: needs network namespaces: {why}")
         return 1
 
+    return in_work_folder("gw-bench-fullgraph-", args, _bench)
+
+
+def in_work_folder(
+    prefix: str,
+    args: argparse.Namespace,
+    bench: Any,
+) -> int:
+    """``bench(args, work, started)`` in a fresh temporary folder, removed
+    afterwards unless ``args.keep``; prints the load average first."""
     started = time.perf_counter()
     print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
-    work = Path(tempfile.mkdtemp(prefix="gw-bench-fullgraph-"))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        return _bench(args, work, started)
+        result: int = bench(args, work, started)
+        return result
     finally:
         if args.keep:
             print(f"work folder kept: {work}")

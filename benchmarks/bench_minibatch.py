@@ -41,10 +41,8 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +63,7 @@ from bench_fullgraph import (  # noqa: E402
     _qdisc_drops,
     _shaper_check,
     _train,
+    in_work_folder,
 )
 
 FETCHES = ("on-demand", "rapid")
@@ -442,16 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_minibatch: needs network namespaces (run as root): {why}")
         return 2
 
-    started = time.perf_counter()
-    print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
-    work = Path(tempfile.mkdtemp(prefix="gw-bench-minibatch-"))
-    try:
-        return _bench(args, work, started)
-    finally:
-        if args.keep:
-            print(f"work folder kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    return in_work_folder("gw-bench-minibatch-", args, _bench)
 
 
 def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
