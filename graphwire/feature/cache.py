@@ -326,6 +326,8 @@ class Prefetcher:
         """The prefetched item for ``key``, or None: the trainer must make it
         itself (the prefetcher has not started it, and now never will)."""
         with self._cond:
+            if self._error is not None:
+                raise RuntimeError(f"prefetcher failed: {self._error}")
             slot = self._slots.get(key)
             if slot is None:
                 self._taken.add(key)

@@ -327,12 +327,21 @@ class _Loop:
                 logits, self.part, self.transport, self.sizes, torch.tensor(loss)
             )
 
-    def close(self) -> None:
+    def close(self, collective: bool = True) -> None:
+        """Stop this rank's threads and remove its temporary presample; with
+        ``collective``, also close the feature service (all ranks together).
+        After an error the peers are not in step, so no collective runs: the
+        serving threads are daemons and go with the process."""
         if self.prefetcher is not None:
             self.prefetcher.close()
         if self.cache is not None:
-            self.cache.wait_built()
-        self.store.close()
+            try:
+                self.cache.wait_built()
+            except RuntimeError:
+                if collective:
+                    raise
+        if collective:
+            self.store.close()
         if self._owned_presample and self.presample_root is not None:
             shutil.rmtree(self.presample_root, ignore_errors=True)
 
@@ -386,8 +395,10 @@ def train_minibatch_distributed(
                 break
         if options.fetch != "rapid" or first >= config.epochs:
             loop.sampler.close()
-    finally:
-        loop.close()
+    except BaseException:
+        loop.close(collective=False)
+        raise
+    loop.close()
     return MinibatchRun(
         result=TrainResult(
             test_acc=best.test_acc,

@@ -21,11 +21,12 @@ def train(
     options: FetchOptions,
     checkpoint: CheckpointConfig | None = None,
     die_at: tuple[int, int] | None = None,
+    how: str = "kill",
 ) -> dict[str, Any]:
     """Train; return what the tests compare (parameters, batches, counters)."""
     part = load_part(folder, transport.rank)
     if die_at is not None:
-        _arm_death(transport.rank, *die_at)
+        _arm_death(transport.rank, *die_at, how)
     run = train_minibatch_distributed(
         part, transport, config, options, checkpoint=checkpoint
     )
@@ -39,8 +40,9 @@ def train(
     }
 
 
-def _arm_death(rank: int, victim: int, epoch: int) -> None:
-    """Rank ``victim`` SIGKILLs itself at its first step of ``epoch``."""
+def _arm_death(rank: int, victim: int, epoch: int, how: str) -> None:
+    """Rank ``victim`` SIGKILLs itself (``how="kill"``) or raises (``"raise"``)
+    at its first step of ``epoch``."""
     import os
     import signal
 
@@ -50,6 +52,8 @@ def _arm_death(rank: int, victim: int, epoch: int) -> None:
 
     def step(self: _Loop, batch: Batch, stats: dict[str, float]) -> float:
         if batch.epoch == epoch:
+            if how == "raise":
+                raise ValueError(f"injected failure in epoch {epoch}")
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, batch, stats)
 

@@ -169,9 +169,13 @@ def test_cora_on_four_workers_is_within_a_point_of_one_process(
     assert abs(reports[0].test_acc - single.test_acc) <= 0.01
 
 
-def test_a_dead_worker_ends_the_run_promptly_naming_it(parts: dict[int, str]) -> None:
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_dead_worker_ends_the_run_promptly_naming_it(
+    parts: dict[int, str], how: str
+) -> None:
     began = time.monotonic()
-    with pytest.raises(WorkerFailed, match="rank 1"):
+    match = "rank 1" if how == "kill" else "rank 1.*injected failure"
+    with pytest.raises(WorkerFailed, match=match):
         run_workers(
             train,
             3,
@@ -180,6 +184,7 @@ def test_a_dead_worker_ends_the_run_promptly_naming_it(parts: dict[int, str]) ->
             FetchOptions(fetch="rapid"),
             None,
             (1, 1),
+            how,
             timeout_s=120,
         )
     assert time.monotonic() - began < 60
