@@ -58,12 +58,12 @@ from graphwire.testing.netns import ShapedNetwork, netns_available
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fullgraph import (  # noqa: E402
     RunFailed,
-    _cli,
     _epoch_records,
     _qdisc_drops,
     _shaper_check,
     _train,
     in_work_folder,
+    prepare_graph,
 )
 
 FETCHES = ("on-demand", "rapid")
@@ -213,25 +213,8 @@ def _single_sampler(graph_dir: Path, args: argparse.Namespace) -> dict[str, floa
 
 # ------------------------------------------------------------------ setup
 def _prepare(args: argparse.Namespace, work: Path) -> None:
-    spec = (
-        f"synthetic:products?nodes={args.nodes}&degree=20&features={args.features}"
-        "&classes=47&seed=0"
-    )
-    start = time.perf_counter()
-    _cli(["data", "generate", "--dataset", spec, "--out", str(work / "graph")], 3600)
-    print(f"generated {spec} in {time.perf_counter() - start:.1f}s", flush=True)
-    for method in args.methods:
-        start = time.perf_counter()
-        _cli(
-            ["partition", "--dataset", str(work / "graph"), "--method", method]
-            + ["--parts", str(args.workers), "--out", str(work / f"parts-{method}")],
-            3600,
-        )
-        print(
-            f"partitioned with {method} into {args.workers} parts in "
-            f"{time.perf_counter() - start:.1f}s",
-            flush=True,
-        )
+    jobs = [(m, args.workers, f"parts-{m}") for m in args.methods]
+    prepare_graph(args, work, jobs)
 
 
 def _configs(args: argparse.Namespace, work: Path) -> list[Config]:

@@ -63,6 +63,7 @@ from graphwire.minibatch.presample import PresampledEpoch, presample_epoch
 from graphwire.minibatch.schedule import (
     Batch,
     epoch_batches,
+    share_sizes,
     split_train,
     steps_per_epoch,
 )
@@ -148,7 +149,8 @@ class MinibatchRun:
 
 
 class _Loop:
-    """The state of one rank's run; :meth:`run` is the epoch loop."""
+    """The state of one rank's run: its sampler, store, model, and (rapid)
+    presampled epochs, cache and prefetcher."""
 
     def __init__(
         self,
@@ -182,7 +184,7 @@ class _Loop:
         mine = part.train_local.to(torch.int64) + start
         every = transport.all_gather_object(mine, "setup.train")
         self.share = split_train(every, self.rank)
-        shares = [split_train(every, r).numel() for r in range(self.world)]
+        shares = share_sizes(sum(ids.numel() for ids in every), self.world)
         self.steps = steps_per_epoch(shares, config.batch_size)
         self.model = seeded_model(part.x.shape[1], num_classes, config)
         self.optimizer = make_optimizer(self.model, config)
@@ -208,7 +210,8 @@ class _Loop:
     # --------------------------------------------------------------- rapid
     def presample(self, first: int) -> None:
         """Sample the rest of the run to disk (every rank at once: each
-        serves the others' remote frontiers meanwhile), then stop sampling."""
+        serves the others' remote frontiers meanwhile), then stop sampling
+        (collective)."""
         if self.options.presample_dir is None:
             self.presample_root = Path(tempfile.mkdtemp(prefix="graphwire-presample-"))
             self._owned_presample = True
@@ -221,7 +224,7 @@ class _Loop:
                 folder, self.batches(epoch), self.sample, self.store.is_local
             )
         self.counters["presample_s"] = time.perf_counter() - began
-        self.counters["sampler"] = dict(self.sampler.counters)
+        self.sampler.close()
         for epoch in range(first, self.config.epochs):
             self.epochs[epoch] = PresampledEpoch(
                 folder, epoch, self.config.num_layers, self.weighted
@@ -381,7 +384,6 @@ def train_minibatch_distributed(
     try:
         if options.fetch == "rapid" and first < config.epochs:
             loop.presample(first)
-            loop.sampler.close()
             loop.start_rapid(first, hot_ids)
         meter = ResourceMeter()
         for epoch in range(first, config.epochs):
@@ -393,7 +395,7 @@ def train_minibatch_distributed(
                 _save(checkpoint, epoch, loop, best, records)
             if stopped:
                 break
-        if options.fetch != "rapid" or first >= config.epochs:
+        if loop.prefetcher is None:  # sampled online to the end
             loop.sampler.close()
     except BaseException:
         loop.close(collective=False)
@@ -526,8 +528,7 @@ def _cache_rows(store: DistFeatureStore) -> int:
 def _counters(loop: _Loop) -> dict[str, Any]:
     out = dict(loop.counters)
     out["store"] = loop.store.stats()
-    if "sampler" not in out:
-        out["sampler"] = dict(loop.sampler.counters)
+    out["sampler"] = dict(loop.sampler.counters)
     if loop.cache is not None:
         out["cache"] = dict(loop.cache.counters)
         out["cache_bytes"] = loop.cache.nbytes

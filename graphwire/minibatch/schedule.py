@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Batch", "epoch_batches", "schedule_seed", "split_train", "steps_per_epoch"]
+__all__ = [
+    "Batch",
+    "epoch_batches",
+    "schedule_seed",
+    "share_sizes",
+    "split_train",
+    "steps_per_epoch",
+]
 
 
 def schedule_seed(*parts: int) -> int:
@@ -66,16 +73,20 @@ def split_train(per_rank: list[torch.Tensor], rank: int) -> torch.Tensor:
     Returns:
         int64 [share], sorted; the shares of all ranks partition the union.
     """
-    world = len(per_rank)
     lists = [torch.sort(ids.to(torch.int64)).values for ids in per_rank]
-    total = sum(ids.numel() for ids in lists)
-    quota = [total // world + (1 if r < total % world else 0) for r in range(world)]
+    quota = share_sizes(sum(ids.numel() for ids in lists), len(per_rank))
     kept = [ids[: quota[r]] for r, ids in enumerate(lists)]
     pool = torch.cat([ids[quota[r] :] for r, ids in enumerate(lists)])
     start = sum(max(0, quota[r] - lists[r].numel()) for r in range(rank))
     need = max(0, quota[rank] - lists[rank].numel())
     mine = torch.cat([kept[rank], pool[start : start + need]])
     return torch.sort(mine).values
+
+
+def share_sizes(total: int, world: int) -> list[int]:
+    """Every trainer's number of training nodes: ``total // world``, the
+    first ``total % world`` trainers one more."""
+    return [total // world + (1 if r < total % world else 0) for r in range(world)]
 
 
 def steps_per_epoch(shares: list[int], batch_size: int) -> int:

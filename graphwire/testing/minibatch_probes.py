@@ -72,7 +72,6 @@ def feature_paths(
     checked = {"prefetched": 0, "fallback": 0, "cache": 0, "on_demand": 0}
     try:
         loop.presample(0)
-        loop.sampler.close()
         loop.start_rapid(0, None)
         assert loop.prefetcher is not None and loop.cache is not None
         cols = torch.arange(loop.store.dim, dtype=torch.float32)
