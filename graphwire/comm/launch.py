@@ -16,6 +16,11 @@ peer's death fails their pending collectives at once, with a
 naming the rank that failed first. The whole run is bounded by ``timeout_s``.
 Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
 
+Each run gets a scratch folder (``graphwire-run-*`` in the system's temporary
+folder) that the children use as theirs (``TMPDIR``, ``tempfile.tempdir``);
+the parent removes it when every child has ended, so a worker that was killed
+leaves none of its temporary files behind.
+
 A child that returns runs its ``atexit`` handlers and then ``os._exit(0)``:
 the interpreter's teardown is skipped (freeing torch takes 1-2 s per process,
 and a process group left open aborts it), and threads ``fn`` left running end
@@ -32,9 +37,11 @@ import atexit
 import ctypes
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -135,7 +142,8 @@ def launch_local(
         ) from error
     backend = backend if backend is not None else default_backend()
     port = free_port()
-    env = _loopback_env()
+    scratch = tempfile.mkdtemp(prefix="graphwire-run-")
+    env = {**_loopback_env(), "TMPDIR": scratch}
     mp = get_context("spawn")
     deadline = time.monotonic() + timeout_s
     processes: list[BaseProcess] = []
@@ -161,6 +169,7 @@ def launch_local(
         _stop(processes)
         for pipe in pipes:
             pipe.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the child
@@ -174,6 +183,7 @@ def _child_main(
 ) -> None:
     _die_with_parent(parent_pid)
     os.environ.update(env)
+    tempfile.tempdir = env["TMPDIR"]  # the run's scratch, removed by the parent
     os.environ.update(ctx.to_env())
     os.environ["LOCAL_WORLD_SIZE"] = str(ctx.world_size)
     torch.set_num_threads(threads)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from typing import Any
 
@@ -143,9 +144,17 @@ def raise_on_rank(transport: Transport, bad_rank: int) -> None:
     transport.barrier()
 
 
-def kill_on_rank(transport: Transport, bad_rank: int) -> None:
+def kill_on_rank(transport: Transport, bad_rank: int, note: str | None = None) -> None:
     """Rank ``bad_rank`` SIGKILLs itself while the others are blocked in an
-    ``all_to_all`` with it; they must fail with :class:`TransportError`."""
+    ``all_to_all`` with it; they must fail with :class:`TransportError`.
+
+    With ``note``, every rank first makes a temporary folder and appends its
+    path to the file ``note`` (for the launcher's clean-up check).
+    """
+    if note is not None:
+        folder = tempfile.mkdtemp()
+        with open(note, "a") as handle:
+            handle.write(folder + "\n")
     transport.barrier()
     if transport.rank == bad_rank:
         time.sleep(0.5)  # let the others enter the all-to-all

@@ -8,6 +8,7 @@ speed; each run spawns real processes (~3 s of imports per rank).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -46,10 +47,11 @@ def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
     assert _worker_children() == []
 
 
-def test_sigkilled_worker_ends_the_run_promptly() -> None:
+def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
+    note = tmp_path / "folders.txt"
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as caught:
-        run_workers(kill_on_rank, 3, 2, timeout_s=120)
+        run_workers(kill_on_rank, 3, 2, str(note), timeout_s=120)
     elapsed = time.monotonic() - start
     error = caught.value
     assert error.rank == 2 and error.exitcode == -9
@@ -63,6 +65,12 @@ def test_sigkilled_worker_ends_the_run_promptly() -> None:
         assert "(doomed): all_to_all" in error.failures[rank]
     assert elapsed < 30, f"took {elapsed:.1f}s"
     assert _worker_children() == []
+    # Every rank's temporary folder was in the run's scratch, now removed.
+    folders = [Path(line) for line in note.read_text().split()]
+    assert len(folders) == 3
+    for folder in folders:
+        assert folder.parent.name.startswith("graphwire-run-"), folder
+        assert not folder.parent.exists(), folder
 
 
 def test_timeout_kills_a_hung_run() -> None:
