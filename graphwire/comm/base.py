@@ -13,6 +13,9 @@ way: :meth:`Transport.all_reduce_sum` is a reduce-scatter then an all-gather,
 both as all-to-alls. Each rank sends ``2 (W - 1) / W`` of the tensor, as a ring
 all-reduce does, but the bytes per peer are exact in the ledger and the sum is
 taken in rank order, so it is bitwise identical on every rank and run.
+:meth:`Transport.start_all_reduce_sum` is its non-blocking twin over
+``isend``/``irecv`` (same chunks, same sums, same bytes), for reductions that
+overlap computation (G3's layer-wise parameter synchronisation).
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ from graphwire.comm.ledger import Ledger
 if TYPE_CHECKING:
     from graphwire.comm.service import Service
 
-__all__ = ["Transport", "TransportError", "Work", "encode_object", "row_bytes"]
+__all__ = [
+    "PendingSum",
+    "Transport",
+    "TransportError",
+    "Work",
+    "encode_object",
+    "row_bytes",
+]
 
 
 class TransportError(RuntimeError):
@@ -118,17 +128,99 @@ class Transport(ABC):
         """
         if self.world_size == 1:
             return tensor.clone()
-        flat = tensor.detach().reshape(-1)
-        bounds = _chunk_bounds(flat.numel(), self.world_size)
-        sizes = [bounds[p + 1] - bounds[p] for p in range(self.world_size)]
-        chunks = [flat[bounds[p] : bounds[p + 1]] for p in range(self.world_size)]
+        chunks = _chunks(tensor, self.world_size)
+        sizes = [chunk.numel() for chunk in chunks]
         mine = sizes[self.rank]
         parts = self.all_to_all(chunks, [mine] * self.world_size, tag)
-        reduced = parts[0].clone()
-        for part in parts[1:]:
-            reduced += part  # rank order: the same sum on every run
+        reduced = _sum_in_rank_order(parts)
         gathered = self.all_to_all([reduced] * self.world_size, sizes, tag)
         return torch.cat(gathered).view_as(tensor)
+
+    def start_all_reduce_sum(self, tensor: torch.Tensor, tag: str) -> PendingSum:
+        """Non-blocking :meth:`all_reduce_sum`: the reduce-scatter starts now.
+
+        Every rank must start the same reductions in the same order. Call
+        :meth:`PendingSum.advance` when convenient to start the all-gather,
+        and :meth:`PendingSum.wait` for the sum (bitwise equal to
+        :meth:`all_reduce_sum`'s, with the same bytes per peer).
+        """
+        return PendingSum(self, tensor, tag)
+
+
+class PendingSum:
+    """An :meth:`Transport.all_reduce_sum` in flight over ``isend``/``irecv``:
+    phase 1 sends chunk ``p`` to rank ``p``; phase 2 (:meth:`advance`) sums the
+    chunks received in rank order and sends the sum to every rank."""
+
+    def __init__(self, transport: Transport, tensor: torch.Tensor, tag: str) -> None:
+        self._transport, self._tag, self._shape = transport, tag, tensor.shape
+        world, rank = transport.world_size, transport.rank
+        self._chunks = _chunks(tensor, world)
+        self._result: torch.Tensor | None = tensor.clone() if world == 1 else None
+        self._gather: list[tuple[torch.Tensor, Work | None]] | None = None
+        self._sends: list[Work] = []
+        mine = self._chunks[rank]
+        self._scatter = self._exchange(
+            [chunk.contiguous() for chunk in self._chunks],
+            [mine.numel()] * world,
+            mine,
+        )
+
+    def _exchange(
+        self, send: list[torch.Tensor], sizes: list[int], own: torch.Tensor
+    ) -> list[tuple[torch.Tensor, Work | None]]:
+        """Post one send and one receive per peer; ``own`` stands for this rank."""
+        transport = self._transport
+        posted: list[tuple[torch.Tensor, Work | None]] = []
+        for peer in range(transport.world_size):
+            if peer == transport.rank:
+                posted.append((own, None))
+                continue
+            if send[peer].numel():
+                self._sends.append(transport.isend(send[peer], peer, self._tag))
+            buf = own.new_empty(sizes[peer])
+            work = transport.irecv(buf, peer, self._tag) if sizes[peer] else None
+            posted.append((buf, work))
+        return posted
+
+    def advance(self) -> None:
+        """Finish the reduce-scatter and start the all-gather (once)."""
+        if self._result is not None or self._gather is not None:
+            return
+        reduced = _sum_in_rank_order(_arrived(self._scatter))
+        sizes = [chunk.numel() for chunk in self._chunks]
+        self._gather = self._exchange([reduced] * len(sizes), sizes, reduced)
+
+    def wait(self) -> torch.Tensor:
+        """The sum over ranks, shaped like the tensor given."""
+        if self._result is None:
+            self.advance()
+            assert self._gather is not None
+            self._result = torch.cat(_arrived(self._gather)).view(self._shape)
+            for work in self._sends:
+                work.wait()
+        return self._result
+
+
+def _arrived(posted: list[tuple[torch.Tensor, Work | None]]) -> list[torch.Tensor]:
+    for _, work in posted:
+        if work is not None:
+            work.wait()
+    return [buf for buf, _ in posted]
+
+
+def _chunks(tensor: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """``tensor`` flattened and cut into ``world`` nearly equal chunks."""
+    flat = tensor.detach().reshape(-1)
+    bounds = _chunk_bounds(flat.numel(), world)
+    return [flat[bounds[p] : bounds[p + 1]] for p in range(world)]
+
+
+def _sum_in_rank_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    reduced = parts[0].clone()
+    for part in parts[1:]:
+        reduced += part  # rank order: the same sum on every run
+    return reduced
 
 
 def _chunk_bounds(n: int, parts: int) -> list[int]:

@@ -10,6 +10,11 @@ indices. The plan is then executed every layer and epoch, in both directions:
 
 Each rank receives each of its halo rows exactly once per exchange, so the
 forward bytes of one exchange are ``num_halo * width * itemsize`` per rank.
+
+The backward comes blocking (:meth:`ExchangePlan.scatter_grad`, one
+all-to-all) or non-blocking (:meth:`ExchangePlan.start_scatter_grad`, one
+``isend``/``irecv`` per peer, for engines that compute while gradients travel);
+both sum the returned rows in rank order.
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from graphwire.comm.base import Transport
+from graphwire.comm.base import Transport, Work
 from graphwire.partition.local import LocalPart
 
-__all__ = ["ExchangePlan"]
+__all__ = ["ExchangePlan", "PendingGrad"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,13 +143,60 @@ class ExchangePlan:
         recv = transport.all_to_all(send, self.send_rows, tag)
         return self.accumulate(recv, grad_halo)
 
-    def accumulate(self, recv: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-        """Sum per-peer returned rows into owned rows (peers in rank order)."""
-        grad = like.new_zeros((self.num_owned, *like.shape[1:]))
+    def start_scatter_grad(
+        self, grad_halo: torch.Tensor, transport: Transport, tag: str
+    ) -> PendingGrad:
+        """Non-blocking :meth:`scatter_grad`: every peer's rows leave now
+        (``isend``), the returned rows are received in the background, and
+        :meth:`PendingGrad.wait` adds them to the owned rows."""
+        sends, recvs = [], []
+        for peer in range(self.world_size):
+            if peer == self.rank:
+                continue
+            if self.recv_idx[peer].numel():
+                rows = grad_halo.index_select(0, self.recv_idx[peer]).contiguous()
+                sends.append(transport.isend(rows, peer, tag))
+            if self.send_idx[peer].numel():
+                shape = (self.send_idx[peer].numel(), *grad_halo.shape[1:])
+                buf = grad_halo.new_empty(shape)
+                recvs.append((peer, transport.irecv(buf, peer, tag), buf))
+        return PendingGrad(self, grad_halo, sends, recvs)
+
+    def accumulate(
+        self,
+        recv: list[torch.Tensor],
+        like: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Sum per-peer returned rows into owned rows (peers in rank order):
+        into ``out`` [num_owned, *S] when given, else into zeros."""
+        grad = like.new_zeros((self.num_owned, *like.shape[1:])) if out is None else out
         for p, rows in enumerate(recv):
             if p != self.rank and rows.shape[0]:
                 grad.index_add_(0, self.send_idx[p], rows)
         return grad
+
+
+@dataclass(eq=False)
+class PendingGrad:
+    """Halo gradients on their way back to their owners
+    (:meth:`ExchangePlan.start_scatter_grad`)."""
+
+    plan: ExchangePlan
+    like: torch.Tensor
+    sends: list[Work]
+    recvs: list[tuple[int, Work, torch.Tensor]]
+
+    def wait(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Wait for every transfer; the returned rows summed (peers in rank
+        order) into ``out`` [num_owned, *S], or into zeros."""
+        recv = [self.like.new_empty((0, *self.like.shape[1:]))] * self.plan.world_size
+        for peer, work, buf in self.recvs:
+            work.wait()
+            recv[peer] = buf
+        for work in self.sends:
+            work.wait()
+        return self.plan.accumulate(recv, self.like, out)
 
 
 def _requests(part: LocalPart) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor]]:

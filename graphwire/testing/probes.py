@@ -96,8 +96,11 @@ def exchange_suite(transport: Transport, mismatch: bool = False) -> dict[str, An
     Returns:
         ``feat``/``ids``: ``all_to_all`` results by source rank (tags
         ``a2a.feat``, ``a2a.ids``); ``sum``: ``all_reduce_sum`` of
-        :func:`reduce_input` (tag ``sum``); ``p2p``: the ``NUM_P2P`` messages
-        from the predecessor, in arrival order (tag ``p2p``); ``objects``:
+        :func:`reduce_input` (tag ``sum``); ``sum_started``: the same sum by
+        ``start_all_reduce_sum`` with a second one in flight beside it (tags
+        ``sum.a``, ``sum.b``; the second adds ``2 * reduce_input``); ``p2p``:
+        the ``NUM_P2P`` messages from the predecessor, in arrival order (tag
+        ``p2p``); ``objects``:
         ``all_gather_object`` of :func:`gather_payload` (tag ``obj``);
         ``ledger``: snapshot after these; ``mismatch``: the error text.
     """
@@ -109,6 +112,10 @@ def exchange_suite(transport: Transport, mismatch: bool = False) -> dict[str, An
     ids = [id_block(rank, dst) for dst in range(world)]
     out["ids"] = transport.all_to_all(ids, recv, "a2a.ids")
     out["sum"] = transport.all_reduce_sum(reduce_input(rank), "sum")
+    first = transport.start_all_reduce_sum(reduce_input(rank), "sum.a")
+    second = transport.start_all_reduce_sum(2 * reduce_input(rank), "sum.b")
+    first.advance()
+    out["sum_started"] = (first.wait(), second.wait())
     out["p2p"] = []
     if world > 1:
         succ, pred = (rank + 1) % world, (rank - 1) % world

@@ -95,8 +95,17 @@ def test_all_reduce_sum_ledger(suite: Any) -> None:
         # reduce-scatter sends chunk p to p; all-gather sends our chunk to all
         sent = {p: [chunk[p] + chunk[rank], 2] for p in peers}
         recv = {p: [chunk[rank] + chunk[p], 2] for p in peers}
-        assert _entries(out["ledger"], "sent", "sum") == sent
-        assert _entries(out["ledger"], "recv", "sum") == recv
+        for tag in ("sum", "sum.a", "sum.b"):  # blocking and started: the same
+            assert _entries(out["ledger"], "sent", tag) == sent, tag
+            assert _entries(out["ledger"], "recv", tag) == recv, tag
+
+
+def test_started_all_reduce_sums_equal_the_blocking_one(suite: Any) -> None:
+    _, _, outcomes = suite
+    for out in outcomes:
+        first, second = out["sum_started"]
+        assert torch.equal(first, out["sum"])  # bitwise: same chunks, same order
+        assert torch.equal(second, 2 * out["sum"])  # scaling by 2 is exact
 
 
 def test_point_to_point_keeps_send_order(suite: Any) -> None:
@@ -130,7 +139,8 @@ def test_every_send_is_someones_receive(suite: Any) -> None:
     sent = merge(out["ledger"] for out in outcomes)
     received = merge({"sent": out["ledger"]["recv"]} for out in outcomes)
     assert sent == received
-    assert {tag for _, _, tag in sent} <= {"a2a.feat", "a2a.ids", "sum", "p2p", "obj"}
+    tags = {"a2a.feat", "a2a.ids", "sum", "sum.a", "sum.b", "p2p", "obj"}
+    assert {tag for _, _, tag in sent} <= tags
 
 
 def test_split_mismatch_raises_on_every_rank(suite: Any) -> None:
