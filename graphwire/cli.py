@@ -90,7 +90,28 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["full", "inter", "intra", "sequential"],
         help="G3 ablation: which overlaps to keep (default full)",
     )
-    train.add_argument("--bin-rows", type=int, help="G3 rows per bin")
+    train.add_argument(
+        "--g3-sync",
+        choices=["layer", "epoch"],
+        help="G3 parameter sync: each layer's gradients as soon as its backward "
+        "is done (default layer), or one all-reduce after the backward",
+    )
+    train.add_argument(
+        "--g3-order",
+        choices=["bfs", "priority"],
+        help="G3 node order: BFS with rows that have remote neighbours first "
+        "(default bfs), or most-needed rows first",
+    )
+    train.add_argument(
+        "--bin-rows",
+        type=int,
+        help="G3: most rows in a bin of a layer whose output is sent (default 8192)",
+    )
+    train.add_argument(
+        "--bin-mb",
+        type=float,
+        help="G3: memory budget of a bin in MiB, sized per layer (default 256)",
+    )
     train.add_argument(
         "--fetch",
         default="on-demand",

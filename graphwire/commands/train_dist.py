@@ -131,10 +131,19 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.exchange == "g3":
         if args.g3_mode:
             options["mode"] = args.g3_mode
+        if args.g3_sync:
+            options["sync"] = args.g3_sync
+        if args.g3_order:
+            options["order"] = args.g3_order
         if args.bin_rows:
             options["bin_rows"] = int(args.bin_rows)
-    elif args.g3_mode or args.bin_rows:
-        raise ValueError("--g3-mode / --bin-rows: only with --exchange g3")
+        if args.bin_mb:
+            options["bin_mb"] = float(args.bin_mb)
+    elif args.g3_mode or args.g3_sync or args.g3_order or args.bin_rows or args.bin_mb:
+        raise ValueError(
+            "--g3-mode / --g3-sync / --g3-order / --bin-rows / --bin-mb: only with "
+            "--exchange g3"
+        )
     return options
 
 

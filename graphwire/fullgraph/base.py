@@ -12,7 +12,9 @@ gives the model three things:
   holds, bringing in remote rows as the engine sees fit. Remote rows enter
   through :class:`torch.autograd.Function` s whose backward sends gradients back
   to the owners along the same plan, so GCN, GraphSAGE and GAT layers run
-  unchanged on every engine.
+  unchanged on every engine. An engine calls each layer through
+  :meth:`Engine.call_layer` with the original ID of every source row, so GAT's
+  hashed attention dropout draws the single-process mask.
 
 Engines are registered by name in :data:`ENGINES` (``--exchange NAME``).
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -32,10 +34,17 @@ from graphwire.comm.plan import ExchangePlan
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
-from graphwire.nn.models import LayerKind
+from graphwire.nn.models import LayerKind, layer_call_kwargs
 from graphwire.partition.local import LocalPart
 
-__all__ = ["ENGINES", "Engine", "get_engine", "local_message_graph", "register"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "get_engine",
+    "local_message_graph",
+    "register",
+    "sum_gradients",
+]
 
 
 class Engine(ABC):
@@ -52,9 +61,18 @@ class Engine(ABC):
         plan: the exchange plan of the part's halo.
         comm_s: seconds spent in communication calls since the last reset.
         counters: engine-specific counts (rows recomputed, bins, ...).
+        local_orig_nid: int64 [num_local], the original node ID of every local
+            row, owned rows then halo rows (hashed dropout keys); ``None`` for
+            engines with ``fetches_halo_ids = False``.
     """
 
     name = "engine"
+    # Whether the engine takes ``widths``, each layer's (input, output) row
+    # widths, as an option (``build_engine`` passes the model's).
+    takes_widths = False
+    # Fetch the halo's original IDs at set-up (tag ``setup.input``). Engines
+    # that hold no halo in the part's local numbering (replicate) opt out.
+    fetches_halo_ids = True
 
     def __init__(
         self,
@@ -77,14 +95,19 @@ class Engine(ABC):
         self.counters: dict[str, int] = {}
         self.plan = ExchangePlan.build(part, transport)
         self._dropout: tuple[float, int | None, bool] = (0.0, None, False)
+        self._training = False
+        self.local_orig_nid: torch.Tensor | None = None
         if cache_input:
-            # Input features never change: fetch the halo's rows (and their
-            # original IDs, for hashed dropout) once instead of every epoch.
+            # Input features never change: fetch the halo's rows once instead
+            # of every epoch.
             assert part.x is not None
             self._x_halo = plan_rows(self.plan, part.x, transport, "setup.input")
-            self._orig_halo = plan_rows(
-                self.plan, part.orig_nid.to(torch.int64), transport, "setup.input"
-            )
+        if cache_input or self.fetches_halo_ids:
+            # The halo's original IDs key hashed dropout (cached input rows,
+            # GAT attention): fetched once, 8 bytes per halo row.
+            owned = part.orig_nid.to(torch.int64)
+            halo = plan_rows(self.plan, owned, transport, "setup.input")
+            self.local_orig_nid = torch.cat([owned, halo])
 
     # ---------------------------------------------------------------- model
     @property
@@ -106,7 +129,34 @@ class Engine(ABC):
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
         """Called before every forward pass with the model and its dropout seed."""
         p = float(getattr(model, "input_dropout", 0.0))
-        self._dropout = (p, dropout_seed, bool(model.training) and p > 0.0)
+        self._training = bool(model.training)
+        self._dropout = (p, dropout_seed, self._training and p > 0.0)
+
+    def call_layer(
+        self,
+        index: int,
+        layer: nn.Module,
+        mg: MessageGraph,
+        h_src: torch.Tensor,
+        src_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """``layer(mg, h_src)``, with hashed attention dropout where it applies.
+
+        Args:
+            index: the layer's position (input layer 0).
+            layer: the layer.
+            mg: its MessageGraph (or a piece of it, e.g. one bin).
+            h_src: float [mg.num_src, width].
+            src_ids: int64 [mg.num_src], original node ID of every source row;
+                precompute it at set-up, it does not change between epochs.
+
+        Returns:
+            float [mg.num_dst, out_width].
+        """
+        _, seed, _ = self._dropout
+        kwargs = layer_call_kwargs(layer, index, seed, self._training, src_ids)
+        out: torch.Tensor = layer(mg, h_src, **kwargs)
+        return out
 
     def cached_input_halo(self) -> torch.Tensor:
         """The halo's input rows after the model's input dropout (``cache_input``).
@@ -119,7 +169,9 @@ class Engine(ABC):
             return self._x_halo
         if seed is None:
             raise ValueError("cache_input: training needs hashed dropout (a seed)")
-        return hashed_dropout(self._x_halo, p, self._orig_halo, derive_seed(seed, 0))
+        assert self.local_orig_nid is not None
+        halo_ids = self.local_orig_nid[self.part.num_owned :]
+        return hashed_dropout(self._x_halo, p, halo_ids, derive_seed(seed, 0))
 
     @abstractmethod
     def run_layer(
@@ -138,6 +190,40 @@ class Engine(ABC):
 
     def reset_timers(self) -> None:
         self.comm_s = 0.0
+
+    # -------------------------------------------------------------- gradients
+    def sync_gradients(self, model: nn.Module) -> None:
+        """After the backward: every parameter's gradient summed over ranks
+        (one flat all-reduce, tag ``sync.grad``)."""
+        sum_gradients(list(model.parameters()), self.transport, "sync.grad")
+
+
+def sum_gradients(
+    params: Sequence[torch.Tensor], transport: Transport, tag: str
+) -> None:
+    """Replace each parameter's gradient (zeros if it has none) by its sum over
+    ranks, in one flat all-reduce."""
+    total = transport.all_reduce_sum(flat_gradients(params), tag)
+    assign_gradients(params, total)
+
+
+def flat_gradients(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The gradients of ``params`` (zeros where missing), concatenated."""
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+            for p in params
+        ]
+    )
+
+
+def assign_gradients(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Set the gradients of ``params`` from ``flat`` (as :func:`flat_gradients`
+    laid them out)."""
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
 
 
 T = TypeVar("T")

@@ -17,8 +17,9 @@ runs the same epochs in lockstep. One epoch:
    stops early at the same epoch.
 
 Parity with :func:`graphwire.fullgraph.trainer.train_fullgraph` holds up to
-float summation order, except GAT attention dropout, which draws from each
-rank's generator (set ``attn_dropout=0`` for exact parity).
+float summation order, GAT attention dropout included: its masks are hashed from
+each edge's original (source, destination) IDs and the head
+(:meth:`~graphwire.fullgraph.base.Engine.call_layer`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
-from graphwire.fullgraph.base import Engine, get_engine
+from graphwire.fullgraph.base import Engine, get_engine, sum_gradients
 from graphwire.fullgraph.checkpoint import (
     CheckpointConfig,
     load_checkpoint,
@@ -94,7 +95,21 @@ def build_engine(
     """The ``exchange`` engine for ``config.model`` on this rank's part."""
     engine_cls = get_engine(exchange)
     kind = LAYER_KINDS[config.model]
-    return engine_cls(part, transport, kind, config.num_layers, **(options or {}))
+    options = dict(options or {})
+    if engine_cls.takes_widths and "widths" not in options and part.x is not None:
+        num_classes = int(part.meta.get("num_classes") or 1)
+        # A throw-away model for its shapes; torch's generator is left as it was.
+        with _INIT_LOCK, torch.random.fork_rng(devices=[]):
+            model = make_model_for(part.x.shape[1], num_classes, config)
+        options["widths"] = [_widths(layer) for layer in model.layers]
+    return engine_cls(part, transport, kind, config.num_layers, **options)
+
+
+def _widths(layer: torch.nn.Module) -> tuple[int, int]:
+    """A layer's input row width and the width its transform gives each row
+    (all heads for GAT)."""
+    dims: Any = layer
+    return int(dims.in_dim), int(getattr(dims, "heads", 1)) * int(dims.out_dim)
 
 
 def forward_loss(
@@ -133,18 +148,7 @@ def seeded_model(num_features: int, num_classes: int, config: TrainConfig) -> GN
 
 def sync_gradients(model: torch.nn.Module, transport: Transport) -> None:
     """Sum every parameter's gradient over ranks, in one flat all-reduce."""
-    params = list(model.parameters())
-    flat = torch.cat(
-        [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-            for p in params
-        ]
-    )
-    total = transport.all_reduce_sum(flat, "sync.grad")
-    offset = 0
-    for p in params:
-        p.grad = total[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+    sum_gradients(list(model.parameters()), transport, "sync.grad")
 
 
 def train_distributed(
@@ -205,7 +209,7 @@ def train_distributed(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         sync_start = time.perf_counter()
-        sync_gradients(model, transport)
+        engine.sync_gradients(model)
         optimizer.step()
         backward_done = time.perf_counter()
         comm_s = engine.comm_s

@@ -69,6 +69,8 @@ class HaloEngine(Engine):
         super().__init__(*args, **kwargs)
         mg = local_message_graph(self.part, self.plan, self.transport, self.kind)
         self._mgs = [mg] * self.num_layers
+        assert self.local_orig_nid is not None  # every layer's sources: all local rows
+        self._src_ids = self.local_orig_nid
 
     @property
     def mgs(self) -> list[MessageGraph]:
@@ -86,5 +88,4 @@ class HaloEngine(Engine):
     def run_layer(
         self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor
     ) -> torch.Tensor:
-        out: torch.Tensor = layer(mg, self.fetch(index, h))
-        return out
+        return self.call_layer(index, layer, mg, self.fetch(index, h), self._src_ids)

@@ -26,6 +26,13 @@ the transfer behind computation:
 - **Last layer.** Its output goes to no peer, so it runs in two bins (rows
   without and with halo inputs): smaller bins would only repeat work, since a
   bin transforms all of its source rows.
+- **Layer-wise parameter synchronisation** (``sync="layer"``, G3 §6.2). As
+  soon as a layer's backward is done its parameter gradients start their
+  all-reduce (tag ``sync.grad.L{l}``, non-blocking), which completes once every
+  rank has finished that layer, while the layers below run their backward;
+  :meth:`P2PEngine.sync_gradients` collects them before the one optimizer step
+  of the epoch. The sums are bitwise those of one flat all-reduce
+  (``sync="epoch"``, tag ``sync.grad``).
 
 ``mode`` switches parts off for G3's ablation: ``full`` (both), ``inter``
 (pipelined sends, but a layer waits for all its halo rows before computing),
@@ -38,41 +45,40 @@ row arrives exactly once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from graphwire.comm.base import Work
-from graphwire.fullgraph.base import Engine, local_message_graph, register
+from graphwire.comm.base import PendingSum, Work
+from graphwire.fullgraph.base import (
+    Engine,
+    assign_gradients,
+    flat_gradients,
+    local_message_graph,
+    register,
+    sum_gradients,
+)
+from graphwire.fullgraph.g3_bins import (
+    ORDERS,
+    Bin,
+    bfs_order,
+    layer_bins,
+    priority_order,
+    send_order,
+    setup_messages,
+    with_needs,
+)
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
 
-__all__ = ["MODES", "P2PEngine"]
+__all__ = ["MODES", "P2PEngine", "SYNCS"]
 
 MODES = ("full", "inter", "intra", "sequential")
-
-
-@dataclass(frozen=True, eq=False)
-class _Bin:
-    """One bin of owned destination rows and the sub-graph they aggregate over.
-
-    Attributes:
-        rows: int64 [b], owned-local IDs of the bin's destinations.
-        mg: MessageGraph with ``b`` destinations; its sources are ``rows`` then
-            the other local rows its edges use.
-        src_owned: int64 [*], owned-local rows feeding ``mg``'s sources.
-        src_halo: int64 [*], halo positions feeding the sources after them.
-        needs: the messages ``(peer, bin at peer)`` the halo rows come in.
-    """
-
-    rows: torch.Tensor
-    mg: MessageGraph
-    src_owned: torch.Tensor
-    src_halo: torch.Tensor
-    needs: frozenset[tuple[int, int]]
+SYNCS = ("layer", "epoch")
 
 
 @register("g3")
@@ -81,33 +87,61 @@ class P2PEngine(Engine):
 
     Options:
         mode: one of :data:`MODES` (default ``full``).
-        bin_rows: rows per bin; default ``bin_mb`` MiB of width-128 float32 rows.
-        bin_mb: memory budget per bin in MiB (default 4).
+        bin_mb: memory budget of a bin in MiB (default 256), per layer from its
+            widths (:mod:`graphwire.fullgraph.g3_bins`). G3 uses half a GPU's
+            memory; on CPU the budget bounds a bin's working set.
+        bin_rows: at most this many rows in a bin of a layer whose output is
+            sent (G3's initial bin size, default 8192): smaller bins start
+            sends earlier but repeat more source rows.
+        order: node order, one of :data:`~graphwire.fullgraph.g3_bins.ORDERS`
+            (default ``bfs``, G3's Step 1).
+        widths: each layer's ``(input, output)`` row widths, for the budget
+            (``build_engine`` passes the model's); default 128 for all.
+        sync: parameter synchronisation, one of :data:`SYNCS`: ``layer`` (each
+            layer's gradients all-reduced as soon as its backward is done, the
+            default) or ``epoch`` (one flat all-reduce after the backward).
     """
+
+    takes_widths = True
 
     def __init__(
         self,
         *args: Any,
         mode: str = "full",
-        bin_rows: int | None = None,
-        bin_mb: float = 4.0,
+        bin_mb: float = 256.0,
+        bin_rows: int = 8192,
+        order: str = "bfs",
+        widths: Sequence[tuple[int, int]] | None = None,
+        sync: str = "layer",
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if mode not in MODES:
             raise ValueError(f"g3 mode: expected one of {MODES}, got {mode!r}")
-        if bin_rows is None:
-            bin_rows = max(1, int(bin_mb * 2**20 // (128 * 4)))
+        if sync not in SYNCS:
+            raise ValueError(f"g3 sync: expected one of {SYNCS}, got {sync!r}")
+        if order not in ORDERS:
+            raise ValueError(f"g3 order: expected one of {ORDERS}, got {order!r}")
+        if not bin_mb > 0:
+            raise ValueError(f"g3 bin_mb: expected > 0, got {bin_mb}")
         if bin_rows < 1:
             raise ValueError(f"g3 bin_rows: expected >= 1, got {bin_rows}")
-        self.mode = mode
-        self.bin_rows = bin_rows
+        widths = list(widths) if widths is not None else [(128, 128)] * self.num_layers
+        if len(widths) != self.num_layers:
+            raise ValueError(
+                f"g3 widths: expected one (input, output) pair per layer "
+                f"({self.num_layers}), got {widths}"
+            )
+        self.mode, self.sync, self.order = mode, sync, order
+        self.bin_mb, self.bin_rows = bin_mb, bin_rows
+        # Layer-wise gradient sums in flight: (parameters, pending sum).
+        self._layer_sums: list[tuple[list[torch.Tensor], PendingSum]] = []
         self._mg = local_message_graph(self.part, self.plan, self.transport, self.kind)
         self._mgs = [self._mg] * self.num_layers
-        order = self._priority_order()
-        self.bins = self._make_bins(order)
-        self._setup_messages()
-        self.counters = {"bins": len(self.bins)}
+        self._plan_bins(widths)
+        self.counters = {"bins": sum(len(layer.bins) for layer in self.layers)}
+        for index, layer in enumerate(self.layers):
+            self.counters[f"bins.L{index}"] = len(layer.bins)
         self._pending_recv: dict[int, dict[tuple[int, int], tuple[Work, Any]]] = {}
         self._sends: list[Work] = []
         self._halo: dict[int, torch.Tensor] = {}
@@ -118,147 +152,49 @@ class P2PEngine(Engine):
         return self._mgs
 
     # ------------------------------------------------------------------ setup
-    def _priority_order(self) -> torch.Tensor:
-        """Owned rows, most-needed first: by peers needing the row, then by
-        remote in-neighbours, then by ID (G3's boundary-first order)."""
+    def _plan_bins(self, widths: Sequence[tuple[int, int]]) -> None:
+        """Every layer's bins, and the messages carrying every layer's halo
+        rows (layer ``k``'s grouped by the sender's bins of layer ``k - 1``;
+        the input layer's by its own bins)."""
         n = self.part.num_owned
-        peers = torch.zeros(n, dtype=torch.int64)
-        for idx in self.plan.send_idx:
-            peers[idx] += 1
-        dst = self._mg.dst_of_edges
-        remote = torch.bincount(dst[self._mg.indices >= n], minlength=n)
-        key = (peers * (remote.max() + 1) + remote) * n + (n - 1 - torch.arange(n))
-        return torch.argsort(key, descending=True)
-
-    def _make_bins(self, order: torch.Tensor) -> list[_Bin]:
-        n = self.part.num_owned
-        mg = self._mg
-        degrees = mg.in_degrees()
-        has_halo = torch.zeros(n, dtype=torch.bool)
-        has_halo[mg.dst_of_edges[mg.indices >= n]] = True
-        local_first = torch.cat([order[~has_halo[order]], order[has_halo[order]]])
-        self._local_count = int((~has_halo).sum())
-        groups = [local_first[: self._local_count], local_first[self._local_count :]]
-        local_bins, halo_bins = (
-            [
-                self._bin(rows, degrees)
-                for rows in torch.split(group, self.bin_rows)
-                if rows.numel()
+        order = (
+            bfs_order(self._mg)
+            if self.order == "bfs"
+            else priority_order(self._mg, self.plan)
+        )
+        budget = int(self.bin_mb * 2**20)
+        last = self.num_layers - 1
+        layers = [
+            # The last layer's output goes to no peer, so the row cap (which
+            # makes sends start early) does not apply to it.
+            layer_bins(
+                self._mg,
+                order,
+                widths[index],
+                budget,
+                None if index == last else self.bin_rows,
+            )
+            for index in range(self.num_layers)
+        ]
+        self.messages = [
+            setup_messages(
+                layers[max(index - 1, 0)],
+                self.plan,
+                self.transport,
+                self._halo_first(max(index - 1, 0)),
+            )
+            for index in range(self.num_layers)
+        ]
+        ids = self.local_orig_nid
+        assert ids is not None
+        self.layers = []
+        for layer, messages in zip(layers, self.messages, strict=True):
+            layer = with_needs(layer, messages)
+            bins = [
+                replace(b, src_ids=ids[torch.cat([b.src_owned, n + b.src_halo])])
+                for b in layer.bins
             ]
-            for group in groups
-        )
-        self._num_local_bins = len(local_bins)  # bins of rows with no halo input
-        # The last layer's output goes to no peer, so small bins there would
-        # only repeat work (each bin transforms all its source rows): it runs
-        # in two, the rows without halo inputs and the rows with them.
-        self._last_bins = [
-            self._bin(group, degrees) for group in groups if group.numel()
-        ]
-        bins = local_bins + halo_bins
-        self.schedule = torch.cat([b.rows for b in bins]) if bins else order
-        position = torch.empty(n, dtype=torch.int64)
-        position[self.schedule] = torch.arange(n)
-        self._bin_of_row = torch.empty(n, dtype=torch.int64)
-        for index, b in enumerate(bins):
-            self._bin_of_row[b.rows] = index
-        self._inverse = position
-        sizes = torch.tensor([b.rows.numel() for b in bins], dtype=torch.int64)
-        self._bin_start = torch.cumsum(sizes, 0) - sizes
-        return bins
-
-    def _bin(self, rows: torch.Tensor, degrees: torch.Tensor) -> _Bin:
-        """Sub-graph of ``rows``: its own rows first among the sources."""
-        mg = self._mg
-        n, num_local = self.part.num_owned, self.part.num_local
-        counts = degrees[rows]
-        indptr = torch.zeros(rows.numel() + 1, dtype=torch.int64)
-        torch.cumsum(counts, 0, out=indptr[1:])
-        starts = torch.repeat_interleave(mg.indptr[rows], counts)
-        offsets = torch.arange(int(indptr[-1])) - torch.repeat_interleave(
-            indptr[:-1], counts
-        )
-        eids = starts + offsets
-        sources = mg.indices[eids]
-        # Relabel: the bin's rows first, then other sources in first-seen order.
-        slot = torch.full((num_local,), -1, dtype=torch.int64)
-        slot[rows] = torch.arange(rows.numel())
-        others = sources[slot[sources] < 0]
-        others = torch.unique(others)  # sorted: owned before halo
-        slot[others] = torch.arange(rows.numel(), rows.numel() + others.numel())
-        src_rows = torch.cat([rows, others])
-        weight = mg.edge_weight[eids] if mg.edge_weight is not None else None
-        sub = MessageGraph(
-            indptr, slot[sources], src_rows.numel(), rows.numel(), weight
-        )
-        is_halo = src_rows >= n
-        return _Bin(
-            rows=rows,
-            mg=sub,
-            src_owned=src_rows[~is_halo],
-            src_halo=src_rows[is_halo] - n,
-            needs=frozenset(),
-        )
-
-    def _setup_messages(self) -> None:
-        """Agree with every peer on the message layout: one message per
-        (sender bin, receiver), rows in the sender's schedule order."""
-        plan, transport, rank = self.plan, self.transport, self.transport.rank
-        world = transport.world_size
-        # Sender side: per peer, its rows in schedule order, split by bin.
-        self._send_rows: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = []
-        perms, counts = [], []
-        for peer in range(world):
-            idx = plan.send_idx[peer]
-            perm = torch.argsort(self._inverse[idx], stable=True)
-            bins = self._bin_of_row[idx[perm]]
-            per_bin = torch.bincount(bins, minlength=len(self.bins))
-            chunks = torch.split(idx[perm], per_bin.tolist())
-            self._send_rows.append(
-                [
-                    (b, rows, self._inverse[rows] - self._bin_start[b])
-                    for b, rows in enumerate(chunks)
-                    if rows.numel()
-                ]
-            )
-            perms.append(perm)
-            counts.append(per_bin.tolist())
-        their_perm = transport.all_to_all(perms, plan.recv_rows, "setup.g3")
-        their_counts = self._exchange_counts(counts)
-        # Receiver side: where each message's rows land in the halo.
-        self._recv_pos: dict[tuple[int, int], torch.Tensor] = {}
-        halo_message = torch.full((plan.num_halo,), -1, dtype=torch.int64)
-        keys: list[tuple[int, int]] = []
-        for peer in range(world):
-            if peer == rank:
-                continue
-            positions = plan.recv_idx[peer][their_perm[peer]]
-            for b, pos in enumerate(torch.split(positions, their_counts[peer])):
-                if pos.numel():
-                    self._recv_pos[(peer, b)] = pos
-                    halo_message[pos] = len(keys)
-                    keys.append((peer, b))
-        self._message_keys = keys
-        self._last_bins = [
-            _Bin(b.rows, b.mg, b.src_owned, b.src_halo, frozenset(keys))
-            if b.src_halo.numel()
-            else b
-            for b in self._last_bins
-        ]
-        self._bins_sent = {b for chunks in self._send_rows for b, _, _ in chunks}
-        self.bins = [
-            _Bin(
-                b.rows,
-                b.mg,
-                b.src_owned,
-                b.src_halo,
-                frozenset(keys[int(m)] for m in torch.unique(halo_message[b.src_halo])),
-            )
-            for b in self.bins
-        ]
-
-    def _exchange_counts(self, counts: list[list[int]]) -> list[list[int]]:
-        gathered = self.transport.all_gather_object(counts, "setup.g3")
-        return [gathered[peer][self.transport.rank] for peer in range(len(gathered))]
+            self.layers.append(replace(layer, bins=bins))
 
     # ---------------------------------------------------------------- runtime
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
@@ -270,6 +206,11 @@ class P2PEngine(Engine):
         if training and dropout_seed is None and self.mode in ("full", "inter"):
             raise ValueError(
                 "g3: pipelined sends need hashed dropout (a dropout_seed) in training"
+            )
+        if self._layer_sums:
+            raise RuntimeError(
+                "g3: the last backward's gradients were never collected "
+                "(call engine.sync_gradients(model) after each backward)"
             )
         super().begin(model, dropout_seed)
         self._begin = (model.activation, p, dropout_seed, training)
@@ -283,8 +224,9 @@ class P2PEngine(Engine):
         self._halo[layer] = like.new_empty((self.plan.num_halo, width))
         tag = f"{self.phase}fwd.L{layer}"
         pending = self._pending_recv[layer] = {}
-        for key in self._message_keys:
-            buf = like.new_empty((self._recv_pos[key].numel(), width))
+        messages = self.messages[layer]
+        for key in messages.keys:
+            buf = like.new_empty((messages.recv_pos[key].numel(), width))
             pending[key] = (self.transport.irecv(buf, key[0], tag), buf)
 
     def _wait(self, layer: int, keys: frozenset[tuple[int, int]] | None) -> None:
@@ -297,27 +239,34 @@ class P2PEngine(Engine):
         # Each row is written once, before any bin reads it; the buffer is
         # outside autograd (each bin's graph starts from its gathered rows).
         halo = self._halo[layer]
+        recv_pos = self.messages[layer].recv_pos
 
         def wait() -> None:
             for key in wanted:
                 work, buf = pending.pop(key)
                 work.wait()
-                halo[self._recv_pos[key]] = buf
+                halo[recv_pos[key]] = buf
 
         self.timed(wait)
 
-    def _send_bin(self, layer: int, b: int, values: torch.Tensor, local: bool) -> None:
-        """Send every peer the rows of bin ``b`` it needs at ``layer``.
-
-        ``values`` holds either all owned rows (``local=False``) or only bin
-        ``b``'s rows in bin order (``local=True``).
-        """
+    def _send_bin(self, layer: int, b: int, rows: torch.Tensor) -> None:
+        """Send every peer the rows of bin ``b`` it needs at ``layer``;
+        ``rows`` holds bin ``b``'s rows in bin order."""
         tag = f"{self.phase}fwd.L{layer}"
-        for peer, chunks in enumerate(self._send_rows):
-            for chunk_bin, rows, in_bin in chunks:
+        for peer, chunks in enumerate(self.messages[layer].send_rows):
+            for chunk_bin, _, in_bin in chunks:
                 if chunk_bin == b:
-                    payload = values.index_select(0, in_bin if local else rows)
+                    payload = rows.index_select(0, in_bin)
                     self._sends.append(self.transport.isend(payload, peer, tag))
+
+    def _send_all(self, layer: int, h: torch.Tensor) -> None:
+        """Send every peer all the owned rows of ``h`` it needs at ``layer``,
+        message by message in send order."""
+        tag = f"{self.phase}fwd.L{layer}"
+        for peer, chunks in enumerate(self.messages[layer].send_rows):
+            for _, rows, _ in chunks:
+                payload = h.index_select(0, rows)
+                self._sends.append(self.transport.isend(payload, peer, tag))
 
     def _finish_rows(
         self, layer: int, out: torch.Tensor, rows: torch.Tensor
@@ -345,20 +294,21 @@ class P2PEngine(Engine):
         )
         return out
 
-    def _bin_order(self, index: int) -> list[tuple[int, _Bin]]:
-        """The bins of layer ``index`` in forward order, with their indices.
+    def _halo_first(self, index: int) -> bool:
+        """Whether layer ``index`` computes its bins with halo inputs first.
 
         A layer whose halo rows are already here (the cached input layer)
         computes the rows peers need first, so their sends start early; any
         other layer computes the bins that need no halo rows first, while the
-        halo rows are in flight (eager computation). The last layer runs in
-        two bins (see ``_make_bins``).
+        halo rows are in flight (eager computation).
         """
-        if index == self.num_layers - 1:
-            return list(enumerate(self._last_bins))
-        bins = list(enumerate(self.bins))
-        local, halo = bins[: self._num_local_bins], bins[self._num_local_bins :]
-        return halo + local if index == 0 and self.cache_input else local + halo
+        return index == 0 and self.cache_input
+
+    def _bin_order(self, index: int) -> list[tuple[int, Bin]]:
+        """The bins of layer ``index`` in forward order, with their indices."""
+        layer = self.layers[index]
+        order = send_order(len(layer.bins), layer.num_local, self._halo_first(index))
+        return [(b, layer.bins[b]) for b in order]
 
     def _forward_bins(
         self,
@@ -367,7 +317,7 @@ class P2PEngine(Engine):
         h: torch.Tensor,
         track: bool,
         needs_grad: bool,
-    ) -> tuple[torch.Tensor, list[tuple[_Bin, torch.Tensor, torch.Tensor]]]:
+    ) -> tuple[torch.Tensor, list[tuple[Bin, torch.Tensor, torch.Tensor]]]:
         """Layer ``index`` in bins; the sends of the next layer's rows overlap.
 
         Returns the owned output rows and, when ``track``, each bin's
@@ -381,13 +331,12 @@ class P2PEngine(Engine):
         else:
             self._post_recvs(index, h.shape[1], h)
             if index == 0 or not pipelined:
-                for b in range(len(self.bins)):
-                    self._send_bin(index, b, h, local=False)
+                self._send_all(index, h)
             halo = self._halo[index]
         if not eager:
             self._wait(index, None)
         send_next = pipelined and index < self.num_layers - 1
-        graphs: list[tuple[_Bin, torch.Tensor, torch.Tensor]] = []
+        graphs: list[tuple[Bin, torch.Tensor, torch.Tensor]] = []
         out: torch.Tensor | None = None
         for b, bin_ in self._bin_order(index):
             if eager and bin_.needs:
@@ -397,7 +346,8 @@ class P2PEngine(Engine):
                 h_src = torch.cat([h_src, halo.index_select(0, bin_.src_halo)])
             with torch.set_grad_enabled(track):
                 h_src = h_src.requires_grad_(needs_grad)
-                out_b = layer(bin_.mg, h_src)
+                assert bin_.src_ids is not None
+                out_b = self.call_layer(index, layer, bin_.mg, h_src, bin_.src_ids)
             if track:
                 graphs.append((bin_, h_src, out_b))
             if out is None:
@@ -405,9 +355,9 @@ class P2PEngine(Engine):
             out[bin_.rows] = out_b.detach()
             if send_next:
                 self._post_recvs(index + 1, out_b.shape[1], out_b)
-                if b in self._bins_sent:
+                if b in self.messages[index + 1].bins_sent:
                     rows = self._finish_rows(index, out_b, bin_.rows)
-                    self._send_bin(index + 1, b, rows, local=True)
+                    self._send_bin(index + 1, b, rows)
         self._wait(index, None)
         if index == self.num_layers - 1 or not pipelined:
             # Pipelined sends of the next layer's rows stay in flight while it
@@ -419,7 +369,7 @@ class P2PEngine(Engine):
     def _backward_bins(
         self,
         index: int,
-        graphs: list[tuple[_Bin, torch.Tensor, torch.Tensor]],
+        graphs: list[tuple[Bin, torch.Tensor, torch.Tensor]],
         grad_out: torch.Tensor,
         needs_input_grad: bool,
     ) -> torch.Tensor | None:
@@ -443,7 +393,7 @@ class P2PEngine(Engine):
         grad_halo = grad_out.new_zeros((self.plan.num_halo, width))
         tag = f"{self.phase}bwd.L{index}"
 
-        def walk(group: list[tuple[_Bin, torch.Tensor, torch.Tensor]]) -> None:
+        def walk(group: list[tuple[Bin, torch.Tensor, torch.Tensor]]) -> None:
             for bin_, h_src, out_b in reversed(group):
                 torch.autograd.backward(out_b, grad_out.index_select(0, bin_.rows))
                 if h_src.grad is None:
@@ -454,28 +404,36 @@ class P2PEngine(Engine):
                     grad_halo.index_add_(0, bin_.src_halo, h_src.grad[num_owned:])
 
         walk(halo_bins)
-        plan, transport = self.plan, self.transport
-        sends = [
-            transport.isend(grad_halo.index_select(0, idx).contiguous(), peer, tag)
-            for peer, idx in enumerate(plan.recv_idx)
-            if peer != transport.rank and idx.numel()
-        ]
-        received: list[tuple[int, Work, torch.Tensor]] = []
-        for peer, idx in enumerate(plan.send_idx):
-            if peer != transport.rank and idx.numel():
-                buf = grad_out.new_empty((idx.numel(), width))
-                received.append((peer, transport.irecv(buf, peer, tag), buf))
+        pending = self.plan.start_scatter_grad(grad_halo, self.transport, tag)
         walk(local_bins)  # overlaps the gradients in flight
-
-        def collect() -> None:
-            for peer, work, buf in received:  # rank order: deterministic sums
-                work.wait()
-                grad_owned.index_add_(0, plan.send_idx[peer], buf)
-            for work in sends:
-                work.wait()
-
-        self.timed(collect)
+        self.timed(lambda: pending.wait(grad_owned))
         return grad_owned
+
+    def _layer_done(self, index: int, params: tuple[torch.Tensor, ...]) -> None:
+        """Layer ``index``'s backward is over: its gradients start their sum
+        (``sync="layer"``), and the sums started before it move on to their
+        second phase."""
+        if self.sync != "layer" or self.phase or not params:
+            return
+        for _, pending in self._layer_sums:
+            pending.advance()
+        flat = flat_gradients(list(params))
+        tag = f"sync.grad.L{index}"
+        pending = self.transport.start_all_reduce_sum(flat, tag)
+        self._layer_sums.append((list(params), pending))
+
+    def sync_gradients(self, model: nn.Module) -> None:
+        """Collect the layer-wise sums, then sum any gradient no layer covered
+        (one flat all-reduce); with ``sync="epoch"``, just the flat one."""
+        synced: set[int] = set()
+        for params, pending in self._layer_sums:
+            total = pending.wait()
+            assign_gradients(params, total)
+            synced.update(id(p) for p in params)
+        self._layer_sums.clear()
+        rest = [p for p in model.parameters() if id(p) not in synced]
+        if rest:
+            sum_gradients(rest, self.transport, "sync.grad")
 
     def _drain_sends(self) -> None:
         for work in self._sends:
@@ -506,7 +464,7 @@ class BinnedLayer(torch.autograd.Function):
     ) -> torch.Tensor:
         out, graphs = engine._forward_bins(index, layer, h.detach(), *flags)
         ctx.engine, ctx.index, ctx.graphs = engine, index, graphs
-        ctx.num_params = len(params)
+        ctx.params = params
         return out
 
     @staticmethod
@@ -520,4 +478,5 @@ class BinnedLayer(torch.autograd.Function):
         grad = engine._backward_bins(
             ctx.index, graphs, grad_out.contiguous(), ctx.needs_input_grad[0]
         )
-        return (grad, None, None, None, None, *([None] * ctx.num_params))
+        engine._layer_done(ctx.index, ctx.params)
+        return (grad, None, None, None, None, *([None] * len(ctx.params)))

@@ -36,6 +36,8 @@ TAG = "setup.replicate"
 class ReplicateEngine(Engine):
     """Replicated L-hop neighbourhood, no per-layer exchange."""
 
+    fetches_halo_ids = False  # ``row_ids`` has every local row's original ID
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["cache_input"] = False  # every input row is held locally anyway
         super().__init__(*args, **kwargs)
@@ -84,6 +86,9 @@ class ReplicateEngine(Engine):
                     None if weight is None else weight[:num_edges],
                 )
             )
+        # Layer l's sources are the first num_src local rows: their original
+        # IDs key GAT's hashed attention dropout.
+        self._src_ids = [orig[: mg.num_src] for mg in self._mgs]
         n = part.num_owned
         self.counters = {
             "replicated_rows": nodes.numel() - n,
@@ -114,8 +119,7 @@ class ReplicateEngine(Engine):
     def run_layer(
         self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor
     ) -> torch.Tensor:
-        out: torch.Tensor = layer(mg, h)
-        return out
+        return self.call_layer(index, layer, mg, h, self._src_ids[index])
 
 
 def _owned_csr(part: LocalPart, self_loops: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -56,7 +56,7 @@ def train_fullgraph(
         Accuracies at the best-validation epoch, per-epoch records, weights.
     """
     x, y = check_trainable(graph)
-    torch.manual_seed(config.seed)  # initialisation (and GAT attention dropout)
+    torch.manual_seed(config.seed)  # initialisation (dropout masks are hashed)
     mg = LAYER_KINDS[config.model].full_graph(graph)
     mgs = [mg] * config.num_layers
     model = make_model(graph, config)

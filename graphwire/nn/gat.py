@@ -7,7 +7,10 @@ For each head ``k``, with ``z = h W`` split into heads:
     h'_{d,k}       = sum_s alpha_{s->d,k} z_{s,k}
 
 Heads are concatenated (``concat=True``, hidden layers) or averaged (the output
-layer of the paper). Attention dropout drops normalised coefficients in training.
+layer of the paper). Attention dropout drops normalised coefficients in training:
+with a ``seed`` (and the global ID of every source row) the mask is hashed from
+``(seed, source ID, destination ID, head)`` and equal on every process
+(:func:`~graphwire.nn.dropout.hashed_edge_dropout`); without, ``F.dropout``.
 Full-graph GAT expects self-loops in the graph (each node attends to itself);
 ``mg.edge_weight`` is ignored.
 
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graphwire.nn.base import MessageGraph, edge_softmax, spmm_sum
+from graphwire.nn.dropout import hashed_edge_dropout
 
 __all__ = ["GATConv"]
 
@@ -76,23 +80,51 @@ class GATConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        mg: MessageGraph,
+        h_src: torch.Tensor,
+        *,
+        src_ids: torch.Tensor | None = None,
+        seed: int | None = None,
+    ) -> torch.Tensor:
         """Attend over each destination's in-edges.
 
         Args:
             mg: message graph.
             h_src: float [num_src, in_dim].
+            src_ids: int64 [num_src], the global node ID of every source row
+                (destinations are the first ``num_dst``); needed with ``seed``.
+            seed: hash the attention dropout mask from this seed and the edges'
+                global endpoints instead of drawing it.
 
         Returns:
             float [num_dst, heads * out_dim] if ``concat`` else [num_dst, out_dim].
         """
+        if seed is not None and src_ids is None:
+            raise ValueError(
+                "GATConv: seed (hashed attention dropout) needs src_ids, the "
+                "global node ID of every source row"
+            )
         z = self.lin(h_src).view(-1, self.heads, self.out_dim)  # [S, H, F]
         score_src = (z * self.att_src).sum(-1)  # [S, H]
         score_dst = (z[: mg.num_dst] * self.att_dst).sum(-1)  # [D, H]
         scores = score_src[mg.indices] + score_dst[mg.dst_of_edges]  # [E, H]
         scores = F.leaky_relu(scores, self.negative_slope)
         alpha = edge_softmax(mg, scores)
-        alpha = F.dropout(alpha, self.attn_dropout, self.training)
+        if not self.training or self.attn_dropout == 0.0:
+            pass
+        elif seed is not None:
+            assert src_ids is not None
+            if src_ids.shape != (mg.num_src,):
+                raise ValueError(
+                    f"GATConv: src_ids: expected shape ({mg.num_src},) (num_src), "
+                    f"found {tuple(src_ids.shape)}"
+                )
+            src, dst = src_ids[mg.indices], src_ids[mg.dst_of_edges]
+            alpha = hashed_edge_dropout(alpha, self.attn_dropout, src, dst, seed)
+        else:
+            alpha = F.dropout(alpha, self.attn_dropout, True)
         out = spmm_sum(mg, z, alpha)  # [D, H, F]
         out = out.flatten(1) if self.concat else out.mean(1)
         if self.bias is not None:

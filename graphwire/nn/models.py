@@ -15,6 +15,8 @@ Dropout comes before ``fetch`` so a row is dropped once, by its owner, and every
 consumer sees the same row (as in a single process). With ``dropout_seed`` the
 mask is hashed from (seed, layer, global row ID) and equal on every process
 (:mod:`graphwire.nn.dropout`); without it, dropout draws from torch's generator.
+GAT's attention dropout is hashed likewise, from (seed, layer, source ID,
+destination ID, head), when :func:`layer_call_kwargs` passes the layer a seed.
     h     = activation(h)                    # all but the last layer
 
 Layer kinds are registered by name in :data:`LAYER_KINDS`, each with the graph it
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +50,16 @@ __all__ = [
     "ModelOptions",
     "build_model",
     "feature_dropout",
+    "layer_call_kwargs",
 ]
 
 Fetch = Callable[[int, torch.Tensor], torch.Tensor]
 RunLayer = Callable[[int, nn.Module, MessageGraph, torch.Tensor], torch.Tensor]
+
+# Attention-dropout seeds are derive_seed(dropout_seed, ATTENTION_STREAM, layer):
+# three parts, where feature dropout's derive_seed(dropout_seed, layer) has two,
+# so the two streams never share a seed.
+ATTENTION_STREAM = 0x41545444  # "ATTD"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -154,6 +163,41 @@ def feature_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return (flat * mask).view_as(x)
 
 
+def layer_call_kwargs(
+    layer: nn.Module,
+    index: int,
+    dropout_seed: int | None,
+    training: bool,
+    src_ids: torch.Tensor | None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``layer(mg, h_src, **kwargs)``: hashed attention.
+
+    Only layers with ``attn_dropout > 0`` (GAT) take them, and only in training
+    with a ``dropout_seed``; every other call gets ``{}``, so GCN and SAGE
+    layers are called as ``layer(mg, h_src)``.
+
+    Args:
+        layer: layer ``index`` of the model.
+        index: its position, input layer 0 (each layer gets its own seed).
+        dropout_seed: the model's hashed-dropout seed, or None (no hashing).
+        training: the model is in training mode.
+        src_ids: int64 [num_src], global (original) ID of every source row of
+            the layer's MessageGraph.
+
+    Returns:
+        ``{"src_ids": src_ids, "seed": derive_seed(dropout_seed,
+        ATTENTION_STREAM, index)}`` or ``{}``.
+    """
+    if not training or dropout_seed is None:
+        return {}
+    if float(getattr(layer, "attn_dropout", 0.0)) <= 0.0:
+        return {}
+    return {
+        "src_ids": src_ids,
+        "seed": derive_seed(dropout_seed, ATTENTION_STREAM, index),
+    }
+
+
 class GNN(nn.Module):
     """``L`` message-passing layers with activation and dropout between them.
 
@@ -203,11 +247,14 @@ class GNN(nn.Module):
             run_layer: ``run_layer(l, layer, mgs[l], h) -> layer output``, in
                 place of ``layer(mgs[l], fetch(l, h))``, for engines that run a
                 layer in pieces (G3's bins) with communication in between.
-            row_ids: int64 [>= len(h)], global IDs of the rows of ``h``; layer
-                ``l`` uses the first ``len(h)`` (full-graph training: all nodes,
-                or a worker's owned nodes first); needed with ``dropout_seed``.
-            dropout_seed: hash dropout masks from this seed (per layer) and
-                ``row_ids`` instead of drawing them.
+            row_ids: int64 [>= len(h_src)], global IDs of the rows of ``h``
+                and then of the rows ``fetch`` appends; layer ``l``'s feature
+                dropout uses the first ``len(h)``, GAT's attention dropout the
+                first ``len(h_src)`` (full-graph training: all nodes, or a
+                worker's owned nodes first); needed with ``dropout_seed``.
+                ``run_layer`` gets no IDs: the engine knows its own.
+            dropout_seed: hash dropout masks (features, and GAT attention) from
+                this seed (per layer) and ``row_ids`` instead of drawing them.
 
         Returns:
             float [mgs[-1].num_dst, out_dim] logits.
@@ -236,7 +283,12 @@ class GNN(nn.Module):
             if run_layer is not None:
                 h = run_layer(index, layer, mg, h)
             else:
-                h = layer(mg, fetch(index, h) if fetch is not None else h)
+                h_src = fetch(index, h) if fetch is not None else h
+                src_ids = None if row_ids is None else row_ids[: h_src.shape[0]]
+                kwargs = layer_call_kwargs(
+                    layer, index, dropout_seed, self.training, src_ids
+                )
+                h = layer(mg, h_src, **kwargs)
             if index < last:
                 h = self.activation(h)
         return h

@@ -39,7 +39,6 @@ from graphwire.fullgraph.distributed import (
     build_engine,
     forward_loss,
     seeded_model,
-    sync_gradients,
     train_distributed,
 )
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
@@ -96,8 +95,8 @@ class DyingP2PEngine(P2PEngine):
             and self._epoch == self._die_epoch
         )
 
-    def _send_bin(self, layer: int, b: int, values: torch.Tensor, local: bool) -> None:
-        super()._send_bin(layer, b, values, local)
+    def _send_bin(self, layer: int, b: int, rows: torch.Tensor) -> None:
+        super()._send_bin(layer, b, rows)
         if self._now(layer) and self._sends:
             self._die()
 
@@ -127,7 +126,7 @@ class StepCase:
 
     Attributes:
         folder: the partitioned graph (one part per rank).
-        config: the model (``attn_dropout=0`` for GAT: exact parity).
+        config: the model.
         exchange: engine name.
         options: engine options.
         dropout_seed: the hashed dropout's seed (dropout is on).
@@ -171,7 +170,7 @@ def _step(transport: Transport, case: StepCase) -> dict[str, Any]:
     num_train = int(transport.all_reduce_sum(local, "sync.metrics"))
     logits, loss = forward_loss(engine, model, num_train, case.dropout_seed)
     loss.backward()
-    sync_gradients(model, transport)
+    engine.sync_gradients(model)
     return {
         "orig_nid": part.orig_nid.clone(),
         "logits": logits.detach().clone(),

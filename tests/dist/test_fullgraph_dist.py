@@ -70,7 +70,7 @@ LAUNCH_S = 120.0  # bound on one launch (and on each collective in it)
 # G3 with 16-row bins: a layer runs in many bins and sends one message per
 # (bin, peer) as each bin finishes, so isend/irecv really overlap computation.
 ENGINES = [("halo", {}), ("g3", {"bin_rows": 16, "mode": "full"})]
-MODELS = ["gcn", "sage", "gat"]  # config_for: GAT's attention dropout is 0
+MODELS = ["gcn", "sage", "gat"]
 WORLDS = {2: "metis", 3: "random"}  # 3: random parts, uneven, many halo rows
 
 
@@ -298,8 +298,8 @@ def test_killed_worker_fails_the_run_and_resume_restores_it(
     tmp_path: Path, graph: Graph, capfd: pytest.CaptureFixture[str]
 ) -> None:
     folder = str(write_parts(graph, 2, tmp_path, "metis"))
-    # GAT with attention dropout on: it draws from each rank's torch generator,
-    # so the checkpoint's RNG state matters as well as the weights and Adam's.
+    # GAT with attention and feature dropout on (hashed masks): the resumed run
+    # must take up the epoch count, the weights and Adam's state exactly.
     config = TrainConfig(model="gat", hidden=8, heads=2, epochs=12, seed=3)
     assert config.attn_dropout and config.dropout
     straight = launch_local(

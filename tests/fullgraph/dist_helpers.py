@@ -13,7 +13,6 @@ from graphwire.fullgraph.distributed import (
     build_engine,
     forward_loss,
     seeded_model,
-    sync_gradients,
 )
 from graphwire.graph.graph import Graph
 from graphwire.graph.synthetic import ProductsConfig, products_graph
@@ -35,9 +34,12 @@ def write_parts(graph: Graph, num_parts: int, folder: Path, method: str) -> Path
     return write_partitioned(graph, partition, folder / f"{method}{num_parts}")
 
 
-def config_for(model: str) -> TrainConfig:
-    # GAT's attention dropout draws from torch's generator: off for parity.
-    return TrainConfig(model=model, hidden=8, heads=2, attn_dropout=0.0, seed=7)
+def config_for(model: str, attn_dropout: float = 0.0) -> TrainConfig:
+    # Feature dropout is on (the models' defaults); GAT's attention dropout is
+    # off unless asked for (test_gat_attention_dropout_matches_single_process).
+    return TrainConfig(
+        model=model, hidden=8, heads=2, attn_dropout=attn_dropout, seed=7
+    )
 
 
 def single_step(graph: Graph, config: TrainConfig) -> dict[str, Any]:
@@ -82,7 +84,7 @@ def dist_step(
     )
     logits, loss = forward_loss(engine, model, num_train, DROPOUT_SEED)
     loss.backward()
-    sync_gradients(model, transport)
+    engine.sync_gradients(model)
     return {
         "orig_nid": part.orig_nid.clone(),
         "logits": logits.detach(),

@@ -96,6 +96,9 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options):
         )
         assert _sent(ledgers, "fwd.L0") == (0, 0)
         del widths["fwd.L0"]
+    else:
+        # Only the halo's int64 original IDs (hashed dropout keys), once.
+        assert _sent(ledgers, "setup.input")[0] == halo_rows * 8
     for tag, width in widths.items():
         num_bytes, messages = _sent(ledgers, tag)
         assert num_bytes == halo_rows * width * 4  # each halo row exactly once
@@ -128,6 +131,7 @@ def test_replicate_moves_nothing_per_layer_and_counts_its_recomputation(tmp_path
     tags = {row[2] for r in ranks for row in r["ledger"]["sent"]}
     assert not {t for t in tags if t.startswith(("fwd.", "bwd."))}
     assert "setup.replicate" in tags and "sync.grad" in tags
+    assert "setup.input" not in tags  # original IDs come with the replicated rows
     stats = PartitionStats.compute(
         graph, get_partitioner("metis").partition(graph, 3, seed=0)
     )

@@ -1,11 +1,12 @@
-"""Hashed dropout: a mask fixed by (seed, row ID, column), whoever computes it."""
+"""Hashed dropout: a mask fixed by (seed, row ID, column) or (seed, edge's source
+and destination IDs, head), whoever computes it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from graphwire.nn.dropout import hashed_dropout, hashed_uniform
+from graphwire.nn.dropout import hashed_dropout, hashed_edge_dropout, hashed_uniform
 
 _M = (1 << 64) - 1
 
@@ -87,3 +88,60 @@ def test_sparse_and_dense_paths_draw_the_same_mask() -> None:
     torch.testing.assert_close(
         sparse_out[kept] != 0, dense_out[kept] != 0, rtol=0, atol=0
     )
+
+
+def _edges(num_edges: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, 10**9, (num_edges,), generator=gen)
+    dst = torch.randint(0, 10**9, (num_edges,), generator=gen)
+    return src, dst
+
+
+def test_edge_dropout_rate_and_scale() -> None:
+    src, dst = _edges(20_000, 0)
+    p, heads = 0.6, 8
+    out = hashed_edge_dropout(torch.ones(20_000, heads), p, src, dst, seed=2)
+    kept = out != 0
+    # Binomial: the kept fraction of n draws has sd sqrt(p (1 - p) / n), 0.0012
+    # over all entries and 0.0035 per head; allow 5 sd.
+    sd = (p * (1 - p) / kept.numel()) ** 0.5
+    assert abs(float(kept.float().mean()) - (1 - p)) < 5 * sd
+    sd_head = (p * (1 - p) / kept.shape[0]) ** 0.5
+    for k in range(heads):  # every head on its own as well
+        assert abs(float(kept[:, k].float().mean()) - (1 - p)) < 5 * sd_head
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / (1 - p)))
+    assert hashed_edge_dropout(out, 0.0, src, dst, seed=2) is out
+
+
+def test_edge_mask_follows_the_edge_not_its_position() -> None:
+    src, dst = _edges(3_000, 1)
+    alpha = torch.rand(3_000, 4, generator=torch.Generator().manual_seed(1)) + 0.1
+    full = hashed_edge_dropout(alpha, 0.5, src, dst, seed=7)
+    perm = torch.randperm(3_000, generator=torch.Generator().manual_seed(2))
+    permuted = hashed_edge_dropout(alpha[perm], 0.5, src[perm], dst[perm], seed=7)
+    torch.testing.assert_close(permuted, full[perm], rtol=0, atol=0)
+    # A worker holding a subset of the edges draws their entries of the mask.
+    some = perm[:500]
+    part = hashed_edge_dropout(alpha[some], 0.5, src[some], dst[some], seed=7)
+    torch.testing.assert_close(part, full[some], rtol=0, atol=0)
+    again = hashed_edge_dropout(alpha, 0.5, src, dst, seed=7)
+    torch.testing.assert_close(again, full, rtol=0, atol=0)
+
+
+def test_edge_mask_differs_by_seed_head_and_direction() -> None:
+    src, dst = _edges(4_000, 3)
+    ones = torch.ones(4_000, 2)
+    kept = hashed_edge_dropout(ones, 0.5, src, dst, seed=1) != 0
+    other_seed = hashed_edge_dropout(ones, 0.5, src, dst, seed=2) != 0
+    reversed_ = hashed_edge_dropout(ones, 0.5, dst, src, seed=1) != 0
+    # Unrelated masks agree on half the entries (sd 0.0056 over 8,000).
+    for other in (other_seed, reversed_):
+        assert abs(float((kept == other).float().mean()) - 0.5) < 0.03
+    assert abs(float((kept[:, 0] == kept[:, 1]).float().mean()) - 0.5) < 0.03
+
+
+def test_edge_ids_must_match_edges() -> None:
+    with pytest.raises(ValueError, match="dst_ids"):
+        hashed_edge_dropout(torch.ones(3, 2), 0.5, torch.arange(3), torch.arange(4), 0)
+    with pytest.raises(ValueError, match=r"alpha: expected \[E, H\]"):
+        hashed_edge_dropout(torch.ones(3), 0.5, torch.arange(3), torch.arange(3), 0)

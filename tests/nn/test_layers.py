@@ -149,3 +149,45 @@ def test_blocks_with_all_neighbours_equal_full_graph(kind: str) -> None:
     batch = sampler.sample(seeds, 0)
     logits = model(batch.blocks, graph.x[batch.input_nid])
     torch.testing.assert_close(logits, expected[seeds])
+
+
+def test_gat_training_on_blocks_with_hashed_dropout_equals_full_graph() -> None:
+    """In training, with a dropout seed, blocks (fan-out >= max degree) give the
+    full graph's logits: feature and attention masks follow global node IDs, not
+    rows or edge positions. (With ``F.dropout`` attention they would differ.)"""
+    torch.manual_seed(5)
+    graph = _graph(num_nodes=60, num_edges=300, seed=5).add_self_loops()
+    full = MessageGraph(graph.indptr, graph.indices, 60, 60)
+    model = build_model("gat", 5, 8, 3, num_layers=2, heads=2, attn_dropout=0.6)
+    model.train()
+    assert graph.x is not None
+    seed = 99
+    expected = model([full, full], graph.x, row_ids=torch.arange(60), dropout_seed=seed)
+    assert not torch.allclose(expected, model.eval()([full, full], graph.x))
+    max_degree = int(graph.in_degrees().max())
+    sampler = UniformNeighborSampler(graph, [max_degree, 1000])
+    seeds = torch.tensor([5, 17, 3, 42, 0, 59])
+    batch = sampler.sample(seeds, 0)
+    logits = model.train()(
+        batch.blocks,
+        graph.x[batch.input_nid],
+        row_ids=batch.input_nid,
+        dropout_seed=seed,
+    )
+    torch.testing.assert_close(logits, expected[seeds])
+
+
+def test_gat_seed_needs_source_ids() -> None:
+    mg = MessageGraph.from_graph(_graph(seed=6).add_self_loops())
+    layer = GATConv(5, 4, heads=2, attn_dropout=0.5).train()
+    h = torch.randn(30, 5)
+    with pytest.raises(ValueError, match="needs src_ids"):
+        layer(mg, h, seed=1)
+    with pytest.raises(ValueError, match=r"src_ids: expected shape \(30,\)"):
+        layer(mg, h, src_ids=torch.arange(29), seed=1)
+    ids = torch.arange(100, 130)
+    hashed = layer(mg, h, src_ids=ids, seed=1)
+    torch.testing.assert_close(layer(mg, h, src_ids=ids, seed=1), hashed)
+    assert not torch.allclose(layer(mg, h, src_ids=ids, seed=2), hashed)
+    layer.eval()  # no dropout: the seed changes nothing
+    torch.testing.assert_close(layer(mg, h, src_ids=ids, seed=1), layer(mg, h))

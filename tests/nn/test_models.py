@@ -1,4 +1,5 @@
-"""build_model and GNN: registry, widths, the fetch hook, dropout placement."""
+"""build_model and GNN: registry, widths, the fetch hook, dropout placement and
+the keywords that hash GAT's attention dropout."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import derive_seed
 from graphwire.nn import LAYER_KINDS, GATConv, MessageGraph, build_model
-from graphwire.nn.models import feature_dropout
+from graphwire.nn.models import ATTENTION_STREAM, feature_dropout, layer_call_kwargs
 
 
 def _ring(n: int = 10) -> MessageGraph:
@@ -116,3 +118,44 @@ def test_feature_dropout_matches_dropout_statistics(density: float) -> None:
     assert abs(rate - 0.4) < 0.03
     assert feature_dropout(x, 0.6, training=False) is x
     assert feature_dropout(x, 0.0, training=True) is x
+
+
+def test_layer_call_kwargs_only_for_attention_dropout_in_training() -> None:
+    gat = build_model("gat", 6, 4, 3, num_layers=2, heads=2, attn_dropout=0.5)
+    no_attn = build_model("gat", 6, 4, 3, num_layers=2, heads=2)
+    gcn = build_model("gcn", 6, 4, 3, num_layers=2)
+    ids = torch.arange(10)
+    kwargs = [layer_call_kwargs(gat.layers[i], i, 7, True, ids) for i in (0, 1)]
+    assert all(k["src_ids"] is ids for k in kwargs)
+    seeds = {k["seed"] for k in kwargs}
+    # One seed per layer, none shared with feature dropout's derive_seed(7, l).
+    assert seeds == {derive_seed(7, ATTENTION_STREAM, i) for i in (0, 1)}
+    assert len(seeds | {derive_seed(7, i) for i in range(4)}) == 6
+    assert layer_call_kwargs(gat.layers[0], 0, 7, False, ids) == {}
+    assert layer_call_kwargs(gat.layers[0], 0, None, True, ids) == {}
+    assert layer_call_kwargs(no_attn.layers[0], 0, 7, True, ids) == {}
+    assert layer_call_kwargs(gcn.layers[0], 0, 7, True, ids) == {}
+
+
+def test_hashed_gat_dropout_is_independent_of_node_numbering() -> None:
+    """Renumbering the nodes (rows, edges and row_ids alike) permutes the
+    training logits: every mask follows the global IDs."""
+    torch.manual_seed(2)
+    n = 40
+    gen = torch.Generator().manual_seed(3)
+    src, dst = torch.randint(0, n, (2, 160), generator=gen)
+    graph = Graph.from_edge_index(src, dst, num_nodes=n).deduplicate()
+    model = build_model("gat", 6, 4, 3, num_layers=2, heads=2, attn_dropout=0.6)
+    model.train()
+    x = torch.randn(n, 6)
+    mg = MessageGraph.from_graph(graph, add_self_loops=True)
+    out = model([mg, mg], x, row_ids=torch.arange(n), dropout_seed=5)
+    perm = torch.randperm(n, generator=gen)  # new row i is old node perm[i]
+    new_of_old = torch.argsort(perm)
+    edges = graph.edge_index()
+    renumbered = Graph.from_edge_index(
+        new_of_old[edges[0]], new_of_old[edges[1]], num_nodes=n
+    )
+    mg2 = MessageGraph.from_graph(renumbered, add_self_loops=True)
+    out2 = model([mg2, mg2], x[perm], row_ids=perm, dropout_seed=5)
+    torch.testing.assert_close(out2, out[perm])

@@ -1,0 +1,366 @@
+"""G3's scheduling data: the node order, the bins of every layer, the messages.
+
+Built once per rank at set-up (G3 §5.3) for
+:class:`~graphwire.fullgraph.p2p.P2PEngine`:
+
+1. **Order.** ``bfs`` (the paper's Step 1): a breadth-first traversal of the
+   part's own sub-graph, one connected component after another (each from its
+   lowest local ID), then the rows with remote in-neighbours moved to the
+   front, keeping BFS order inside both groups. ``priority`` (§5.2's "more
+   remote neighbours first"): rows needed by more peers first, then rows with
+   more remote in-neighbours, then by ID.
+2. **Bins per layer** (Step 2-3). Rows without halo inputs and rows with them
+   form two groups, each cut in order into bins whose estimated memory stays
+   within a budget::
+
+       bytes(bin) = 4 * (num_src * (in_width + out_width) + rows * out_width)
+
+   where ``num_src`` is the bin's distinct source rows (its own rows and their
+   in-neighbours, as its MessageGraph holds them): the gathered inputs and
+   their transform, then the output. A layer with wider rows gets smaller
+   bins. ``max_rows`` additionally caps the rows of a bin (G3's "initial bin
+   size"); a single row over the budget gets a bin of its own.
+3. **Messages.** Layer ``k``'s halo rows arrive as one message per (sender
+   bin of layer ``k - 1``, receiver), rows in the sender's schedule order, so
+   a bin's rows can leave as soon as it is computed; each bin lists the
+   messages its halo rows come in (``needs``), for eager computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.sparse import csgraph
+
+from graphwire.comm.base import Transport
+from graphwire.comm.plan import ExchangePlan
+from graphwire.nn.base import MessageGraph
+
+__all__ = [
+    "ORDERS",
+    "Bin",
+    "LayerBins",
+    "Messages",
+    "bfs_order",
+    "bin_bytes",
+    "layer_bins",
+    "priority_order",
+    "send_order",
+    "setup_messages",
+    "with_needs",
+]
+
+ORDERS = ("bfs", "priority")
+_FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True, eq=False)
+class Bin:
+    """One bin of owned destination rows and the sub-graph they aggregate over.
+
+    Attributes:
+        rows: int64 [b], owned-local IDs of the bin's destinations.
+        mg: MessageGraph with ``b`` destinations; its sources are ``rows`` then
+            the other local rows its edges use (sorted: owned before halo).
+        src_owned: int64 [*], owned-local rows feeding ``mg``'s sources.
+        src_halo: int64 [*], halo positions feeding the sources after them.
+        needs: the messages ``(peer, sender bin)`` its halo rows come in.
+        src_ids: int64 [mg.num_src], the original node ID of each source row
+            (the engine fills it in).
+    """
+
+    rows: torch.Tensor
+    mg: MessageGraph
+    src_owned: torch.Tensor
+    src_halo: torch.Tensor
+    needs: frozenset[tuple[int, int]] = frozenset()
+    src_ids: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class LayerBins:
+    """The bins of one layer: rows without halo inputs first.
+
+    Attributes:
+        bins: in schedule order; ``bins[:num_local]`` read no halo row.
+        num_local: bins of rows without halo inputs.
+        position: int64 [n], each owned row's position in the schedule.
+        bin_of_row: int64 [n], each owned row's bin.
+        bin_start: int64 [len(bins)], schedule position of each bin's first row.
+    """
+
+    bins: list[Bin]
+    num_local: int
+    position: torch.Tensor
+    bin_of_row: torch.Tensor
+    bin_start: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class Messages:
+    """How one layer's halo rows travel (see the module docstring, 3).
+
+    Attributes:
+        send_rows: per peer, ``(sender bin, owned rows, their positions in the
+            bin)`` for every bin with rows that peer needs, in send order.
+        recv_pos: per message ``(peer, sender bin)``, the halo positions its
+            rows fill, in order.
+        keys: every message this rank receives, each peer's in send order.
+        bins_sent: the sender bins with rows for some peer.
+        halo_message: int64 [num_halo], the index in ``keys`` of each halo row's
+            message.
+    """
+
+    send_rows: list[list[tuple[int, torch.Tensor, torch.Tensor]]]
+    recv_pos: dict[tuple[int, int], torch.Tensor]
+    keys: list[tuple[int, int]]
+    bins_sent: frozenset[int]
+    halo_message: torch.Tensor
+
+
+# ------------------------------------------------------------------- order
+def priority_order(mg: MessageGraph, plan: ExchangePlan) -> torch.Tensor:
+    """Owned rows, most-needed first: by peers needing the row, then by remote
+    in-neighbours, then by ID."""
+    n = mg.num_dst
+    peers = torch.zeros(n, dtype=torch.int64)
+    for idx in plan.send_idx:
+        peers[idx] += 1
+    remote = torch.bincount(mg.dst_of_edges[mg.indices >= n], minlength=n)
+    key = (peers * (remote.max() + 1) + remote) * n + (n - 1 - torch.arange(n))
+    return torch.argsort(key, descending=True)
+
+
+def bfs_order(mg: MessageGraph) -> torch.Tensor:
+    """Owned rows in BFS order over the part's own (undirected) sub-graph, one
+    component after another from its lowest row, then the rows with remote
+    in-neighbours moved to the front (a stable partition)."""
+    n = mg.num_dst
+    dst = mg.dst_of_edges.numpy()
+    src = mg.indices.numpy()
+    own = src < n
+    ones = np.ones(int(own.sum()), dtype=np.int8)
+    adjacency = sp.csr_matrix((ones, (dst[own], src[own])), shape=(n, n))
+    adjacency = (adjacency + adjacency.T).tocsr()
+    _, labels = csgraph.connected_components(adjacency, directed=False)
+    # Each component's lowest row starts it; components in order of that row.
+    first = np.full(int(labels.max()) + 1 if n else 0, n, dtype=np.int64)
+    np.minimum.at(first, labels, np.arange(n))
+    sizes = np.bincount(labels, minlength=first.size)
+    order = []
+    for component in np.argsort(first, kind="stable"):
+        start = int(first[component])
+        if sizes[component] == 1:
+            order.append(np.array([start], dtype=np.int64))
+            continue
+        visit = csgraph.breadth_first_order(
+            adjacency, start, directed=False, return_predecessors=False
+        )
+        order.append(visit.astype(np.int64))
+    bfs = torch.from_numpy(np.concatenate(order)) if order else torch.empty(0)
+    remote = torch.zeros(n, dtype=torch.bool)
+    remote[mg.dst_of_edges[mg.indices >= n]] = True
+    return torch.cat([bfs[remote[bfs]], bfs[~remote[bfs]]]).to(torch.int64)
+
+
+# -------------------------------------------------------------------- bins
+def bin_bytes(num_src: int, rows: int, widths: tuple[int, int]) -> int:
+    """The estimated memory of a bin (module docstring, 2)."""
+    in_width, out_width = widths
+    return _FLOAT_BYTES * (num_src * (in_width + out_width) + rows * out_width)
+
+
+def layer_bins(
+    mg: MessageGraph,
+    order: torch.Tensor,
+    widths: tuple[int, int],
+    budget_bytes: int,
+    max_rows: int | None,
+) -> LayerBins:
+    """Cut ``order`` into one layer's bins (module docstring, 2).
+
+    Args:
+        mg: the part's MessageGraph (owned destinations; owned then halo
+            sources).
+        order: int64 [n], every owned row once.
+        widths: the layer's ``(input, output)`` row widths.
+        budget_bytes: the memory budget of a bin.
+        max_rows: the most rows in a bin, or None.
+    """
+    n = mg.num_dst
+    has_halo = torch.zeros(n, dtype=torch.bool)
+    has_halo[mg.dst_of_edges[mg.indices >= n]] = True
+    groups = [order[~has_halo[order]], order[has_halo[order]]]
+    cuts = [_cut(mg, group, widths, budget_bytes, max_rows) for group in groups]
+    bins = [_bin(mg, rows) for group_cuts in cuts for rows in group_cuts]
+    schedule = torch.cat([b.rows for b in bins]) if bins else order
+    position = torch.empty(n, dtype=torch.int64)
+    position[schedule] = torch.arange(n)
+    sizes = torch.tensor([b.rows.numel() for b in bins], dtype=torch.int64)
+    bin_of_row = torch.repeat_interleave(torch.arange(len(bins)), sizes)
+    return LayerBins(
+        bins=bins,
+        num_local=len(cuts[0]),
+        position=position,
+        bin_of_row=bin_of_row[position],
+        bin_start=torch.cumsum(sizes, 0) - sizes,
+    )
+
+
+def _cut(
+    mg: MessageGraph,
+    group: torch.Tensor,
+    widths: tuple[int, int],
+    budget_bytes: int,
+    max_rows: int | None,
+) -> list[torch.Tensor]:
+    """Consecutive bins of ``group``, each the longest prefix of what is left
+    that fits the budget (and ``max_rows``); at least one row each."""
+    bins: list[torch.Tensor] = []
+    start, window = 0, 1024
+    total = group.numel()
+    while start < total:
+        end = min(total, start + (max_rows or total), start + window)
+        cost = _prefix_bytes(mg, group[start:end], widths)
+        take = max(1, int(torch.searchsorted(cost, budget_bytes, right=True)))
+        capped = max_rows is not None and take >= max_rows
+        if take == end - start and end < total and not capped:
+            window *= 2  # the budget was not reached: look further
+            continue
+        bins.append(group[start : start + take])
+        start += take
+    return bins
+
+
+def _prefix_bytes(
+    mg: MessageGraph, rows: torch.Tensor, widths: tuple[int, int]
+) -> torch.Tensor:
+    """int64 [len(rows)]: :func:`bin_bytes` of the bin ``rows[: i + 1]``."""
+    counts = mg.indptr[rows + 1] - mg.indptr[rows]
+    eids = _edge_ids(mg, rows, counts)
+    # Each source counts from the first prefix that holds it (as a row or as
+    # an in-neighbour of one).
+    position = torch.repeat_interleave(torch.arange(rows.numel()), counts)
+    sources = torch.cat([rows, mg.indices[eids]])
+    at = torch.cat([torch.arange(rows.numel()), position])
+    first = torch.full((mg.num_src,), rows.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, sources, at, reduce="amin")
+    new = torch.bincount(first[first < rows.numel()], minlength=rows.numel())
+    num_src = torch.cumsum(new, 0)
+    in_width, out_width = widths
+    prefix_rows = torch.arange(1, rows.numel() + 1)
+    return _FLOAT_BYTES * (num_src * (in_width + out_width) + prefix_rows * out_width)
+
+
+def _edge_ids(
+    mg: MessageGraph, rows: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """The CSR positions of the in-edges of ``rows``, row after row."""
+    indptr = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    starts = torch.repeat_interleave(mg.indptr[rows], counts)
+    offsets = torch.arange(int(indptr[-1])) - torch.repeat_interleave(
+        indptr[:-1], counts
+    )
+    return starts + offsets
+
+
+def _bin(mg: MessageGraph, rows: torch.Tensor) -> Bin:
+    """Sub-graph of ``rows``: its own rows first among the sources."""
+    n = mg.num_dst
+    counts = mg.indptr[rows + 1] - mg.indptr[rows]
+    eids = _edge_ids(mg, rows, counts)
+    indptr = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    sources = mg.indices[eids]
+    slot = torch.full((mg.num_src,), -1, dtype=torch.int64)
+    slot[rows] = torch.arange(rows.numel())
+    others = torch.unique(sources[slot[sources] < 0])  # sorted: owned before halo
+    slot[others] = torch.arange(rows.numel(), rows.numel() + others.numel())
+    src_rows = torch.cat([rows, others])
+    weight = mg.edge_weight[eids] if mg.edge_weight is not None else None
+    sub = MessageGraph(indptr, slot[sources], src_rows.numel(), rows.numel(), weight)
+    is_halo = src_rows >= n
+    return Bin(rows, sub, src_rows[~is_halo], src_rows[is_halo] - n)
+
+
+# ---------------------------------------------------------------- messages
+def setup_messages(
+    senders: LayerBins, plan: ExchangePlan, transport: Transport, halo_first: bool
+) -> Messages:
+    """Collective: agree with every peer on how rows computed in ``senders``'
+    bins travel: one message per sender bin and receiver, sent in the order the
+    sender computes its bins (:func:`send_order`), which is the order the
+    receiver posts its receives in (messages between a pair keep their order).
+    """
+    rank, world = transport.rank, transport.world_size
+    mine = send_order(len(senders.bins), senders.num_local, halo_first)
+    send_rows: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = []
+    perms, counts = [], []
+    for peer in range(world):
+        idx = plan.send_idx[peer]
+        perm = torch.argsort(senders.position[idx], stable=True)
+        ordered = idx[perm]
+        per_bin = torch.bincount(
+            senders.bin_of_row[ordered], minlength=len(senders.bins)
+        )
+        chunks = torch.split(ordered, per_bin.tolist())
+        send_rows.append(
+            [
+                (b, chunks[b], senders.position[chunks[b]] - senders.bin_start[b])
+                for b in mine
+                if chunks[b].numel()
+            ]
+        )
+        perms.append(perm)
+        counts.append(per_bin.tolist())
+    their_perm = transport.all_to_all(perms, plan.recv_rows, "setup.g3")
+    gathered = transport.all_gather_object((counts, senders.num_local), "setup.g3")
+    recv_pos: dict[tuple[int, int], torch.Tensor] = {}
+    halo_message = torch.full((plan.num_halo,), -1, dtype=torch.int64)
+    keys: list[tuple[int, int]] = []
+    for peer in range(world):
+        if peer == rank:
+            continue
+        their_counts, their_local = gathered[peer]
+        positions = plan.recv_idx[peer][their_perm[peer]]
+        split = torch.split(positions, their_counts[rank])
+        for b in send_order(len(split), their_local, halo_first):
+            if split[b].numel():
+                recv_pos[(peer, b)] = split[b]
+                halo_message[split[b]] = len(keys)
+                keys.append((peer, b))
+    return Messages(
+        send_rows=send_rows,
+        recv_pos=recv_pos,
+        keys=keys,
+        bins_sent=frozenset(b for chunks in send_rows for b, _, _ in chunks),
+        halo_message=halo_message,
+    )
+
+
+def send_order(num_bins: int, num_local: int, halo_first: bool) -> list[int]:
+    """The order a layer computes (and sends) its bins in: those with halo
+    inputs first when ``halo_first`` (their rows are the ones peers need),
+    else those without first (eager computation while halo rows arrive)."""
+    local, halo = list(range(num_local)), list(range(num_local, num_bins))
+    return halo + local if halo_first else local + halo
+
+
+def with_needs(layer: LayerBins, messages: Messages) -> LayerBins:
+    """``layer`` with each bin's ``needs``: the messages of ``messages`` its
+    halo rows come in."""
+    bins = [
+        replace(
+            b,
+            needs=frozenset(
+                messages.keys[int(m)]
+                for m in torch.unique(messages.halo_message[b.src_halo])
+            ),
+        )
+        for b in layer.bins
+    ]
+    return replace(layer, bins=bins)
