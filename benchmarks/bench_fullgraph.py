@@ -264,6 +264,12 @@ def _configs(
             Config("replicate (metis)", (*common, *metis, "--exchange", "replicate"))
         )
     configs.append(Config("g3 (metis)", (*common, *metis, "--exchange", "g3")))
+    configs.append(
+        Config(
+            "g3 priority (metis)",
+            (*common, *metis, "--exchange", "g3", "--g3-order", "priority"),
+        )
+    )
     for mode in ("sequential", "inter", "intra"):
         configs.append(
             Config(
@@ -501,6 +507,14 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     for other in ("replicate (metis)", "single process"):
         if other in results:
             _ratio_line(f"g3 / {other}", results, "g3 (metis)", other, "", None)
+    _ratio_line(
+        "g3 bfs / priority order",
+        results,
+        "g3 (metis)",
+        "g3 priority (metis)",
+        "",
+        None,
+    )
     for mode in ("sequential", "inter", "intra"):
         _ratio_line(
             f"g3 full / g3 {mode}",
