@@ -4,10 +4,12 @@ G3 (Wan et al., "Scaling Graph Neural Network Training with Hybrid
 Parallelism") sends each boundary row once to each peer that needs it and hides
 the transfer behind computation:
 
-- **Bins.** A rank computes its owned rows of a layer in bins, in priority
-  order: rows that peers need first (most peers first, then most remote
-  neighbours), then the rest. Bins hold at most ``bin_rows`` rows (default from
-  a per-layer memory budget, ``bin_mb`` MiB of float32 rows of width 128).
+- **Bins** (:mod:`graphwire.fullgraph.g3_bins`). A rank computes its owned
+  rows of a layer in bins: in BFS order with the rows that have remote
+  neighbours first (G3's Step 1; ``order="priority"``: most-needed rows
+  first), each bin as many rows as the layer's memory budget allows
+  (``bin_mb``, from the layer's input and output widths), at most ``bin_rows``
+  in a layer whose output is sent.
 - **Inter-layer pipelining.** As soon as a bin of layer ``l`` is computed, the
   rows of it that peers need at layer ``l + 1`` are finished (activation and
   the layer's hashed dropout, exactly what the model will apply) and sent with
@@ -23,9 +25,10 @@ the transfer behind computation:
   row's gradient is complete and goes to its owner (``isend``, tag
   ``bwd.L{l}``), then the bins that read only owned rows while those
   gradients are in flight. Parameter gradients accumulate bin by bin.
-- **Last layer.** Its output goes to no peer, so it runs in two bins (rows
-  without and with halo inputs): smaller bins would only repeat work, since a
-  bin transforms all of its source rows.
+- **Last layer.** Its output goes to no peer, so no row cap applies: it runs
+  in as few bins as the budget allows (two with the defaults here: rows
+  without and with halo inputs), since a bin transforms all of its source rows
+  and smaller bins would only repeat work.
 - **Layer-wise parameter synchronisation** (``sync="layer"``, G3 §6.2). As
   soon as a layer's backward is done its parameter gradients start their
   all-reduce (tag ``sync.grad.L{l}``, non-blocking), which completes once every

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
+from graphwire.comm.local import run_local
 from graphwire.fullgraph.distributed import (
     build_engine,
     forward_loss,
@@ -62,6 +64,24 @@ def single_step(graph: Graph, config: TrainConfig) -> dict[str, Any]:
         "loss": float(loss.detach()),
         "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
     }
+
+
+def run_dist_steps(
+    folder: Path | str,
+    num_parts: int,
+    config: TrainConfig,
+    exchange: str,
+    options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`dist_step` on ``num_parts`` in-process ranks."""
+    step = functools.partial(
+        dist_step,
+        folder=str(folder),
+        config=config,
+        exchange=exchange,
+        options=options,
+    )
+    return run_local(step, num_parts)
 
 
 def dist_step(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from graphwire.nn.models import LAYER_KINDS
 from graphwire.partition import load_part
 from tests.fullgraph.dist_helpers import (
     config_for,
-    dist_step,
+    run_dist_steps,
     single_step,
     small_graph,
     write_parts,
@@ -102,16 +101,8 @@ def _directed(graph: Graph) -> Graph:
     """``graph`` with only the edges from lower to higher node IDs."""
     src, dst = graph.edge_index()
     keep = src < dst
-    return Graph.from_edge_index(
-        src[keep],
-        dst[keep],
-        graph.num_nodes,
-        x=graph.x,
-        y=graph.y,
-        train_idx=graph.train_idx,
-        val_idx=graph.val_idx,
-        test_idx=graph.test_idx,
-    )
+    edges = Graph.from_edge_index(src[keep], dst[keep], graph.num_nodes)
+    return graph.replace(indptr=edges.indptr, indices=edges.indices)
 
 
 @pytest.mark.parametrize("options", [{"bin_rows": 8}, {"bin_rows": 8, "mode": "intra"}])
@@ -123,14 +114,5 @@ def test_directed_graph_messages_arrive_in_send_order(tmp_path, options) -> None
     config = config_for("sage")
     oracle = single_step(graph, config)
     folder = write_parts(graph, 3, tmp_path, "random")
-    ranks = run_local(
-        functools.partial(
-            dist_step,
-            folder=str(folder),
-            config=config,
-            exchange="g3",
-            options=options,
-        ),
-        3,
-    )
+    ranks = run_dist_steps(folder, 3, config, "g3", options)
     _assert_matches(ranks, oracle)

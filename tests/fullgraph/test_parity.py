@@ -12,15 +12,12 @@ happen in a different order than in one process; nothing else differs.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
-from graphwire.comm.local import run_local
 from tests.fullgraph.dist_helpers import (
     config_for,
-    dist_step,
+    run_dist_steps,
     single_step,
     small_graph,
     write_parts,
@@ -59,16 +56,7 @@ def test_engine_matches_single_process(
     oracle = single_step(graph, config)
     method = "random" if num_parts == 3 else "metis"  # 3: uneven, many halo rows
     folder = write_parts(graph, num_parts, tmp_path, method)
-    ranks = run_local(
-        functools.partial(
-            dist_step,
-            folder=str(folder),
-            config=config,
-            exchange=exchange,
-            options=options,
-        ),
-        num_parts,
-    )
+    ranks = run_dist_steps(folder, num_parts, config, exchange, options)
     _assert_matches(ranks, oracle)
 
 
@@ -96,16 +84,7 @@ def test_gat_attention_dropout_matches_single_process(
     assert not torch.allclose(oracle["logits"], without["logits"])  # it drops
     method = "random" if num_parts == 3 else "metis"
     folder = write_parts(graph, num_parts, tmp_path, method)
-    ranks = run_local(
-        functools.partial(
-            dist_step,
-            folder=str(folder),
-            config=config,
-            exchange=exchange,
-            options=options,
-        ),
-        num_parts,
-    )
+    ranks = run_dist_steps(folder, num_parts, config, exchange, options)
     _assert_matches(ranks, oracle)
 
 

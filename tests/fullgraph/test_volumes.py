@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -12,7 +10,12 @@ from graphwire.comm.plan import ExchangePlan
 from graphwire.graph.graph import Graph
 from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.partition.stats import PartitionStats
-from tests.fullgraph.dist_helpers import config_for, dist_step, small_graph, write_parts
+from tests.fullgraph.dist_helpers import (
+    config_for,
+    run_dist_steps,
+    small_graph,
+    write_parts,
+)
 
 
 def _ring(n: int) -> Graph:
@@ -75,16 +78,7 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options):
         graph, get_partitioner("metis").partition(graph, num_parts, seed=0)
     )
     config = config_for("sage")
-    ranks = run_local(
-        functools.partial(
-            dist_step,
-            folder=str(folder),
-            config=config,
-            exchange=exchange,
-            options=options,
-        ),
-        num_parts,
-    )
+    ranks = run_dist_steps(folder, num_parts, config, exchange, options)
     ledgers = [r["ledger"] for r in ranks]
     halo_rows = sum(stats.num_halo)
     widths = {"fwd.L0": graph.num_features, "fwd.L1": config.hidden}
@@ -119,15 +113,7 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options):
 def test_replicate_moves_nothing_per_layer_and_counts_its_recomputation(tmp_path):
     graph = small_graph()
     folder = write_parts(graph, 3, tmp_path, "metis")
-    ranks = run_local(
-        functools.partial(
-            dist_step,
-            folder=str(folder),
-            config=config_for("gcn"),
-            exchange="replicate",
-        ),
-        3,
-    )
+    ranks = run_dist_steps(folder, 3, config_for("gcn"), "replicate")
     tags = {row[2] for r in ranks for row in r["ledger"]["sent"]}
     assert not {t for t in tags if t.startswith(("fwd.", "bwd."))}
     assert "setup.replicate" in tags and "sync.grad" in tags
