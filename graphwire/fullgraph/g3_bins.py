@@ -160,7 +160,11 @@ def bfs_order(mg: MessageGraph) -> torch.Tensor:
             adjacency, start, directed=False, return_predecessors=False
         )
         order.append(visit.astype(np.int64))
-    bfs = torch.from_numpy(np.concatenate(order)) if order else torch.empty(0)
+    bfs = (
+        torch.from_numpy(np.concatenate(order))
+        if order
+        else torch.empty(0, dtype=torch.int64)
+    )
     remote = torch.zeros(n, dtype=torch.bool)
     remote[mg.dst_of_edges[mg.indices >= n]] = True
     return torch.cat([bfs[remote[bfs]], bfs[~remote[bfs]]]).to(torch.int64)

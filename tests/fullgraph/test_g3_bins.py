@@ -34,10 +34,10 @@ from tests.fullgraph.test_parity import _assert_matches
 def _graph_of(edges: list[tuple[int, int]], num_dst: int, num_src: int) -> MessageGraph:
     """In-edge CSR of ``(src, dst)`` pairs."""
     edges = sorted(edges, key=lambda e: (e[1], e[0]))
-    dst = torch.tensor([d for _, d in edges])
+    dst = torch.tensor([d for _, d in edges], dtype=torch.int64)
     indptr = torch.zeros(num_dst + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=indptr[1:])
-    indices = torch.tensor([s for s, _ in edges])
+    indices = torch.tensor([s for s, _ in edges], dtype=torch.int64)
     return MessageGraph(indptr, indices, num_src, num_dst)
 
 
@@ -116,3 +116,10 @@ def test_directed_graph_messages_arrive_in_send_order(tmp_path, options) -> None
     folder = write_parts(graph, 3, tmp_path, "random")
     ranks = run_dist_steps(folder, 3, config, "g3", options)
     _assert_matches(ranks, oracle)
+
+
+def test_a_part_without_rows_has_no_bins() -> None:
+    mg = _graph_of([], 0, 0)
+    assert bfs_order(mg).tolist() == []
+    layer = layer_bins(mg, bfs_order(mg), (4, 4), 1024, max_rows=8)
+    assert layer.bins == [] and layer.num_local == 0
