@@ -229,6 +229,20 @@ class BestEpoch:
             self._stale += 1
         return self.patience is not None and self._stale >= self.patience
 
+    def result(
+        self, records: list[EpochRecord], model: torch.nn.Module
+    ) -> TrainResult:
+        """The finished run: the best epoch's figures, ``model``'s last weights."""
+        return TrainResult(
+            test_acc=self.test_acc,
+            val_acc=self.val_acc,
+            best_epoch=self.epoch,
+            epochs_run=len(records),
+            records=records,
+            state_dict=copy.deepcopy(model.state_dict()),
+            best_state_dict=self.state_dict,
+        )
+
 
 def check_trainable(graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, y)`` of a graph that has features, labels and all three splits."""

@@ -24,7 +24,6 @@ each edge's original (source, destination) IDs and the head
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
@@ -244,15 +243,7 @@ def train_distributed(
         if checkpoint is not None and (epoch + 1) % checkpoint.every == 0:
             _save(checkpoint, epoch, transport, model, optimizer, best, records)
     return DistributedResult(
-        result=TrainResult(
-            test_acc=best.test_acc,
-            val_acc=best.val_acc,
-            best_epoch=best.epoch,
-            epochs_run=len(records),
-            records=records,
-            state_dict=copy.deepcopy(model.state_dict()),
-            best_state_dict=best.state_dict,
-        ),
+        result=best.result(records, model),
         ledger=transport.ledger.snapshot(),
         counters=dict(engine.counters),
     )

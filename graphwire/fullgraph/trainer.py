@@ -13,7 +13,6 @@ to every layer.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 
@@ -102,12 +101,4 @@ def train_fullgraph(
             on_epoch(record)
         if best.update(epoch, metrics, model):
             break
-    return TrainResult(
-        test_acc=best.test_acc,
-        val_acc=best.val_acc,
-        best_epoch=best.epoch,
-        epochs_run=len(records),
-        records=records,
-        state_dict=copy.deepcopy(model.state_dict()),
-        best_state_dict=best.state_dict,
-    )
+    return best.result(records, model)

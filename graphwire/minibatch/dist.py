@@ -29,7 +29,6 @@ and after the last one.
 
 from __future__ import annotations
 
-import copy
 import shutil
 import tempfile
 import time
@@ -402,15 +401,7 @@ def train_minibatch_distributed(
         raise
     loop.close()
     return MinibatchRun(
-        result=TrainResult(
-            test_acc=best.test_acc,
-            val_acc=best.val_acc,
-            best_epoch=best.epoch,
-            epochs_run=len(records),
-            records=records,
-            state_dict=copy.deepcopy(loop.model.state_dict()),
-            best_state_dict=best.state_dict,
-        ),
+        result=best.result(records, loop.model),
         ledger=transport.ledger.snapshot(),
         counters=_counters(loop),
         batches=seen,

@@ -20,7 +20,6 @@ for the sampled edges; GAT samples from ``A + I``; SAGE from ``A``.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 
@@ -120,12 +119,4 @@ def train_minibatch(
             on_epoch(record)
         if best.update(epoch, metrics, model):
             break
-    return TrainResult(
-        test_acc=best.test_acc,
-        val_acc=best.val_acc,
-        best_epoch=best.epoch,
-        epochs_run=len(records),
-        records=records,
-        state_dict=copy.deepcopy(model.state_dict()),
-        best_state_dict=best.state_dict,
-    )
+    return best.result(records, model)
