@@ -229,9 +229,7 @@ class BestEpoch:
             self._stale += 1
         return self.patience is not None and self._stale >= self.patience
 
-    def result(
-        self, records: list[EpochRecord], model: torch.nn.Module
-    ) -> TrainResult:
+    def result(self, records: list[EpochRecord], model: torch.nn.Module) -> TrainResult:
         """The finished run: the best epoch's figures, ``model``'s last weights."""
         return TrainResult(
             test_acc=self.test_acc,

@@ -104,8 +104,8 @@ class Messages:
     """How one layer's halo rows travel (see the module docstring, 3).
 
     Attributes:
-        send_rows: per peer, ``(sender bin, owned rows, their positions in the
-            bin)`` for every bin with rows that peer needs, in send order.
+        send_rows: per peer, sender bin -> ``(owned rows, their positions in
+            the bin)`` for every bin with rows that peer needs, in send order.
         recv_pos: per message ``(peer, sender bin)``, the halo positions its
             rows fill, in order.
         keys: every message this rank receives, each peer's in send order.
@@ -114,7 +114,7 @@ class Messages:
             message.
     """
 
-    send_rows: list[list[tuple[int, torch.Tensor, torch.Tensor]]]
+    send_rows: list[dict[int, tuple[torch.Tensor, torch.Tensor]]]
     recv_pos: dict[tuple[int, int], torch.Tensor]
     keys: list[tuple[int, int]]
     bins_sent: frozenset[int]
@@ -302,7 +302,7 @@ def setup_messages(
     """
     rank, world = transport.rank, transport.world_size
     mine = send_order(len(senders.bins), senders.num_local, halo_first)
-    send_rows: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = []
+    send_rows: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []
     perms, counts = [], []
     for peer in range(world):
         idx = plan.send_idx[peer]
@@ -313,11 +313,11 @@ def setup_messages(
         )
         chunks = torch.split(ordered, per_bin.tolist())
         send_rows.append(
-            [
-                (b, chunks[b], senders.position[chunks[b]] - senders.bin_start[b])
+            {
+                b: (chunks[b], senders.position[chunks[b]] - senders.bin_start[b])
                 for b in mine
                 if chunks[b].numel()
-            ]
+            }
         )
         perms.append(perm)
         counts.append(per_bin.tolist())
@@ -341,7 +341,7 @@ def setup_messages(
         send_rows=send_rows,
         recv_pos=recv_pos,
         keys=keys,
-        bins_sent=frozenset(b for chunks in send_rows for b, _, _ in chunks),
+        bins_sent=frozenset(b for chunks in send_rows for b in chunks),
         halo_message=halo_message,
     )
 

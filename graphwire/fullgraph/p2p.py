@@ -257,17 +257,16 @@ class P2PEngine(Engine):
         ``rows`` holds bin ``b``'s rows in bin order."""
         tag = f"{self.phase}fwd.L{layer}"
         for peer, chunks in enumerate(self.messages[layer].send_rows):
-            for chunk_bin, _, in_bin in chunks:
-                if chunk_bin == b:
-                    payload = rows.index_select(0, in_bin)
-                    self._sends.append(self.transport.isend(payload, peer, tag))
+            if b in chunks:
+                payload = rows.index_select(0, chunks[b][1])
+                self._sends.append(self.transport.isend(payload, peer, tag))
 
     def _send_all(self, layer: int, h: torch.Tensor) -> None:
         """Send every peer all the owned rows of ``h`` it needs at ``layer``,
         message by message in send order."""
         tag = f"{self.phase}fwd.L{layer}"
         for peer, chunks in enumerate(self.messages[layer].send_rows):
-            for _, rows, _ in chunks:
+            for rows, _ in chunks.values():
                 payload = h.index_select(0, rows)
                 self._sends.append(self.transport.isend(payload, peer, tag))
 
