@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -34,7 +34,7 @@ from graphwire.comm.plan import ExchangePlan
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
-from graphwire.nn.models import LayerKind, layer_call_kwargs
+from graphwire.nn.models import LayerKind, Projecting, layer_call_kwargs, projecting
 from graphwire.partition.local import LocalPart
 
 __all__ = [
@@ -157,6 +157,41 @@ class Engine(ABC):
         kwargs = layer_call_kwargs(layer, index, seed, self._training, src_ids)
         out: torch.Tensor = layer(mg, h_src, **kwargs)
         return out
+
+    def call_propagate(
+        self,
+        index: int,
+        layer: Projecting,
+        mg: MessageGraph,
+        m_src: torch.Tensor,
+        h_dst: torch.Tensor,
+        src_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """``layer.propagate(mg, m_src, h_dst)``: the layer on rows its owners
+        projected (:meth:`exchanged_projection`), with hashed attention
+        dropout where it applies (as :meth:`call_layer`).
+
+        Args:
+            m_src: float [mg.num_src, layer.message_width], ``layer.project``
+                of every source row.
+            h_dst: float [mg.num_dst, in_width], the destinations' input rows.
+        """
+        _, seed, _ = self._dropout
+        module = cast(nn.Module, layer)
+        kwargs = layer_call_kwargs(module, index, seed, self._training, src_ids)
+        return layer.propagate(mg, m_src, h_dst, **kwargs)
+
+    def exchanged_projection(self, index: int, layer: nn.Module) -> Projecting | None:
+        """``layer`` when layer ``index`` exchanges projected rows, else None.
+
+        It does when the layer projects first
+        (:func:`~graphwire.nn.models.projects_first`) and its rows are
+        exchanged: the cached input layer's halo rows are already here, so it
+        runs on them as they are.
+        """
+        if index == 0 and self.cache_input:
+            return None
+        return projecting(layer)
 
     def cached_input_halo(self) -> torch.Tensor:
         """The halo's input rows after the model's input dropout (``cache_input``).

@@ -6,6 +6,11 @@ peer the rows of its owned nodes that the peer holds as halo, in one
 Backward sends the halo rows' gradients back to their owners in one
 ``all_to_all`` (tag ``bwd.L{l}``), where they are summed into the owned rows.
 Communication and computation do not overlap.
+
+A layer that projects first (GCN's output layer: ``Â(hW) = (Âh)W`` with ``W``
+narrowing 128 columns to the classes) has each owner project its rows and
+exchanges the projected rows: the same rows, fewer columns, and no rank
+projects a halo row its owner already projected.
 """
 
 from __future__ import annotations
@@ -88,4 +93,10 @@ class HaloEngine(Engine):
     def run_layer(
         self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor
     ) -> torch.Tensor:
-        return self.call_layer(index, layer, mg, self.fetch(index, h), self._src_ids)
+        projected = self.exchanged_projection(index, layer)
+        if projected is None:
+            h_src = self.fetch(index, h)
+            return self.call_layer(index, layer, mg, h_src, self._src_ids)
+        # Each owner projects its rows; the narrower rows cross the wire.
+        m_src = self.fetch(index, projected.project(h))
+        return self.call_propagate(index, projected, mg, m_src, h, self._src_ids)

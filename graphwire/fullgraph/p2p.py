@@ -49,8 +49,8 @@ row arrives exactly once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -77,11 +77,41 @@ from graphwire.fullgraph.g3_bins import (
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
+from graphwire.nn.models import GNN
 
 __all__ = ["MODES", "P2PEngine", "SYNCS"]
 
 MODES = ("full", "inter", "intra", "sequential")
 SYNCS = ("layer", "epoch")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BinGraph:
+    """One bin's autograd graph, kept from the forward for the backward.
+
+    Attributes:
+        bin: the bin.
+        src: the leaf of its source rows (input rows, or projected rows when
+            the layer exchanges them).
+        out: its output rows.
+        dst: the leaf of its destinations' input rows (projected layers).
+    """
+
+    bin: Bin
+    src: torch.Tensor
+    out: torch.Tensor
+    dst: torch.Tensor | None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LayerGraph:
+    """A layer's bins' graphs, and its projection when it exchanged
+    projected rows (``h`` is then the owned input leaf, ``projection`` is
+    ``layer.project(h)``)."""
+
+    bins: list[BinGraph]
+    h: torch.Tensor
+    projection: torch.Tensor | None
 
 
 @register("g3")
@@ -149,6 +179,7 @@ class P2PEngine(Engine):
         self._sends: list[Work] = []
         self._halo: dict[int, torch.Tensor] = {}
         self._begin: tuple[Any, float, int | None, bool] | None = None
+        self._model_layers: list[nn.Module] = []
 
     @property
     def mgs(self) -> list[MessageGraph]:
@@ -217,6 +248,7 @@ class P2PEngine(Engine):
             )
         super().begin(model, dropout_seed)
         self._begin = (model.activation, p, dropout_seed, training)
+        self._model_layers = list(cast(GNN, model).layers)
         self._halo.clear()
         self._pending_recv.clear()
 
@@ -273,7 +305,8 @@ class P2PEngine(Engine):
     def _finish_rows(
         self, layer: int, out: torch.Tensor, rows: torch.Tensor
     ) -> torch.Tensor:
-        """Layer ``layer``'s output rows as layer ``layer + 1`` consumes them."""
+        """Layer ``layer``'s output rows as layer ``layer + 1`` consumes them
+        (projected, if it exchanges projected rows)."""
         assert self._begin is not None
         activation, p, seed, training = self._begin
         h = activation(out.detach())
@@ -281,7 +314,17 @@ class P2PEngine(Engine):
             assert seed is not None
             ids = self.part.orig_nid[rows]
             h = hashed_dropout(h, p, ids, derive_seed(seed, layer + 1))
+        following = self.exchanged_projection(layer + 1, self._model_layers[layer + 1])
+        if following is not None:
+            with torch.no_grad():
+                h = following.project(h)
         return h
+
+    def _row_width(self, index: int, out: torch.Tensor) -> int:
+        """Width of the rows layer ``index`` exchanges, ``out`` being rows of
+        its input."""
+        projected = self.exchanged_projection(index, self._model_layers[index])
+        return int(out.shape[1]) if projected is None else projected.message_width
 
     def run_layer(
         self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor
@@ -319,44 +362,66 @@ class P2PEngine(Engine):
         h: torch.Tensor,
         track: bool,
         needs_grad: bool,
-    ) -> tuple[torch.Tensor, list[tuple[Bin, torch.Tensor, torch.Tensor]]]:
+    ) -> tuple[torch.Tensor, LayerGraph]:
         """Layer ``index`` in bins; the sends of the next layer's rows overlap.
 
-        Returns the owned output rows and, when ``track``, each bin's
-        ``(bin, source leaf, output)`` autograd graph for :meth:`_backward_bins`
-        (the source leaf requires grad when ``needs_grad``).
+        A layer that exchanges projected rows first projects the owned rows
+        (``layer.project``; the rows sent to peers were projected by the layer
+        before, see :meth:`_finish_rows`) and its bins run
+        ``layer.propagate`` on projected source rows.
+
+        Returns the owned output rows and, when ``track``, the bins' autograd
+        graphs for :meth:`_backward_bins` (the source leaves require grad when
+        ``needs_grad``, or when they are projected rows).
         """
         pipelined = self.mode in ("full", "inter")
         eager = self.mode in ("full", "intra")
+        projected = self.exchanged_projection(index, layer)
+        source = h  # the owned rows the bins read
+        projection = None
+        if projected is not None:
+            with torch.set_grad_enabled(track):
+                h = h.detach().requires_grad_(needs_grad)
+                projection = projected.project(h)
+            source = projection.detach()
         if index == 0 and self.cache_input:
             halo = self.cached_input_halo()  # nothing to send or wait for
         else:
-            self._post_recvs(index, h.shape[1], h)
+            self._post_recvs(index, source.shape[1], source)
             if index == 0 or not pipelined:
-                self._send_all(index, h)
+                self._send_all(index, source)
             halo = self._halo[index]
         if not eager:
             self._wait(index, None)
         send_next = pipelined and index < self.num_layers - 1
-        graphs: list[tuple[Bin, torch.Tensor, torch.Tensor]] = []
+        graphs: list[BinGraph] = []
         out: torch.Tensor | None = None
         for b, bin_ in self._bin_order(index):
             if eager and bin_.needs:
                 self._wait(index, bin_.needs)
-            h_src = h.index_select(0, bin_.src_owned)
+            h_src = source.index_select(0, bin_.src_owned)
             if bin_.src_halo.numel():
                 h_src = torch.cat([h_src, halo.index_select(0, bin_.src_halo)])
+            assert bin_.src_ids is not None
             with torch.set_grad_enabled(track):
-                h_src = h_src.requires_grad_(needs_grad)
-                assert bin_.src_ids is not None
-                out_b = self.call_layer(index, layer, bin_.mg, h_src, bin_.src_ids)
+                # Projected rows carry the projection's gradient even where
+                # the layer's input needs none.
+                h_src = h_src.requires_grad_(needs_grad or projected is not None)
+                h_dst = None
+                if projected is not None:
+                    h_dst = h.detach()[bin_.rows].requires_grad_(needs_grad)
+                    out_b = self.call_propagate(
+                        index, projected, bin_.mg, h_src, h_dst, bin_.src_ids
+                    )
+                else:
+                    out_b = self.call_layer(index, layer, bin_.mg, h_src, bin_.src_ids)
             if track:
-                graphs.append((bin_, h_src, out_b))
+                graphs.append(BinGraph(bin_, h_src, out_b, h_dst))
             if out is None:
                 out = out_b.new_empty((self.part.num_owned, out_b.shape[1]))
             out[bin_.rows] = out_b.detach()
             if send_next:
-                self._post_recvs(index + 1, out_b.shape[1], out_b)
+                self._post_recvs(index + 1, self._row_width(index + 1, out_b), out_b)
                 if b in self.messages[index + 1].bins_sent:
                     rows = self._finish_rows(index, out_b, bin_.rows)
                     self._send_bin(index + 1, b, rows)
@@ -366,12 +431,12 @@ class P2PEngine(Engine):
             # computes; every send is complete before the forward returns.
             self.timed(self._drain_sends)
         assert out is not None
-        return out, graphs
+        return out, LayerGraph(graphs, h, projection)
 
     def _backward_bins(
         self,
         index: int,
-        graphs: list[tuple[Bin, torch.Tensor, torch.Tensor]],
+        graph: LayerGraph,
         grad_out: torch.Tensor,
         needs_input_grad: bool,
     ) -> torch.Tensor | None:
@@ -381,35 +446,51 @@ class P2PEngine(Engine):
         gradient is complete and goes to its owner (``isend``, tag
         ``bwd.L{index}``) while the bins that read only owned rows run their
         backward. Parameter gradients accumulate in ``.grad`` as each bin's
-        graph is walked. Returns the owned rows' gradient (own bins' share plus
-        what peers returned, summed in rank order), or None for the input layer.
+        graph is walked; a layer that exchanged projected rows then runs its
+        projection's backward on the owned rows' complete gradient. Returns
+        the owned input rows' gradient, or None when the input needs none.
         """
-        halo_bins = [g for g in graphs if g[0].src_halo.numel()]
-        local_bins = [g for g in graphs if not g[0].src_halo.numel()]
-        if not needs_input_grad:  # parameter gradients only, nothing to send
-            for bin_, _, out_b in [*reversed(halo_bins), *reversed(local_bins)]:
-                torch.autograd.backward(out_b, grad_out.index_select(0, bin_.rows))
+        projected = graph.projection is not None
+        halo_bins = [g for g in graph.bins if g.bin.src_halo.numel()]
+        local_bins = [g for g in graph.bins if not g.bin.src_halo.numel()]
+        if not needs_input_grad and not projected:
+            # Parameter gradients only, nothing to send.
+            for g in [*reversed(halo_bins), *reversed(local_bins)]:
+                torch.autograd.backward(g.out, grad_out.index_select(0, g.bin.rows))
             return None
-        width = graphs[0][1].shape[1]
+        width = graph.bins[0].src.shape[1]
         grad_owned = grad_out.new_zeros((self.part.num_owned, width))
         grad_halo = grad_out.new_zeros((self.plan.num_halo, width))
+        grad_dst = torch.zeros_like(graph.h) if projected and needs_input_grad else None
         tag = f"{self.phase}bwd.L{index}"
 
-        def walk(group: list[tuple[Bin, torch.Tensor, torch.Tensor]]) -> None:
-            for bin_, h_src, out_b in reversed(group):
-                torch.autograd.backward(out_b, grad_out.index_select(0, bin_.rows))
-                if h_src.grad is None:
+        def walk(group: list[BinGraph]) -> None:
+            for g in reversed(group):
+                torch.autograd.backward(g.out, grad_out.index_select(0, g.bin.rows))
+                if (
+                    grad_dst is not None
+                    and g.dst is not None
+                    and g.dst.grad is not None
+                ):
+                    grad_dst[g.bin.rows] = g.dst.grad  # each row is in one bin
+                if g.src.grad is None:
                     continue
-                num_owned = bin_.src_owned.numel()
-                grad_owned.index_add_(0, bin_.src_owned, h_src.grad[:num_owned])
-                if bin_.src_halo.numel():
-                    grad_halo.index_add_(0, bin_.src_halo, h_src.grad[num_owned:])
+                num_owned = g.bin.src_owned.numel()
+                grad_owned.index_add_(0, g.bin.src_owned, g.src.grad[:num_owned])
+                if g.bin.src_halo.numel():
+                    grad_halo.index_add_(0, g.bin.src_halo, g.src.grad[num_owned:])
 
         walk(halo_bins)
         pending = self.plan.start_scatter_grad(grad_halo, self.transport, tag)
         walk(local_bins)  # overlaps the gradients in flight
         self.timed(lambda: pending.wait(grad_owned))
-        return grad_owned
+        if graph.projection is None:
+            return grad_owned
+        torch.autograd.backward(graph.projection, grad_owned)
+        if grad_dst is None:
+            return None
+        assert graph.h.grad is not None
+        return graph.h.grad + grad_dst
 
     def _layer_done(self, index: int, params: tuple[torch.Tensor, ...]) -> None:
         """Layer ``index``'s backward is over: its gradients start their sum
@@ -464,8 +545,8 @@ class BinnedLayer(torch.autograd.Function):
         flags: tuple[bool, bool],
         *params: torch.Tensor,
     ) -> torch.Tensor:
-        out, graphs = engine._forward_bins(index, layer, h.detach(), *flags)
-        ctx.engine, ctx.index, ctx.graphs = engine, index, graphs
+        out, graph = engine._forward_bins(index, layer, h.detach(), *flags)
+        ctx.engine, ctx.index, ctx.graph = engine, index, graph
         ctx.params = params
         return out
 
@@ -474,11 +555,11 @@ class BinnedLayer(torch.autograd.Function):
         ctx: Any, grad_out: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         engine: P2PEngine = ctx.engine
-        graphs, ctx.graphs = ctx.graphs, None  # free the bins' graphs after use
-        if not graphs:
+        graph, ctx.graph = ctx.graph, None  # free the bins' graphs after use
+        if graph is None or not graph.bins:
             raise RuntimeError("g3: backward through a layer run without grad")
         grad = engine._backward_bins(
-            ctx.index, graphs, grad_out.contiguous(), ctx.needs_input_grad[0]
+            ctx.index, graph, grad_out.contiguous(), ctx.needs_input_grad[0]
         )
         engine._layer_done(ctx.index, ctx.params)
         return (grad, None, None, None, None, *([None] * len(ctx.params)))

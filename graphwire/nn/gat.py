@@ -80,6 +80,23 @@ class GATConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @property
+    def projects_first(self) -> bool:
+        """Whether a distributed engine should exchange :meth:`project`'s rows
+        (all heads) rather than input rows: when they are narrower. The layer
+        itself always projects first."""
+        return self.heads * self.out_dim < self.in_dim
+
+    @property
+    def message_width(self) -> int:
+        """Width of :meth:`project`'s rows."""
+        return self.heads * self.out_dim
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """Row-wise part a row's owner can apply: float [n, in] -> [n, heads * out]."""
+        out: torch.Tensor = self.lin(h)
+        return out
+
     def forward(
         self,
         mg: MessageGraph,
@@ -101,12 +118,28 @@ class GATConv(nn.Module):
         Returns:
             float [num_dst, heads * out_dim] if ``concat`` else [num_dst, out_dim].
         """
+        return self.propagate(
+            mg, self.project(h_src), h_src[: mg.num_dst], src_ids=src_ids, seed=seed
+        )
+
+    def propagate(
+        self,
+        mg: MessageGraph,
+        m_src: torch.Tensor,
+        h_dst: torch.Tensor,
+        *,
+        src_ids: torch.Tensor | None = None,
+        seed: int | None = None,
+    ) -> torch.Tensor:
+        """The layer on projected source rows (``m_src``: float [num_src,
+        heads * out_dim], :meth:`project` of the source rows; ``h_dst`` is
+        unused, GAT has no root term). Other arguments as :meth:`forward`."""
         if seed is not None and src_ids is None:
             raise ValueError(
                 "GATConv: seed (hashed attention dropout) needs src_ids, the "
                 "global node ID of every source row"
             )
-        z = self.lin(h_src).view(-1, self.heads, self.out_dim)  # [S, H, F]
+        z = m_src.view(-1, self.heads, self.out_dim)  # [S, H, F]
         score_src = (z * self.att_src).sum(-1)  # [S, H]
         score_dst = (z[: mg.num_dst] * self.att_dst).sum(-1)  # [D, H]
         scores = score_src[mg.indices] + score_dst[mg.dst_of_edges]  # [E, H]

@@ -45,6 +45,34 @@ class GCNConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @property
+    def projects_first(self) -> bool:
+        """``Â(hW) == (Âh)W``: multiply first when that narrows the rows the
+        sparse product (and a distributed exchange) moves."""
+        return self.in_dim > self.out_dim
+
+    @property
+    def message_width(self) -> int:
+        """Width of :meth:`project`'s rows."""
+        return self.out_dim
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """Row-wise part a row's owner can apply: float [n, in] -> [n, out]."""
+        return h @ self.weight
+
+    def propagate(
+        self, mg: MessageGraph, m_src: torch.Tensor, h_dst: torch.Tensor
+    ) -> torch.Tensor:
+        """The layer on projected source rows: ``Â m_src + b``.
+
+        Args:
+            mg: message graph.
+            m_src: float [num_src, out_dim], :meth:`project` of the source rows.
+            h_dst: the destinations' input rows (unused: GCN has no root term).
+        """
+        out = spmm_sum(mg, m_src, self._norm(mg))
+        return out + self.bias if self.bias is not None else out
+
     def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
         """Aggregate normalised neighbour messages.
 
@@ -55,16 +83,14 @@ class GCNConv(nn.Module):
         Returns:
             float [num_dst, out_dim].
         """
-        norm = mg.edge_weight if mg.edge_weight is not None else mg.sym_norm
-        if self.in_dim > self.out_dim:
-            # Â(hW) == (Âh)W: multiply first so the sparse product moves fewer
-            # columns.
-            out = spmm_sum(mg, h_src @ self.weight, norm)
-        else:
-            out = spmm_sum(mg, h_src, norm) @ self.weight
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        if self.projects_first:
+            return self.propagate(mg, self.project(h_src), h_src[: mg.num_dst])
+        out = spmm_sum(mg, h_src, self._norm(mg)) @ self.weight
+        return out + self.bias if self.bias is not None else out
+
+    @staticmethod
+    def _norm(mg: MessageGraph) -> torch.Tensor:
+        return mg.edge_weight if mg.edge_weight is not None else mg.sym_norm
 
     def extra_repr(self) -> str:
         return f"{self.in_dim}, {self.out_dim}, bias={self.bias is not None}"

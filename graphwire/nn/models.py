@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +48,12 @@ __all__ = [
     "LAYER_KINDS",
     "LayerKind",
     "ModelOptions",
+    "Projecting",
     "build_model",
     "feature_dropout",
     "layer_call_kwargs",
+    "projecting",
+    "projects_first",
 ]
 
 Fetch = Callable[[int, torch.Tensor], torch.Tensor]
@@ -161,6 +164,38 @@ def feature_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     mask = torch.full_like(flat, 1.0 / (1.0 - p))
     mask[dropped] = 0.0
     return (flat * mask).view_as(x)
+
+
+class Projecting(Protocol):
+    """A layer that splits into a row-wise projection and the rest:
+    ``forward(mg, h_src) == propagate(mg, project(h_src), h_src[:num_dst])``."""
+
+    message_width: int
+
+    def project(self, h: torch.Tensor) -> torch.Tensor: ...
+
+    def propagate(
+        self, mg: MessageGraph, m_src: torch.Tensor, h_dst: torch.Tensor, **kwargs: Any
+    ) -> torch.Tensor: ...
+
+
+def projecting(layer: nn.Module) -> Projecting | None:
+    """``layer`` as :class:`Projecting` when :func:`projects_first` holds,
+    else None."""
+    return cast(Projecting, layer) if projects_first(layer) else None
+
+
+def projects_first(layer: nn.Module) -> bool:
+    """Whether ``layer`` is better fed projected rows than input rows.
+
+    A layer that splits as ``forward(mg, h_src) == propagate(mg,
+    project(h_src), h_src[:num_dst])``, with ``project`` row-wise and narrower
+    than its input (``message_width < in_dim``), says so with
+    ``projects_first``. A distributed engine then has each row's owner project
+    it and exchanges the narrower rows (GCN, GraphSAGE and GAT layers do, when
+    the width shrinks: the output layer to the classes, for one).
+    """
+    return bool(getattr(layer, "projects_first", False))
 
 
 def layer_call_kwargs(

@@ -42,6 +42,34 @@ class SAGEConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    @property
+    def projects_first(self) -> bool:
+        """The mean is linear: project the neighbours first when that narrows
+        the rows the sparse product (and a distributed exchange) moves."""
+        return self.in_dim > self.out_dim
+
+    @property
+    def message_width(self) -> int:
+        """Width of :meth:`project`'s rows."""
+        return self.out_dim
+
+    def project(self, h: torch.Tensor) -> torch.Tensor:
+        """Row-wise part a row's owner can apply: float [n, in] -> [n, out]."""
+        out: torch.Tensor = self.lin_neigh(h)
+        return out
+
+    def propagate(
+        self, mg: MessageGraph, m_src: torch.Tensor, h_dst: torch.Tensor
+    ) -> torch.Tensor:
+        """The layer on projected source rows.
+
+        Args:
+            mg: message graph.
+            m_src: float [num_src, out_dim], :meth:`project` of the source rows.
+            h_dst: float [num_dst, in_dim], the destinations' own input rows.
+        """
+        return self._combine(h_dst, spmm_mean(mg, m_src))
+
     def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
         """Combine each destination's own row with the mean of its neighbours.
 
@@ -52,15 +80,14 @@ class SAGEConv(nn.Module):
         Returns:
             float [num_dst, out_dim].
         """
-        if self.in_dim > self.out_dim:
-            # The mean is linear: project first so the sparse product is narrower.
-            neigh = spmm_mean(mg, self.lin_neigh(h_src))
-        else:
-            neigh = self.lin_neigh(spmm_mean(mg, h_src))
-        out = self.lin_self(h_src[: mg.num_dst]) + neigh
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        if self.projects_first:
+            return self.propagate(mg, self.project(h_src), h_src[: mg.num_dst])
+        neigh = self.lin_neigh(spmm_mean(mg, h_src))
+        return self._combine(h_src[: mg.num_dst], neigh)
+
+    def _combine(self, h_dst: torch.Tensor, neigh: torch.Tensor) -> torch.Tensor:
+        out = self.lin_self(h_dst) + neigh
+        return out + self.bias if self.bias is not None else out
 
     def extra_repr(self) -> str:
         return f"{self.in_dim}, {self.out_dim}, aggregator=mean"

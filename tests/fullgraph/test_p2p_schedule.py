@@ -31,15 +31,15 @@ def _traced_step(transport: Any, folder: str) -> list[Event]:
     forward_bins, isend = engine._forward_bins, transport.isend
 
     def traced_forward(index: int, *args: Any) -> Any:
-        out, graphs = forward_bins(index, *args)
-        for bin_, h_src, _ in graphs:
-            reads_halo = bool(bin_.src_halo.numel())
+        out, graph = forward_bins(index, *args)
+        for g in graph.bins:
+            reads_halo = bool(g.bin.src_halo.numel())
             events.append(("forward", index, reads_halo))
-            if h_src.requires_grad:  # fires when this bin's backward runs
-                h_src.register_hook(
+            if g.src.requires_grad:  # fires when this bin's backward runs
+                g.src.register_hook(
                     lambda _, i=index, r=reads_halo: events.append(("backward", i, r))
                 )
-        return out, graphs
+        return out, graph
 
     def traced_isend(tensor: torch.Tensor, dst: int, tag: str) -> Any:
         events.append((tag, dst, False))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -60,6 +62,7 @@ def _sent(ledgers, tag: str) -> tuple[int, int]:
     return sum(r[3] for r in rows), sum(r[4] for r in rows)
 
 
+@pytest.mark.parametrize("hidden", [8, 16])
 @pytest.mark.parametrize(
     ("exchange", "options"),
     [
@@ -70,25 +73,34 @@ def _sent(ledgers, tag: str) -> tuple[int, int]:
     ],
     ids=repr,
 )
-def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options):
-    graph = small_graph()
+def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options, hidden):
+    graph = small_graph()  # 12 features, 5 classes
     num_parts = 4
     folder = write_parts(graph, num_parts, tmp_path, "metis")
     stats = PartitionStats.compute(
         graph, get_partitioner("metis").partition(graph, num_parts, seed=0)
     )
-    config = config_for("sage")
+    config = replace(config_for("sage"), hidden=hidden)
     ranks = run_dist_steps(folder, num_parts, config, exchange, options)
     ledgers = [r["ledger"] for r in ranks]
     halo_rows = sum(stats.num_halo)
-    widths = {"fwd.L0": graph.num_features, "fwd.L1": config.hidden}
+    # A SAGE layer that narrows its rows (12 -> 8 features, any width -> 5
+    # classes) has their owners project them (lin_neigh) and exchanges the
+    # projections; the gradients of projected rows go back (W_neigh's
+    # gradient needs them). 12 -> 16 exchanges the input rows, which need
+    # no gradient.
+    layer0_projects = graph.num_features > hidden
+    widths = {"fwd.L0": hidden if layer0_projects else graph.num_features}
+    widths["fwd.L1"] = graph.num_classes
+    returns = {"fwd.L0": layer0_projects, "fwd.L1": True}
     cached = options.get("cache_input", True)
     if cached:
         # Input rows (and their int64 IDs) cross once, at set-up, not per epoch.
         assert _sent(ledgers, "setup.input")[0] == halo_rows * (
-            widths["fwd.L0"] * 4 + 8
+            graph.num_features * 4 + 8
         )
         assert _sent(ledgers, "fwd.L0") == (0, 0)
+        assert _sent(ledgers, "bwd.L0") == (0, 0)
         del widths["fwd.L0"]
     else:
         # Only the halo's int64 original IDs (hashed dropout keys), once.
@@ -96,8 +108,8 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options):
     for tag, width in widths.items():
         num_bytes, messages = _sent(ledgers, tag)
         assert num_bytes == halo_rows * width * 4  # each halo row exactly once
-        # Gradients return along the same rows; input features need none.
-        expected_back = num_bytes if tag == "fwd.L1" else 0
+        # Gradients return along the same rows where anything needs them.
+        expected_back = num_bytes if returns[tag] else 0
         assert _sent(ledgers, "b" + tag[1:])[0] == expected_back
         pairs = sum(1 for r in ledgers for row in r["sent"] if row[2] == tag)
         if exchange == "halo":

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
 from graphwire.nn import GATConv, GCNConv, MessageGraph, SAGEConv, build_model
+from graphwire.nn.models import projects_first
 from graphwire.sampler import UniformNeighborSampler
 
 
@@ -191,3 +192,30 @@ def test_gat_seed_needs_source_ids() -> None:
     assert not torch.allclose(layer(mg, h, src_ids=ids, seed=2), hashed)
     layer.eval()  # no dropout: the seed changes nothing
     torch.testing.assert_close(layer(mg, h, src_ids=ids, seed=1), layer(mg, h))
+
+
+@pytest.mark.parametrize(
+    ("layer", "narrows"),
+    [
+        (GCNConv(5, 3), True),
+        (GCNConv(3, 5), False),
+        (SAGEConv(5, 3), True),
+        (SAGEConv(5, 5), False),
+        (GATConv(5, 2, heads=2), True),
+        (GATConv(5, 2, heads=3), False),
+    ],
+    ids=repr,
+)
+def test_layers_split_into_a_row_projection_and_the_rest(layer, narrows) -> None:
+    """What a distributed engine relies on to exchange projected rows: the
+    layer says whether its projection narrows rows, the projection is row-wise
+    with ``message_width`` columns, and ``propagate`` on projected rows is the
+    layer itself."""
+    torch.manual_seed(3)
+    mg = MessageGraph.from_graph(_graph(seed=3).add_self_loops())
+    h = torch.randn(30, 5 if narrows else layer.in_dim)
+    assert projects_first(layer) is narrows
+    projected = layer.project(h)
+    assert projected.shape == (30, layer.message_width)
+    torch.testing.assert_close(layer.project(h[7:9]), projected[7:9])
+    torch.testing.assert_close(layer.propagate(mg, projected, h), layer(mg, h))
