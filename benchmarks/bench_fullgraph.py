@@ -15,8 +15,8 @@ In one run, on the synthetic products-like graph (F=100, GCN, hidden 128):
    it, g3 and G3's ablation modes) on METIS parts, then g3 on every
    partitioner. The list runs ``--rounds`` times, forwards then backwards, and
    each configuration's figure is the median over rounds;
-3. unshaped (a namespace without a qdisc): 1 worker vs 2 workers, one thread
-   each, alternating.
+3. unshaped (a namespace without a qdisc): 1 worker vs 2 workers (g3 and
+   halo), one thread each, alternating.
 
 Per run it records the summary's ``epoch_s_median`` (rank 0's forward +
 backward + grad sync, every epoch including the first), the median without
@@ -50,6 +50,7 @@ from graphwire.testing.netns import ShapedNetwork, netns_available, tcp_stream
 CLI = [sys.executable, "-m", "graphwire"]
 METHODS = ("metis", "random", "chunk", "locality")
 _NOT_TRAINING = ("eval.", "setup.", "meta.")
+SCALING_EXCHANGES = ("g3", "halo")  # 2 workers vs 1, unshaped
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,12 +466,12 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     common += ["--epochs", str(args.epochs), "--seed", "0", "--quiet"]
     common += ["--patience", str(10 * args.epochs), "--threads", "1"]
     two_parts = "parts-metis" if args.workers == 2 else "parts-metis-2"
+    two = (*common, "--dataset", str(work / two_parts), "--workers", "2")
     scaling = [
         Config("unshaped 1 worker", (*common, "--dataset", str(work / "graph"))),
-        Config(
-            "unshaped 2 workers g3",
-            (*common, "--dataset", str(work / two_parts), "--workers", "2")
-            + ("--exchange", "g3"),
+        *(
+            Config(f"unshaped 2 workers {exchange}", (*two, "--exchange", exchange))
+            for exchange in SCALING_EXCHANGES
         ),
     ]
     for config in scaling:
@@ -532,17 +533,20 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
         "  target <= 0.9",
         lambda v: v <= 0.9,
     )
-    one, two = results["unshaped 1 worker"], results["unshaped 2 workers g3"]
-    if one and two:
+    one = results["unshaped 1 worker"]
+    for exchange in SCALING_EXCHANGES:
+        two = results[f"unshaped 2 workers {exchange}"]
+        label = f"unshaped 2 workers {exchange} / 1 worker"
+        if not (one and two):
+            print(f"{label:34s} n/a (a run failed)")
+            continue
         speedup = _median(one, "epoch_s") / _median(two, "epoch_s")
         steady = _median(one, "steady_s") / _median(two, "steady_s")
         verdict = "MET" if speedup >= 1.6 else "NOT MET"
         print(
-            f"{'unshaped 2 workers / 1 worker':34s} {speedup:5.2f}x throughput (w/o "
+            f"{label:34s} {speedup:5.2f}x throughput (w/o "
             f"epoch 0: {steady:.2f}x)  target >= 1.6, 1 thread each  {verdict}"
         )
-    else:
-        print(f"{'unshaped 2 workers / 1 worker':34s} n/a (a run failed)")
     if failures:
         print("\nfailed configurations (command and error):")
         for name, error in failures.items():
