@@ -42,8 +42,16 @@ the transfer behind computation:
 ``intra`` (sends start when a layer starts, eager computation) and
 ``sequential`` (send everything, wait, compute).
 
-Forward bytes per layer equal ``num_halo * width * 4`` on every rank: each halo
-row arrives exactly once.
+- **Projected rows.** A layer that narrows its rows
+  (:func:`~graphwire.nn.models.projects_first`, e.g. GCN's output layer into
+  the classes) exchanges them projected: the layer before applies the
+  projection to the rows it sends as their bins finish, and the layer's bins
+  run ``layer.propagate`` on projected rows; its backward returns the
+  projected rows' gradients to their owners, which finish the projection's
+  backward once their own rows' gradient is complete.
+
+Forward bytes per layer equal ``num_halo * width * 4`` on every rank, where
+``width`` is the exchanged row width: each halo row arrives exactly once.
 """
 
 from __future__ import annotations
