@@ -164,7 +164,7 @@ class Engine(ABC):
         layer: Projecting,
         mg: MessageGraph,
         m_src: torch.Tensor,
-        h_dst: torch.Tensor,
+        h_dst: torch.Tensor | None,
         src_ids: torch.Tensor,
     ) -> torch.Tensor:
         """``layer.propagate(mg, m_src, h_dst)``: the layer on rows its owners
@@ -174,7 +174,8 @@ class Engine(ABC):
         Args:
             m_src: float [mg.num_src, layer.message_width], ``layer.project``
                 of every source row.
-            h_dst: float [mg.num_dst, in_width], the destinations' input rows.
+            h_dst: float [mg.num_dst, in_width], the destinations' input rows
+                (None if the layer does not read them: ``reads_dst_rows``).
         """
         _, seed, _ = self._dropout
         module = cast(nn.Module, layer)

@@ -416,8 +416,9 @@ class P2PEngine(Engine):
                 # the layer's input needs none.
                 h_src = h_src.requires_grad_(needs_grad or projected is not None)
                 h_dst = None
-                if projected is not None:
+                if projected is not None and projected.reads_dst_rows:
                     h_dst = h.detach()[bin_.rows].requires_grad_(needs_grad)
+                if projected is not None:
                     out_b = self.call_propagate(
                         index, projected, bin_.mg, h_src, h_dst, bin_.src_ids
                     )
@@ -469,18 +470,16 @@ class P2PEngine(Engine):
         width = graph.bins[0].src.shape[1]
         grad_owned = grad_out.new_zeros((self.part.num_owned, width))
         grad_halo = grad_out.new_zeros((self.plan.num_halo, width))
-        grad_dst = torch.zeros_like(graph.h) if projected and needs_input_grad else None
+        # Gradients of the destinations' own input rows (SAGE's root term),
+        # added to the projection's input gradient at the end.
+        dst_grads: list[tuple[torch.Tensor, torch.Tensor]] = []
         tag = f"{self.phase}bwd.L{index}"
 
         def walk(group: list[BinGraph]) -> None:
             for g in reversed(group):
                 torch.autograd.backward(g.out, grad_out.index_select(0, g.bin.rows))
-                if (
-                    grad_dst is not None
-                    and g.dst is not None
-                    and g.dst.grad is not None
-                ):
-                    grad_dst[g.bin.rows] = g.dst.grad  # each row is in one bin
+                if g.dst is not None and g.dst.grad is not None:
+                    dst_grads.append((g.bin.rows, g.dst.grad))
                 if g.src.grad is None:
                     continue
                 num_owned = g.bin.src_owned.numel()
@@ -495,10 +494,13 @@ class P2PEngine(Engine):
         if graph.projection is None:
             return grad_owned
         torch.autograd.backward(graph.projection, grad_owned)
-        if grad_dst is None:
+        if not needs_input_grad:
             return None
-        assert graph.h.grad is not None
-        return graph.h.grad + grad_dst
+        grad = graph.h.grad
+        assert grad is not None
+        for rows, part in dst_grads:
+            grad.index_add_(0, rows, part)
+        return grad
 
     def _layer_done(self, index: int, params: tuple[torch.Tensor, ...]) -> None:
         """Layer ``index``'s backward is over: its gradients start their sum

@@ -92,6 +92,9 @@ class GATConv(nn.Module):
         """Width of :meth:`project`'s rows."""
         return self.heads * self.out_dim
 
+    # propagate() reads no destination input rows (no root term).
+    reads_dst_rows = False
+
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """Row-wise part a row's owner can apply: float [n, in] -> [n, heads * out]."""
         out: torch.Tensor = self.lin(h)
@@ -126,7 +129,7 @@ class GATConv(nn.Module):
         self,
         mg: MessageGraph,
         m_src: torch.Tensor,
-        h_dst: torch.Tensor,
+        h_dst: torch.Tensor | None,
         *,
         src_ids: torch.Tensor | None = None,
         seed: int | None = None,

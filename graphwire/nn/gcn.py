@@ -56,19 +56,23 @@ class GCNConv(nn.Module):
         """Width of :meth:`project`'s rows."""
         return self.out_dim
 
+    # propagate() reads no destination input rows (no root term).
+    reads_dst_rows = False
+
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """Row-wise part a row's owner can apply: float [n, in] -> [n, out]."""
         return h @ self.weight
 
     def propagate(
-        self, mg: MessageGraph, m_src: torch.Tensor, h_dst: torch.Tensor
+        self, mg: MessageGraph, m_src: torch.Tensor, h_dst: torch.Tensor | None
     ) -> torch.Tensor:
         """The layer on projected source rows: ``Â m_src + b``.
 
         Args:
             mg: message graph.
             m_src: float [num_src, out_dim], :meth:`project` of the source rows.
-            h_dst: the destinations' input rows (unused: GCN has no root term).
+            h_dst: the destinations' input rows (unused, may be None: GCN has
+                no root term).
         """
         out = spmm_sum(mg, m_src, self._norm(mg))
         return out + self.bias if self.bias is not None else out

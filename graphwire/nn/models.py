@@ -171,11 +171,16 @@ class Projecting(Protocol):
     ``forward(mg, h_src) == propagate(mg, project(h_src), h_src[:num_dst])``."""
 
     message_width: int
+    reads_dst_rows: bool  # whether propagate() reads h_dst (else it may be None)
 
     def project(self, h: torch.Tensor) -> torch.Tensor: ...
 
     def propagate(
-        self, mg: MessageGraph, m_src: torch.Tensor, h_dst: torch.Tensor, **kwargs: Any
+        self,
+        mg: MessageGraph,
+        m_src: torch.Tensor,
+        h_dst: torch.Tensor | None,
+        **kwargs: Any,
     ) -> torch.Tensor: ...
 
 

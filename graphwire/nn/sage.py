@@ -53,13 +53,16 @@ class SAGEConv(nn.Module):
         """Width of :meth:`project`'s rows."""
         return self.out_dim
 
+    # propagate() reads the destinations' own input rows (the root term).
+    reads_dst_rows = True
+
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """Row-wise part a row's owner can apply: float [n, in] -> [n, out]."""
         out: torch.Tensor = self.lin_neigh(h)
         return out
 
     def propagate(
-        self, mg: MessageGraph, m_src: torch.Tensor, h_dst: torch.Tensor
+        self, mg: MessageGraph, m_src: torch.Tensor, h_dst: torch.Tensor | None
     ) -> torch.Tensor:
         """The layer on projected source rows.
 
@@ -68,6 +71,8 @@ class SAGEConv(nn.Module):
             m_src: float [num_src, out_dim], :meth:`project` of the source rows.
             h_dst: float [num_dst, in_dim], the destinations' own input rows.
         """
+        if h_dst is None:
+            raise ValueError("SAGEConv.propagate: needs h_dst, the root term's rows")
         return self._combine(h_dst, spmm_mean(mg, m_src))
 
     def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
