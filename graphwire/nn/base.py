@@ -32,7 +32,13 @@ import torch
 
 from graphwire.graph.graph import Graph
 
-__all__ = ["MessageGraph", "edge_softmax", "spmm_mean", "spmm_sum"]
+__all__ = [
+    "MessageGraph",
+    "ProjectsToOutput",
+    "edge_softmax",
+    "spmm_mean",
+    "spmm_sum",
+]
 
 # Below this many rows/edges the CSR index arrays are stored as int32, which the
 # MKL sparse kernels run about 10% faster than int64.
@@ -47,6 +53,26 @@ def _csr(
         return torch.sparse_csr_tensor(
             crow, col, values, size=size, check_invariants=False
         )
+
+
+class ProjectsToOutput:
+    """For a linear layer whose ``project`` maps rows to its ``out_dim``
+    columns before aggregating (GCN's ``W``, GraphSAGE's ``W_neigh``): both
+    orders give the same result (the aggregation is linear), and projecting
+    first narrows the rows the sparse product, and a distributed exchange,
+    move when ``out_dim < in_dim``."""
+
+    in_dim: int
+    out_dim: int
+
+    @property
+    def projects_first(self) -> bool:
+        return self.in_dim > self.out_dim
+
+    @property
+    def message_width(self) -> int:
+        """Width of ``project``'s rows."""
+        return self.out_dim
 
 
 @dataclass(frozen=True, eq=False)

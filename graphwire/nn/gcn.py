@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphwire.nn.base import MessageGraph, spmm_sum
+from graphwire.nn.base import MessageGraph, ProjectsToOutput, spmm_sum
 
 __all__ = ["GCNConv"]
 
 
-class GCNConv(nn.Module):
+class GCNConv(ProjectsToOutput, nn.Module):
     """One GCN layer.
 
     Args:
@@ -44,17 +44,6 @@ class GCNConv(nn.Module):
         nn.init.xavier_uniform_(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
-
-    @property
-    def projects_first(self) -> bool:
-        """``Â(hW) == (Âh)W``: multiply first when that narrows the rows the
-        sparse product (and a distributed exchange) moves."""
-        return self.in_dim > self.out_dim
-
-    @property
-    def message_width(self) -> int:
-        """Width of :meth:`project`'s rows."""
-        return self.out_dim
 
     # propagate() reads no destination input rows (no root term).
     reads_dst_rows = False

@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphwire.nn.base import MessageGraph, spmm_mean
+from graphwire.nn.base import MessageGraph, ProjectsToOutput, spmm_mean
 
 __all__ = ["SAGEConv"]
 
 
-class SAGEConv(nn.Module):
+class SAGEConv(ProjectsToOutput, nn.Module):
     """One GraphSAGE-mean layer.
 
     Args:
@@ -41,17 +41,6 @@ class SAGEConv(nn.Module):
         nn.init.xavier_uniform_(self.lin_neigh.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
-
-    @property
-    def projects_first(self) -> bool:
-        """The mean is linear: project the neighbours first when that narrows
-        the rows the sparse product (and a distributed exchange) moves."""
-        return self.in_dim > self.out_dim
-
-    @property
-    def message_width(self) -> int:
-        """Width of :meth:`project`'s rows."""
-        return self.out_dim
 
     # propagate() reads the destinations' own input rows (the root term).
     reads_dst_rows = True
