@@ -416,14 +416,14 @@ class P2PEngine(Engine):
                 # the layer's input needs none.
                 h_src = h_src.requires_grad_(needs_grad or projected is not None)
                 h_dst = None
-                if projected is not None and projected.reads_dst_rows:
-                    h_dst = h.detach()[bin_.rows].requires_grad_(needs_grad)
-                if projected is not None:
+                if projected is None:
+                    out_b = self.call_layer(index, layer, bin_.mg, h_src, bin_.src_ids)
+                else:
+                    if projected.reads_dst_rows:
+                        h_dst = h.detach()[bin_.rows].requires_grad_(needs_grad)
                     out_b = self.call_propagate(
                         index, projected, bin_.mg, h_src, h_dst, bin_.src_ids
                     )
-                else:
-                    out_b = self.call_layer(index, layer, bin_.mg, h_src, bin_.src_ids)
             if track:
                 graphs.append(BinGraph(bin_, h_src, out_b, h_dst))
             if out is None:

@@ -56,18 +56,18 @@ def _csr(
 
 
 class ProjectsToOutput:
-    """For a linear layer whose ``project`` maps rows to its ``out_dim``
-    columns before aggregating (GCN's ``W``, GraphSAGE's ``W_neigh``): both
-    orders give the same result (the aggregation is linear), and projecting
+    """For a layer whose row-wise ``project`` maps rows to ``message_width``
+    columns (``out_dim`` unless overridden: GCN's ``W``, GraphSAGE's
+    ``W_neigh``; GAT's ``lin`` gives every head) before aggregating: projecting
     first narrows the rows the sparse product, and a distributed exchange,
-    move when ``out_dim < in_dim``."""
+    move when ``message_width < in_dim``."""
 
     in_dim: int
     out_dim: int
 
     @property
     def projects_first(self) -> bool:
-        return self.in_dim > self.out_dim
+        return self.message_width < self.in_dim
 
     @property
     def message_width(self) -> int:

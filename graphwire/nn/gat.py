@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphwire.nn.base import MessageGraph, edge_softmax, spmm_sum
+from graphwire.nn.base import MessageGraph, ProjectsToOutput, edge_softmax, spmm_sum
 from graphwire.nn.dropout import hashed_edge_dropout
 
 __all__ = ["GATConv"]
 
 
-class GATConv(nn.Module):
+class GATConv(ProjectsToOutput, nn.Module):
     """One multi-head graph attention layer.
 
     Args:
@@ -81,15 +81,10 @@ class GATConv(nn.Module):
             nn.init.zeros_(self.bias)
 
     @property
-    def projects_first(self) -> bool:
-        """Whether a distributed engine should exchange :meth:`project`'s rows
-        (all heads) rather than input rows: when they are narrower. The layer
-        itself always projects first."""
-        return self.heads * self.out_dim < self.in_dim
-
-    @property
     def message_width(self) -> int:
-        """Width of :meth:`project`'s rows."""
+        """Width of :meth:`project`'s rows: all heads. (The layer always
+        projects first; ``projects_first`` tells a distributed engine whether
+        to exchange projected rows, i.e. whether they are narrower.)"""
         return self.heads * self.out_dim
 
     # propagate() reads no destination input rows (no root term).
