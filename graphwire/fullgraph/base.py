@@ -14,7 +14,9 @@ gives the model three things:
   to the owners along the same plan, so GCN, GraphSAGE and GAT layers run
   unchanged on every engine. An engine calls each layer through
   :meth:`Engine.call_layer` with the original ID of every source row, so GAT's
-  hashed attention dropout draws the single-process mask.
+  hashed attention dropout draws the single-process mask. An engine that
+  pipelines across layers (G3) runs the whole stack instead, through the
+  model's ``run_layers`` hook (:meth:`Engine.model_hooks`).
 
 Engines are registered by name in :data:`ENGINES` (``--exchange NAME``).
 """
@@ -194,26 +196,38 @@ class Engine(ABC):
             return None
         return projecting(layer)
 
-    def cached_input_halo(self) -> torch.Tensor:
-        """The halo's input rows after the model's input dropout (``cache_input``).
+    def cached_input_halo(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The halo's input rows after the model's input dropout (``cache_input``):
+        all of them, or those at halo positions ``rows``.
 
         The mask is hashed from the rows' original IDs with the seed the model
         uses for layer 0, so it equals the mask their owners apply.
         """
         p, seed, training = self._dropout
+        x = self._x_halo if rows is None else self._x_halo.index_select(0, rows)
         if not training:
-            return self._x_halo
+            return x
         if seed is None:
             raise ValueError("cache_input: training needs hashed dropout (a seed)")
         assert self.local_orig_nid is not None
-        halo_ids = self.local_orig_nid[self.part.num_owned :]
-        return hashed_dropout(self._x_halo, p, halo_ids, derive_seed(seed, 0))
+        ids = self.local_orig_nid[self.part.num_owned :]
+        return hashed_dropout(
+            x, p, ids if rows is None else ids[rows], derive_seed(seed, 0)
+        )
 
-    @abstractmethod
+    def model_hooks(self) -> dict[str, Any]:
+        """Keyword arguments for :meth:`GNN.forward <graphwire.nn.models.GNN.forward>`
+        that run the model's layers on this engine: ``run_layer`` (layer by
+        layer), or ``run_layers`` for an engine that runs the whole stack."""
+        return {"run_layer": self.run_layer}
+
     def run_layer(
         self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor
     ) -> torch.Tensor:
         """Layer ``index`` on ``h`` (this rank's rows); returns its output rows."""
+        raise NotImplementedError(
+            f"exchange {self.name!r} runs the whole stack: see model_hooks()"
+        )
 
     # ------------------------------------------------------------- accounting
     def timed(self, fn: Callable[[], T]) -> T:

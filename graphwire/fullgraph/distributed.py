@@ -121,7 +121,7 @@ def forward_loss(
     logits = model(
         engine.mgs,
         engine.x,
-        run_layer=engine.run_layer,
+        **engine.model_hooks(),
         row_ids=engine.row_ids,
         dropout_seed=dropout_seed,
     )[: part.num_owned]

@@ -19,7 +19,12 @@ Built once per rank at set-up (G3 §5.3) for
    in-neighbours, as its MessageGraph holds them): the gathered inputs and
    their transform, then the output. A layer with wider rows gets smaller
    bins. ``max_rows`` additionally caps the rows of a bin (G3's "initial bin
-   size"); a single row over the budget gets a bin of its own.
+   size"); a single row over the budget gets a bin of its own. For the rows
+   with halo inputs (on an undirected graph, the rows peers need) the cap
+   starts at ``max_rows / RAMP`` and doubles bin by bin up to ``max_rows``:
+   a layer's first sends leave after a small bin instead of a full one,
+   while later bins keep their size (small bins throughout would gather
+   shared source rows more often).
 3. **Messages.** Layer ``k``'s halo rows arrive as one message per (sender
    bin of layer ``k - 1``, receiver), rows in the sender's schedule order, so
    a bin's rows can leave as soon as it is computed; each bin lists the
@@ -41,6 +46,7 @@ from graphwire.nn.base import MessageGraph
 
 __all__ = [
     "ORDERS",
+    "RAMP",
     "Bin",
     "LayerBins",
     "Messages",
@@ -54,6 +60,7 @@ __all__ = [
 ]
 
 ORDERS = ("bfs", "priority")
+RAMP = 8  # the first bin's row cap is max_rows / RAMP (module docstring, 2)
 _FLOAT_BYTES = 4
 
 
@@ -192,13 +199,17 @@ def layer_bins(
         order: int64 [n], every owned row once.
         widths: the layer's ``(input, output)`` row widths.
         budget_bytes: the memory budget of a bin.
-        max_rows: the most rows in a bin, or None.
+        max_rows: the most rows in a bin, or None; the caps of the bins with
+            halo inputs ramp up to it.
     """
     n = mg.num_dst
     has_halo = torch.zeros(n, dtype=torch.bool)
     has_halo[mg.dst_of_edges[mg.indices >= n]] = True
     groups = [order[~has_halo[order]], order[has_halo[order]]]
-    cuts = [_cut(mg, group, widths, budget_bytes, max_rows) for group in groups]
+    cuts = [
+        _cut(mg, groups[0], widths, budget_bytes, max_rows),
+        _cut(mg, groups[1], widths, budget_bytes, max_rows, ramp=True),
+    ]
     bins = [_bin(mg, rows) for group_cuts in cuts for rows in group_cuts]
     schedule = torch.cat([b.rows for b in bins]) if bins else order
     position = torch.empty(n, dtype=torch.int64)
@@ -220,17 +231,22 @@ def _cut(
     widths: tuple[int, int],
     budget_bytes: int,
     max_rows: int | None,
+    ramp: bool = False,
 ) -> list[torch.Tensor]:
     """Consecutive bins of ``group``, each the longest prefix of what is left
-    that fits the budget (and ``max_rows``); at least one row each."""
+    that fits the budget (and the row cap: ``max_rows``, or with ``ramp``
+    ``max_rows / RAMP`` doubling bin by bin); at least one row each."""
     bins: list[torch.Tensor] = []
     start, window = 0, 1024
     total = group.numel()
     while start < total:
-        end = min(total, start + (max_rows or total), start + window)
+        cap = max_rows
+        if max_rows is not None and ramp:
+            cap = min(max_rows, max(1, max_rows // RAMP) << min(len(bins), 62))
+        end = min(total, start + (cap or total), start + window)
         cost = _prefix_bytes(mg, group[start:end], widths)
         take = max(1, int(torch.searchsorted(cost, budget_bytes, right=True)))
-        capped = max_rows is not None and take >= max_rows
+        capped = cap is not None and take >= cap
         if take == end - start and end < total and not capped:
             window *= 2  # the budget was not reached: look further
             continue

@@ -4,51 +4,63 @@ G3 (Wan et al., "Scaling Graph Neural Network Training with Hybrid
 Parallelism") sends each boundary row once to each peer that needs it and hides
 the transfer behind computation:
 
+- **One autograd node for the whole stack** (:class:`G3Stack`, through the
+  model's ``run_layers`` hook). The engine applies the model's activation and
+  hashed dropout between layers itself, bin by bin, so that a bin's graph
+  runs from its source rows to what it hands on (the next layer's rows,
+  projected when that layer exchanges projected rows) and the backward can
+  pipeline across layers.
 - **Bins** (:mod:`graphwire.fullgraph.g3_bins`). A rank computes its owned
   rows of a layer in bins: in BFS order with the rows that have remote
   neighbours first (G3's Step 1; ``order="priority"``: most-needed rows
   first), each bin as many rows as the layer's memory budget allows
   (``bin_mb``, from the layer's input and output widths), at most ``bin_rows``
-  in a layer whose output is sent.
-- **Inter-layer pipelining.** As soon as a bin of layer ``l`` is computed, the
-  rows of it that peers need at layer ``l + 1`` are finished (activation and
-  the layer's hashed dropout, exactly what the model will apply) and sent with
+  in a layer whose output is sent (the first bins of rows peers need start
+  smaller and double up to it).
+- **Inter-layer pipelining.** As soon as a bin of layer ``l`` is computed and
+  finished for layer ``l + 1``, the rows of it that peers need are sent with
   ``isend``, one message per (bin, peer), while later bins compute. Sends are
   driven by torch.distributed's (gloo's) own communication threads; receives
   for layer ``l + 1`` are posted before layer ``l`` starts.
 - **Intra-layer eager computation.** Bins whose inputs are all owned compute
   first, while halo rows are in flight; each bin that needs halo rows waits
-  only for the messages carrying its own remote inputs.
-- **Backward in reverse bins.** Each layer is one autograd node
-  (:class:`BinnedLayer`) that keeps every bin's graph. Its backward walks the
-  bins in reverse: the bins that read halo rows first, after which each halo
-  row's gradient is complete and goes to its owner (``isend``, tag
-  ``bwd.L{l}``), then the bins that read only owned rows while those
-  gradients are in flight. Parameter gradients accumulate bin by bin.
+  only for the messages carrying its own remote inputs. The cached input
+  layer drops out each halo row when the first bin that reads it runs.
+- **Backward in reverse bins, pipelined across layers.** Layer by layer, top
+  down: the bins that read halo rows first, after which each halo row's
+  gradient is complete and goes back to its owner (``isend``, tag
+  ``bwd.L{l}``, one message per forward message, in reverse order); then the
+  bins that read only owned rows while those gradients are in flight. The
+  layer below does not wait for them all: its bins whose rows no peer read
+  run their backward at once, and each other bin runs as soon as the messages
+  carrying its rows' gradients are in. Parameter gradients accumulate bin by
+  bin.
 - **Last layer.** Its output goes to no peer, so no row cap applies: it runs
   in as few bins as the budget allows (two with the defaults here: rows
-  without and with halo inputs), since a bin transforms all of its source rows
-  and smaller bins would only repeat work.
+  without and with halo inputs), since smaller bins would only gather shared
+  source rows again.
 - **Layer-wise parameter synchronisation** (``sync="layer"``, G3 §6.2). As
-  soon as a layer's backward is done its parameter gradients start their
-  all-reduce (tag ``sync.grad.L{l}``, non-blocking), which completes once every
-  rank has finished that layer, while the layers below run their backward;
+  soon as a layer's gradients are complete they start their all-reduce (tag
+  ``sync.grad.L{l}``, non-blocking), which completes once every rank has
+  finished that layer, while the layers below run their backward;
   :meth:`P2PEngine.sync_gradients` collects them before the one optimizer step
-  of the epoch. The sums are bitwise those of one flat all-reduce
-  (``sync="epoch"``, tag ``sync.grad``).
+  of the epoch. A layer that exchanges projected rows is complete once the
+  layer below has run its bins' backward (its projection runs in those bins).
+  The sums are bitwise those of one flat all-reduce (``sync="epoch"``, tag
+  ``sync.grad``).
 
 ``mode`` switches parts off for G3's ablation: ``full`` (both), ``inter``
 (pipelined sends, but a layer waits for all its halo rows before computing),
 ``intra`` (sends start when a layer starts, eager computation) and
-``sequential`` (send everything, wait, compute).
+``sequential`` (send everything, wait, compute). The backward is the same in
+every mode.
 
 - **Projected rows.** A layer that narrows its rows
   (:func:`~graphwire.nn.models.projects_first`, e.g. GCN's output layer into
-  the classes) exchanges them projected: the layer before applies the
-  projection to the rows it sends as their bins finish, and the layer's bins
-  run ``layer.propagate`` on projected rows; its backward returns the
-  projected rows' gradients to their owners, which finish the projection's
-  backward once their own rows' gradient is complete.
+  the classes) exchanges them projected: the bins of the layer before end
+  with the projection, and the layer's bins run ``layer.propagate`` on
+  projected rows; its backward returns the projected rows' gradients to their
+  owners, whose bins of the layer below take them through the projection.
 
 Forward bytes per layer equal ``num_halo * width * 4`` on every rank, where
 ``width`` is the exchanged row width: each halo row arrives exactly once.
@@ -58,6 +70,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -98,28 +111,53 @@ class BinGraph:
     """One bin's autograd graph, kept from the forward for the backward.
 
     Attributes:
+        index: the bin's index in its layer.
         bin: the bin.
         src: the leaf of its source rows (input rows, or projected rows when
             the layer exchanges them).
-        out: its output rows.
-        dst: the leaf of its destinations' input rows (projected layers).
+        dst: the leaf of its destinations' input rows (projected layers whose
+            ``propagate`` reads them), else None.
+        outs: what the bin hands on, with their graph: the last layer's
+            output rows, or the next layer's source rows (finished: activation
+            and dropout, then projected when the next layer exchanges
+            projected rows) and, when the next layer reads its destinations'
+            input rows, those rows unprojected.
     """
 
+    index: int
     bin: Bin
     src: torch.Tensor
-    out: torch.Tensor
     dst: torch.Tensor | None
+    outs: tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class LayerGraph:
-    """A layer's bins' graphs, and its projection when it exchanged
-    projected rows (``h`` is then the owned input leaf, ``projection`` is
-    ``layer.project(h)``)."""
+class StackGraph:
+    """One forward's graphs: every layer's bins (forward order), the input
+    rows' leaf and, when layer 0 exchanges projected rows, their projection."""
 
-    bins: list[BinGraph]
-    h: torch.Tensor
+    layers: list[list[BinGraph]]
+    h0: torch.Tensor
     projection: torch.Tensor | None
+
+
+@dataclass(eq=False)
+class Returns:
+    """The gradients of one layer's source rows coming back from the peers
+    that read them: one message per (peer, sender bin), the reverse of the
+    forward's, added into ``grad`` (the owned source rows' gradient) bin by
+    bin as the backward needs them."""
+
+    grad: torch.Tensor
+    pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]]
+
+    def wait_bin(self, b: int | None) -> None:
+        """Wait for the messages of sender bin ``b`` (all when None), peers
+        in rank order, and add their rows."""
+        for key in sorted(k for k in self.pending if b is None or k[1] == b):
+            work, buf, rows = self.pending.pop(key)
+            work.wait()
+            self.grad.index_add_(0, rows, buf)
 
 
 @register("g3")
@@ -237,17 +275,34 @@ class P2PEngine(Engine):
                 for b in layer.bins
             ]
             self.layers.append(replace(layer, bins=bins))
+        # Layer k's bins that hand on rows peers read at layer k + 1 wait for
+        # those rows' gradients in the backward: bin -> its returning messages.
+        self._returning = [
+            {b for rows in self.messages[k + 1].send_rows for b in rows}
+            for k in range(self.num_layers - 1)
+        ]
+        # The cached input layer drops out each halo row when the first bin
+        # that reads it runs (bin -> halo positions first read there).
+        self._first_read: dict[int, torch.Tensor] = {}
+        if self.cache_input and self.num_layers:
+            seen = torch.zeros(self.plan.num_halo, dtype=torch.bool)
+            for b, bin_ in self._bin_order(0):
+                fresh = bin_.src_halo[~seen[bin_.src_halo]]
+                seen[fresh] = True
+                self._first_read[b] = fresh
+            self._x_dropped = self._x_halo.new_empty(self._x_halo.shape)
 
     # ---------------------------------------------------------------- runtime
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
-        """Before each forward: learn how the model finishes a layer's rows
-        (activation, then the next layer's dropout), so that pipelined sends
-        carry exactly the rows the model will use."""
+        """Before each forward: learn the model's layers and how it finishes a
+        layer's rows (activation, then the next layer's dropout), which the
+        engine applies bin by bin."""
         p = float(getattr(model, "dropout", 0.0))
         training = bool(model.training) and p > 0.0
-        if training and dropout_seed is None and self.mode in ("full", "inter"):
+        if training and dropout_seed is None:
             raise ValueError(
-                "g3: pipelined sends need hashed dropout (a dropout_seed) in training"
+                "g3: dropout between layers runs bin by bin and needs hashed "
+                "dropout (a dropout_seed) in training"
             )
         if self._layer_sums:
             raise RuntimeError(
@@ -259,6 +314,30 @@ class P2PEngine(Engine):
         self._model_layers = list(cast(GNN, model).layers)
         self._halo.clear()
         self._pending_recv.clear()
+
+    def model_hooks(self) -> dict[str, Any]:
+        return {"run_layers": self.run_layers}
+
+    def run_layers(self, h: torch.Tensor) -> torch.Tensor:
+        """The whole stack on the owned input rows ``h`` (after the model's
+        input dropout): one autograd node, :class:`G3Stack`."""
+        if self._begin is None:
+            raise RuntimeError("g3: begin(model, dropout_seed) must precede forward")
+        track = torch.is_grad_enabled()
+        needs_grad = track and h.requires_grad
+        if needs_grad and self.cache_input:
+            raise ValueError(
+                "g3: cache_input keeps the halo's input rows as constants; an "
+                "input that needs a gradient needs cache_input=False"
+            )
+        params = [
+            p
+            for layer in self._model_layers
+            for p in layer.parameters()
+            if p.requires_grad
+        ]
+        out: torch.Tensor = G3Stack.apply(h, self, (track, needs_grad), *params)
+        return out
 
     def _post_recvs(self, layer: int, width: int, like: torch.Tensor) -> None:
         """Post the receives of layer ``layer``'s halo rows (once per forward)."""
@@ -310,42 +389,24 @@ class P2PEngine(Engine):
                 payload = h.index_select(0, rows)
                 self._sends.append(self.transport.isend(payload, peer, tag))
 
-    def _finish_rows(
-        self, layer: int, out: torch.Tensor, rows: torch.Tensor
-    ) -> torch.Tensor:
-        """Layer ``layer``'s output rows as layer ``layer + 1`` consumes them
-        (projected, if it exchanges projected rows)."""
+    def _finish(
+        self, index: int, out: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Layer ``index``'s output rows (global IDs ``ids``) as layer
+        ``index + 1`` reads them: the activation, that layer's dropout, then
+        its projection when it exchanges projected rows (see
+        :class:`BinGraph` ``outs``)."""
         assert self._begin is not None
         activation, p, seed, training = self._begin
-        h = activation(out.detach())
+        h = activation(out)
         if training:
             assert seed is not None
-            ids = self.part.orig_nid[rows]
-            h = hashed_dropout(h, p, ids, derive_seed(seed, layer + 1))
-        following = self.exchanged_projection(layer + 1, self._model_layers[layer + 1])
-        if following is not None:
-            with torch.no_grad():
-                h = following.project(h)
-        return h
-
-    def _row_width(self, index: int, out: torch.Tensor) -> int:
-        """Width of the rows layer ``index`` exchanges, ``out`` being rows of
-        its input."""
-        projected = self.exchanged_projection(index, self._model_layers[index])
-        return int(out.shape[1]) if projected is None else projected.message_width
-
-    def run_layer(
-        self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor
-    ) -> torch.Tensor:
-        if self._begin is None:
-            raise RuntimeError("g3: begin(model, dropout_seed) must precede forward")
-        params = tuple(p for p in layer.parameters() if p.requires_grad)
-        track = torch.is_grad_enabled()
-        needs_grad = track and h.requires_grad
-        out: torch.Tensor = BinnedLayer.apply(
-            h, self, index, layer, (track, needs_grad), *params
-        )
-        return out
+            h = hashed_dropout(h, p, ids, derive_seed(seed, index + 1))
+        following = self.exchanged_projection(index + 1, self._model_layers[index + 1])
+        if following is None:
+            return (h,)
+        m = following.project(h)
+        return (m, h) if following.reads_dst_rows else (m,)
 
     def _halo_first(self, index: int) -> bool:
         """Whether layer ``index`` computes its bins with halo inputs first.
@@ -363,157 +424,291 @@ class P2PEngine(Engine):
         order = send_order(len(layer.bins), layer.num_local, self._halo_first(index))
         return [(b, layer.bins[b]) for b in order]
 
-    def _forward_bins(
+    def _input_halo(self, b: int, bin_: Bin) -> torch.Tensor:
+        """The cached input layer's halo rows for bin ``b``, after dropout:
+        each row is dropped out once per forward, by the first bin that
+        reads it."""
+        _, _, training = self._dropout
+        if not training:
+            return self._x_halo.index_select(0, bin_.src_halo)
+        fresh = self._first_read[b]
+        if fresh.numel():
+            self._x_dropped[fresh] = self.cached_input_halo(fresh)
+        return self._x_dropped.index_select(0, bin_.src_halo)
+
+    def _forward_stack(
+        self, h0: torch.Tensor, track: bool, needs_grad: bool
+    ) -> tuple[torch.Tensor, StackGraph | None]:
+        """Every layer in bins (:meth:`_forward_layer`); returns the last
+        layer's owned rows and, when ``track``, the graphs for
+        :meth:`_backward_stack`."""
+        h0 = h0.detach().requires_grad_(needs_grad)
+        source, dst_rows, projection = h0.detach(), None, None
+        first = self.exchanged_projection(0, self._model_layers[0])
+        if first is not None:
+            with torch.set_grad_enabled(track):
+                projection = first.project(h0)
+            source = projection.detach()
+            dst_rows = h0.detach() if first.reads_dst_rows else None
+        layers: list[list[BinGraph]] = []
+        for index in range(self.num_layers):
+            grads = (track and index > 0, track and index > 0)
+            if index == 0:
+                grads = (needs_grad or first is not None, needs_grad)
+            source, dst_rows, graphs = self._forward_layer(
+                index, source, dst_rows, track, grads
+            )
+            layers.append(graphs)
+        return source, StackGraph(layers, h0, projection) if track else None
+
+    def _forward_layer(
         self,
         index: int,
-        layer: nn.Module,
-        h: torch.Tensor,
+        source: torch.Tensor,
+        dst_rows: torch.Tensor | None,
         track: bool,
-        needs_grad: bool,
-    ) -> tuple[torch.Tensor, LayerGraph]:
+        grads: tuple[bool, bool],
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[BinGraph]]:
         """Layer ``index`` in bins; the sends of the next layer's rows overlap.
 
-        A layer that exchanges projected rows first projects the owned rows
-        (``layer.project``; the rows sent to peers were projected by the layer
-        before, see :meth:`_finish_rows`) and its bins run
-        ``layer.propagate`` on projected source rows.
+        ``source`` holds the owned rows the bins read as sources (projected
+        when the layer exchanges projected rows), ``dst_rows`` the owned input
+        rows when its ``propagate`` reads them; with ``track`` the bins keep
+        their graphs, and ``grads`` says whether the source and destination
+        leaves need gradients. Each bin's output is
+        finished for the next layer (:meth:`_finish`) inside its graph, and
+        the rows peers need leave as soon as the bin is done.
 
-        Returns the owned output rows and, when ``track``, the bins' autograd
-        graphs for :meth:`_backward_bins` (the source leaves require grad when
-        ``needs_grad``, or when they are projected rows).
+        Returns the next layer's ``source`` and ``dst_rows`` (the last layer:
+        its output rows and None) and, with ``track``, the bins' graphs.
         """
+        layer = self._model_layers[index]
+        last = index == self.num_layers - 1
         pipelined = self.mode in ("full", "inter")
         eager = self.mode in ("full", "intra")
         projected = self.exchanged_projection(index, layer)
-        source = h  # the owned rows the bins read
-        projection = None
-        if projected is not None:
-            with torch.set_grad_enabled(track):
-                h = h.detach().requires_grad_(needs_grad)
-                projection = projected.project(h)
-            source = projection.detach()
-        if index == 0 and self.cache_input:
-            halo = self.cached_input_halo()  # nothing to send or wait for
-        else:
+        cached = index == 0 and self.cache_input
+        if not cached:
             self._post_recvs(index, source.shape[1], source)
             if index == 0 or not pipelined:
                 self._send_all(index, source)
-            halo = self._halo[index]
-        if not eager:
-            self._wait(index, None)
-        send_next = pipelined and index < self.num_layers - 1
+            if not eager:
+                self._wait(index, None)
+        send_next = pipelined and not last
         graphs: list[BinGraph] = []
-        out: torch.Tensor | None = None
+        out_src: torch.Tensor | None = None
+        out_dst: torch.Tensor | None = None
         for b, bin_ in self._bin_order(index):
             if eager and bin_.needs:
                 self._wait(index, bin_.needs)
             h_src = source.index_select(0, bin_.src_owned)
             if bin_.src_halo.numel():
-                h_src = torch.cat([h_src, halo.index_select(0, bin_.src_halo)])
+                halo = (
+                    self._input_halo(b, bin_)
+                    if cached
+                    else self._halo[index].index_select(0, bin_.src_halo)
+                )
+                h_src = torch.cat([h_src, halo])
             assert bin_.src_ids is not None
             with torch.set_grad_enabled(track):
-                # Projected rows carry the projection's gradient even where
-                # the layer's input needs none.
-                h_src = h_src.requires_grad_(needs_grad or projected is not None)
+                h_src = h_src.requires_grad_(track and grads[0])
                 h_dst = None
                 if projected is None:
-                    out_b = self.call_layer(index, layer, bin_.mg, h_src, bin_.src_ids)
+                    out = self.call_layer(index, layer, bin_.mg, h_src, bin_.src_ids)
                 else:
                     if projected.reads_dst_rows:
-                        h_dst = h.detach()[bin_.rows].requires_grad_(needs_grad)
-                    out_b = self.call_propagate(
+                        assert dst_rows is not None
+                        h_dst = dst_rows[bin_.rows].requires_grad_(track and grads[1])
+                    out = self.call_propagate(
                         index, projected, bin_.mg, h_src, h_dst, bin_.src_ids
                     )
+                ids = bin_.src_ids[: bin_.rows.numel()]  # the bin's own rows
+                outs = (out,) if last else self._finish(index, out, ids)
             if track:
-                graphs.append(BinGraph(bin_, h_src, out_b, h_dst))
-            if out is None:
-                out = out_b.new_empty((self.part.num_owned, out_b.shape[1]))
-            out[bin_.rows] = out_b.detach()
+                graphs.append(BinGraph(b, bin_, h_src, h_dst, outs))
+            if out_src is None:
+                out_src = outs[0].new_empty((self.part.num_owned, outs[0].shape[1]))
+                if len(outs) > 1:
+                    out_dst = outs[1].new_empty((self.part.num_owned, outs[1].shape[1]))
+            out_src[bin_.rows] = outs[0].detach()
+            if out_dst is not None:
+                out_dst[bin_.rows] = outs[1].detach()
             if send_next:
-                self._post_recvs(index + 1, self._row_width(index + 1, out_b), out_b)
+                self._post_recvs(index + 1, outs[0].shape[1], outs[0])
                 if b in self.messages[index + 1].bins_sent:
-                    rows = self._finish_rows(index, out_b, bin_.rows)
-                    self._send_bin(index + 1, b, rows)
+                    self._send_bin(index + 1, b, outs[0].detach())
         self._wait(index, None)
-        if index == self.num_layers - 1 or not pipelined:
+        if last or not pipelined:
             # Pipelined sends of the next layer's rows stay in flight while it
             # computes; every send is complete before the forward returns.
             self.timed(self._drain_sends)
-        assert out is not None
-        return out, LayerGraph(graphs, h, projection)
+        if out_src is None:  # a part without rows
+            width = int(getattr(layer, "out_dim", 0)) * int(getattr(layer, "heads", 1))
+            out_src = source.new_zeros((0, width))
+        return out_src, out_dst, graphs
 
-    def _backward_bins(
-        self,
-        index: int,
-        graph: LayerGraph,
-        grad_out: torch.Tensor,
-        needs_input_grad: bool,
+    def _returns(self, index: int, graph: StackGraph) -> bool:
+        """Whether the backward sends layer ``index``'s halo rows' gradients
+        to their owners: rows computed by a layer below always, the input
+        layer's when they were projected or the input needs a gradient."""
+        if index > 0:
+            return True
+        return not self.cache_input and (
+            graph.projection is not None or graph.h0.requires_grad
+        )
+
+    def _backward_stack(
+        self, graph: StackGraph, grad_out: torch.Tensor, needs_input_grad: bool
     ) -> torch.Tensor | None:
-        """Backward of layer ``index``, bins in reverse: G3's backward pipeline.
+        """The backward of the whole stack, layers top down, bins in reverse.
 
-        Bins that read halo rows go first; once they are done every halo row's
-        gradient is complete and goes to its owner (``isend``, tag
-        ``bwd.L{index}``) while the bins that read only owned rows run their
-        backward. Parameter gradients accumulate in ``.grad`` as each bin's
-        graph is walked; a layer that exchanged projected rows then runs its
-        projection's backward on the owned rows' complete gradient. Returns
-        the owned input rows' gradient, or None when the input needs none.
+        Layer by layer (:meth:`_walk_layer`): a layer's halo rows' gradients
+        leave for their owners as soon as the bins that read halo rows are
+        done; the layer below then runs its bins' backward at once where no
+        peer read their rows, and the others as their rows' gradients come
+        back (:class:`Returns`), so the layers overlap the transfers. Returns
+        the input rows' gradient, or None when they need none.
         """
-        projected = graph.projection is not None
-        halo_bins = [g for g in graph.bins if g.bin.src_halo.numel()]
-        local_bins = [g for g in graph.bins if not g.bin.src_halo.numel()]
-        if not needs_input_grad and not projected:
-            # Parameter gradients only, nothing to send.
-            for g in [*reversed(halo_bins), *reversed(local_bins)]:
-                torch.autograd.backward(g.out, grad_out.index_select(0, g.bin.rows))
+        grads: tuple[torch.Tensor, ...] = (grad_out,)
+        returns: Returns | None = None
+        for index in reversed(range(self.num_layers)):
+            grads, returns = self._walk_layer(index, graph, grads, returns)
+        if returns is not None:
+            self.timed(partial(returns.wait_bin, None))
+        grad = grads[0] if grads else None
+        if graph.projection is not None:
+            assert grad is not None
+            torch.autograd.backward(graph.projection, grad)
+            self._layer_done(0)
+            grad = graph.h0.grad
+        self.timed(self._drain_sends)
+        if not needs_input_grad or grad is None:
             return None
-        width = graph.bins[0].src.shape[1]
-        grad_owned = grad_out.new_zeros((self.part.num_owned, width))
-        grad_halo = grad_out.new_zeros((self.plan.num_halo, width))
-        # Gradients of the destinations' own input rows (SAGE's root term),
-        # added to the projection's input gradient at the end.
-        dst_grads: list[tuple[torch.Tensor, torch.Tensor]] = []
-        tag = f"{self.phase}bwd.L{index}"
-
-        def walk(group: list[BinGraph]) -> None:
-            for g in reversed(group):
-                torch.autograd.backward(g.out, grad_out.index_select(0, g.bin.rows))
-                if g.dst is not None and g.dst.grad is not None:
-                    dst_grads.append((g.bin.rows, g.dst.grad))
-                if g.src.grad is None:
-                    continue
-                num_owned = g.bin.src_owned.numel()
-                grad_owned.index_add_(0, g.bin.src_owned, g.src.grad[:num_owned])
-                if g.bin.src_halo.numel():
-                    grad_halo.index_add_(0, g.bin.src_halo, g.src.grad[num_owned:])
-
-        walk(halo_bins)
-        pending = self.plan.start_scatter_grad(grad_halo, self.transport, tag)
-        walk(local_bins)  # overlaps the gradients in flight
-        self.timed(lambda: pending.wait(grad_owned))
-        if graph.projection is None:
-            return grad_owned
-        torch.autograd.backward(graph.projection, grad_owned)
-        if not needs_input_grad:
-            return None
-        grad = graph.h.grad
-        assert grad is not None
-        for rows, part in dst_grads:
-            grad.index_add_(0, rows, part)
+        if len(grads) > 1:
+            grad = grad + grads[1]  # the destinations' own rows (SAGE)
         return grad
 
-    def _layer_done(self, index: int, params: tuple[torch.Tensor, ...]) -> None:
-        """Layer ``index``'s backward is over: its gradients start their sum
-        (``sync="layer"``), and the sums started before it move on to their
+    def _walk_layer(
+        self,
+        index: int,
+        graph: StackGraph,
+        out_grads: tuple[torch.Tensor, ...],
+        returns: Returns | None,
+    ) -> tuple[tuple[torch.Tensor, ...], Returns | None]:
+        """Backward of layer ``index``'s bins: G3's backward pipeline.
+
+        ``out_grads`` are the gradients of what the bins handed on (the
+        loss's for the last layer; the next layer's source and destination
+        rows otherwise, complete for a bin once ``returns`` has its messages).
+        Bins that need no returning gradient go first, those that read halo
+        rows before the others; then the rest in reverse forward order, each
+        after its messages. Once every bin that reads halo rows is done, the
+        halo rows' gradients leave (tag ``bwd.L{index}``, one message per
+        forward message, in reverse order). Parameter gradients accumulate in
+        ``.grad`` bin by bin.
+
+        Returns the gradients of this layer's source rows (and destination
+        rows, when a projected layer read them) and their returning messages.
+        """
+        bins = graph.layers[index]
+        n = self.part.num_owned
+        sends = self._returns(index, graph)
+        grad_src = grad_dst = grad_halo = None
+        if bins and bins[0].src.requires_grad:
+            grad_src = bins[0].src.new_zeros((n, bins[0].src.shape[1]))
+        if bins and bins[0].dst is not None:
+            grad_dst = bins[0].dst.new_zeros((n, bins[0].dst.shape[1]))
+        mine = None
+        if sends:
+            width = bins[0].src.shape[1] if bins else self._source_width(index, graph)
+            if grad_src is None:
+                grad_src = graph.h0.new_zeros((n, width))
+            grad_halo = grad_src.new_zeros((self.plan.num_halo, width))
+            mine = self._post_returns(index, grad_src)
+        waiting = self._returning[index] if returns is not None else set()
+        early = [g for g in reversed(bins) if g.index not in waiting]
+        late = [g for g in reversed(bins) if g.index in waiting]
+        order = (
+            [g for g in early if g.bin.src_halo.numel()]
+            + [g for g in early if not g.bin.src_halo.numel()]
+            + late
+        )
+        halo_left = sum(1 for g in bins if g.bin.src_halo.numel())
+        if grad_halo is not None and not halo_left:
+            self._send_returns(index, grad_halo)
+        for g in order:
+            if returns is not None and g.index in waiting:
+                self.timed(partial(returns.wait_bin, g.index))
+            rows = g.bin.rows
+            torch.autograd.backward(
+                list(g.outs), [grad.index_select(0, rows) for grad in out_grads]
+            )
+            if grad_dst is not None and g.dst is not None and g.dst.grad is not None:
+                grad_dst.index_add_(0, rows, g.dst.grad)
+            if grad_src is not None and g.src.grad is not None:
+                num_owned = g.bin.src_owned.numel()
+                grad_src.index_add_(0, g.bin.src_owned, g.src.grad[:num_owned])
+                if grad_halo is not None and g.bin.src_halo.numel():
+                    grad_halo.index_add_(0, g.bin.src_halo, g.src.grad[num_owned:])
+            if g.bin.src_halo.numel():
+                halo_left -= 1
+                if grad_halo is not None and not halo_left:
+                    self._send_returns(index, grad_halo)
+        if self.exchanged_projection(index, self._model_layers[index]) is None:
+            self._layer_done(index)
+        following = index + 1
+        if following < self.num_layers and self.exchanged_projection(
+            following, self._model_layers[following]
+        ):
+            # The projection of the layer above ran in this layer's bins.
+            self._layer_done(following)
+        grads = tuple(t for t in (grad_src, grad_dst) if t is not None)
+        return grads, mine
+
+    def _source_width(self, index: int, graph: StackGraph) -> int:
+        """Width of layer ``index``'s source rows on a rank without rows."""
+        if index == 0:
+            projection = graph.projection
+            return int((projection if projection is not None else graph.h0).shape[1])
+        return self._halo[index].shape[1] if index in self._halo else 0
+
+    def _post_returns(self, index: int, grad: torch.Tensor) -> Returns:
+        """Post the receives of the gradients of the rows this rank sent at
+        layer ``index`` (each peer's in reverse send order); they are added
+        into ``grad``, the owned source rows' gradient."""
+        tag = f"{self.phase}bwd.L{index}"
+        pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]] = {}
+        for peer, chunks in enumerate(self.messages[index].send_rows):
+            for b in reversed(list(chunks)):
+                rows = chunks[b][0]
+                buf = grad.new_empty((rows.numel(), grad.shape[1]))
+                pending[(peer, b)] = (self.transport.irecv(buf, peer, tag), buf, rows)
+        return Returns(grad, pending)
+
+    def _send_returns(self, index: int, grad_halo: torch.Tensor) -> None:
+        """Send the halo rows' gradients of layer ``index`` to their owners:
+        one message per forward message, each peer's in reverse order."""
+        tag = f"{self.phase}bwd.L{index}"
+        messages = self.messages[index]
+        for key in reversed(messages.keys):
+            payload = grad_halo.index_select(0, messages.recv_pos[key])
+            self._sends.append(self.transport.isend(payload, key[0], tag))
+
+    def _layer_done(self, index: int) -> None:
+        """Layer ``index``'s gradients are complete: they start their sum
+        (``sync="layer"``), and the sums started before them move on to their
         second phase."""
+        layer = self._model_layers[index]
+        params: list[torch.Tensor] = [p for p in layer.parameters() if p.requires_grad]
         if self.sync != "layer" or self.phase or not params:
             return
         for _, pending in self._layer_sums:
             pending.advance()
-        flat = flat_gradients(list(params))
+        flat = flat_gradients(params)
         tag = f"sync.grad.L{index}"
-        pending = self.transport.start_all_reduce_sum(flat, tag)
-        self._layer_sums.append((list(params), pending))
+        self._layer_sums.append(
+            (params, self.transport.start_all_reduce_sum(flat, tag))
+        )
 
     def sync_gradients(self, model: nn.Module) -> None:
         """Collect the layer-wise sums, then sum any gradient no layer covered
@@ -534,15 +729,15 @@ class P2PEngine(Engine):
         self._sends.clear()
 
 
-class BinnedLayer(torch.autograd.Function):
-    """``h_owned -> layer output of the owned rows``, computed in G3's bins.
+class G3Stack(torch.autograd.Function):
+    """``h_owned -> the last layer's owned rows``: the whole stack in G3's bins.
 
-    Forward runs :meth:`P2PEngine._forward_bins` (halo rows arrive through the
-    engine's messages; each bin's autograd graph starts from its own source
-    rows). Backward runs :meth:`P2PEngine._backward_bins`: the bins' graphs in
-    reverse order, sending halo gradients to their owners as soon as they are
-    complete. The layer's parameters are inputs only so that the output
-    requires grad; their gradients accumulate through the bins' graphs.
+    Forward runs :meth:`P2PEngine._forward_stack` (halo rows arrive through
+    the engine's messages; each bin's autograd graph starts from its own
+    source rows and ends at what it hands on). Backward runs
+    :meth:`P2PEngine._backward_stack`. The parameters are inputs only so that
+    the output requires grad; their gradients accumulate through the bins'
+    graphs.
     """
 
     @staticmethod
@@ -550,14 +745,11 @@ class BinnedLayer(torch.autograd.Function):
         ctx: Any,
         h: torch.Tensor,
         engine: P2PEngine,
-        index: int,
-        layer: nn.Module,
         flags: tuple[bool, bool],
         *params: torch.Tensor,
     ) -> torch.Tensor:
-        out, graph = engine._forward_bins(index, layer, h.detach(), *flags)
-        ctx.engine, ctx.index, ctx.graph = engine, index, graph
-        ctx.params = params
+        out, graph = engine._forward_stack(h, *flags)
+        ctx.engine, ctx.graph, ctx.num_params = engine, graph, len(params)
         return out
 
     @staticmethod
@@ -566,10 +758,9 @@ class BinnedLayer(torch.autograd.Function):
     ) -> tuple[torch.Tensor | None, ...]:
         engine: P2PEngine = ctx.engine
         graph, ctx.graph = ctx.graph, None  # free the bins' graphs after use
-        if graph is None or not graph.bins:
-            raise RuntimeError("g3: backward through a layer run without grad")
-        grad = engine._backward_bins(
-            ctx.index, graph, grad_out.contiguous(), ctx.needs_input_grad[0]
+        if graph is None:
+            raise RuntimeError("g3: backward through a forward run without grad")
+        grad = engine._backward_stack(
+            graph, grad_out.contiguous(), ctx.needs_input_grad[0]
         )
-        engine._layer_done(ctx.index, ctx.params)
-        return (grad, None, None, None, None, *([None] * len(ctx.params)))
+        return (grad, None, None, *([None] * ctx.num_params))

@@ -58,6 +58,7 @@ __all__ = [
 
 Fetch = Callable[[int, torch.Tensor], torch.Tensor]
 RunLayer = Callable[[int, nn.Module, MessageGraph, torch.Tensor], torch.Tensor]
+RunLayers = Callable[[torch.Tensor], torch.Tensor]
 
 # Attention-dropout seeds are derive_seed(dropout_seed, ATTENTION_STREAM, layer):
 # three parts, where feature dropout's derive_seed(dropout_seed, layer) has two,
@@ -272,6 +273,7 @@ class GNN(nn.Module):
         fetch: Fetch | None = None,
         *,
         run_layer: RunLayer | None = None,
+        run_layers: RunLayers | None = None,
         row_ids: torch.Tensor | None = None,
         dropout_seed: int | None = None,
     ) -> torch.Tensor:
@@ -293,6 +295,12 @@ class GNN(nn.Module):
                 first ``len(h_src)`` (full-graph training: all nodes, or a
                 worker's owned nodes first); needed with ``dropout_seed``.
                 ``run_layer`` gets no IDs: the engine knows its own.
+            run_layers: ``run_layers(h) -> output of the last layer``, called
+                with layer 0's input after its dropout, in place of the whole
+                loop: for engines that pipeline computation across layers
+                (G3's bins). They apply the activation and the dropout
+                between layers exactly as the loop does (hashed masks, keyed
+                by ``derive_seed(dropout_seed, l)`` and global row IDs).
             dropout_seed: hash dropout masks (features, and GAT attention) from
                 this seed (per layer) and ``row_ids`` instead of drawing them.
 
@@ -320,6 +328,8 @@ class GNN(nn.Module):
                 h = feature_dropout(h, p, True)
             else:
                 h = F.dropout(h, p, True)
+            if run_layers is not None:
+                return run_layers(h)
             if run_layer is not None:
                 h = run_layer(index, layer, mg, h)
             else:

@@ -42,8 +42,7 @@ from graphwire.fullgraph.distributed import (
     train_distributed,
 )
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
-from graphwire.fullgraph.p2p import P2PEngine
-from graphwire.nn.base import MessageGraph
+from graphwire.fullgraph.p2p import BinGraph, P2PEngine
 from graphwire.partition.format import load_part
 from graphwire.training import EpochRecord, TrainConfig
 
@@ -100,12 +99,17 @@ class DyingP2PEngine(P2PEngine):
         if self._now(layer) and self._sends:
             self._die()
 
-    def run_layer(
-        self, index: int, layer: nn.Module, mg: MessageGraph, h: torch.Tensor
-    ) -> torch.Tensor:
+    def _forward_layer(
+        self,
+        index: int,
+        source: torch.Tensor,
+        dst_rows: torch.Tensor | None,
+        track: bool,
+        grads: tuple[bool, bool],
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[BinGraph]]:
         if self._now(index):
             self._die()
-        return super().run_layer(index, layer, mg, h)
+        return super()._forward_layer(index, source, dst_rows, track, grads)
 
     def _die(self) -> None:
         if self._note is not None:  # when it died (wall clock, for the parent)

@@ -11,6 +11,7 @@ from graphwire.comm.local import run_local
 from graphwire.comm.plan import ExchangePlan
 from graphwire.fullgraph.base import local_message_graph
 from graphwire.fullgraph.g3_bins import (
+    RAMP,
     _bin,
     bfs_order,
     bin_bytes,
@@ -95,6 +96,13 @@ def test_max_rows_caps_bins(tmp_path) -> None:
     layer = layer_bins(mg, priority_order(mg, plan), (8, 8), 2**30, max_rows=16)
     sizes = [b.rows.numel() for b in layer.bins]
     assert max(sizes) == 16 and len(layer.bins) >= mg.num_dst // 16
+    # Rows without halo inputs: full bins. Rows with them (those peers
+    # need): the caps ramp up from 16 / RAMP, doubling, so the first sends
+    # leave early.
+    local, halo = sizes[: layer.num_local], sizes[layer.num_local :]
+    assert local[:-1] == [16] * (len(local) - 1)
+    assert halo[:3] == [2, 4, 8] and set(halo[3:-1]) == {16}
+    assert RAMP == 8
 
 
 def _directed(graph: Graph) -> Graph:

@@ -18,58 +18,97 @@ from tests.fullgraph.dist_helpers import (
     write_parts,
 )
 
-Event = tuple[str, int, bool]  # (what, layer, whether the bin reads halo rows)
+Event = tuple[str, int, bool]  # (what, layer or peer, whether the bin reads halo rows)
 
 
-def _traced_step(transport: Any, folder: str) -> list[Event]:
-    """One G3 training step (16-row bins, GCN, 2 layers): what ran, in order."""
+class _TracedWork:
+    """A receive whose wait is recorded (the transport's Work, wrapped)."""
+
+    def __init__(self, work: Any, events: list[Event], tag: str) -> None:
+        self._work, self._events, self._tag = work, events, tag
+
+    def wait(self) -> Any:
+        self._events.append(("wait " + self._tag, -1, False))
+        return self._work.wait()
+
+
+def _traced_step(
+    transport: Any, folder: str
+) -> tuple[list[Event], list[int], set[int]]:
+    """One G3 training step (16-row bins, GCN, 2 layers): what ran, in order;
+    the forward order of layer 0's bins; the layer-0 bins whose rows peers
+    read at layer 1."""
     config = config_for("gcn")
     part = load_part(folder, transport.rank)
     engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
     assert isinstance(engine, P2PEngine)
     events: list[Event] = []
-    forward_bins, isend = engine._forward_bins, transport.isend
+    forward_layer, isend, irecv = (
+        engine._forward_layer,
+        transport.isend,
+        transport.irecv,
+    )
 
     def traced_forward(index: int, *args: Any) -> Any:
-        out, graph = forward_bins(index, *args)
-        for g in graph.bins:
+        out = forward_layer(index, *args)
+        for g in out[2]:
             reads_halo = bool(g.bin.src_halo.numel())
             events.append(("forward", index, reads_halo))
-            if g.src.requires_grad:  # fires when this bin's backward runs
-                g.src.register_hook(
-                    lambda _, i=index, r=reads_halo: events.append(("backward", i, r))
+            # Fires when this bin's backward starts (its outputs' gradient).
+            g.outs[0].register_hook(
+                lambda _, i=index, r=reads_halo, b=g.index: events.append(
+                    (f"backward {b}", i, r)
                 )
-        return out, graph
+            )
+        return out
 
     def traced_isend(tensor: torch.Tensor, dst: int, tag: str) -> Any:
         events.append((tag, dst, False))
         return isend(tensor, dst, tag)
 
-    engine._forward_bins = traced_forward  # type: ignore[method-assign]
+    def traced_irecv(tensor: torch.Tensor, src: int, tag: str) -> Any:
+        return _TracedWork(irecv(tensor, src, tag), events, tag)
+
+    engine._forward_layer = traced_forward  # type: ignore[method-assign]
     transport.isend = traced_isend  # type: ignore[method-assign]
+    transport.irecv = traced_irecv  # type: ignore[method-assign]
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     model.train()
     _, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
     loss.backward()
-    return events
+    order = [b for b, _ in engine._bin_order(0)]
+    return events, order, engine._returning[0]
 
 
 def test_bins_run_in_g3_order_and_gradients_leave_before_local_bins(
     tmp_path,
 ) -> None:
     folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
-    for events in run_local(lambda t: _traced_step(t, folder), 2):
+    for events, order, returning in run_local(lambda t: _traced_step(t, folder), 2):
         layer0 = [e for e in events if e[:2] == ("forward", 0)]
         layer1 = [e for e in events if e[:2] == ("forward", 1)]
         # Input layer (halo rows cached): many bins, rows peers need first.
         assert len(layer0) > 4 and layer0[0][2] and not layer0[-1][2]
         # Last layer: two bins, the one without halo inputs first (eager).
         assert [e[2] for e in layer1] == [False, True]
-        # Backward of layer 1: the halo bin, then its gradients leave, then
+        backward = [e for e in events if e[0].startswith("backward")]
+        # Layer 1's backward: the halo bin, then its gradients leave, then
         # the local bin computes while they are in flight.
-        tail = events[events.index(("backward", 1, True)) :]
+        assert [e[1:] for e in backward[:2]] == [(1, True), (1, False)]
+        tail = events[events.index(backward[0]) :]
         assert tail[1][0] == "bwd.L1"
-        assert tail.index(("backward", 1, False)) > 1
+        assert tail.index(backward[1]) > 1
+        # Layer 0 (one bin per event, after layer 1): the bins whose rows no
+        # peer read first, at once; then the others in reverse forward order,
+        # each once the gradients of its rows have come back.
+        walked = [int(e[0].split()[1]) for e in backward[2:]]
+        interior = [b for b in reversed(order) if b not in returning]
+        boundary = [b for b in reversed(order) if b in returning]
+        assert interior and boundary
+        assert walked == interior + boundary
+        first_wait = events.index(("wait bwd.L1", -1, False))
+        assert events.index(backward[2 + len(interior) - 1]) < first_wait
+        assert events.index(backward[2 + len(interior)]) > first_wait
         # The input layer sends no gradients (the features need none).
         assert not [e for e in events if e[0] == "bwd.L0"]
 
@@ -116,7 +155,8 @@ def test_layer_wise_sync_starts_each_layer_before_the_layers_below(tmp_path) -> 
         assert "sync.grad" in flat["tags"] and "sync.grad.L2" not in flat["tags"]
         events = [e[:2] for e in by_layer["events"]]
         first = {tag: events.index((tag, dst)) for tag, dst in events[::-1]}
-        # Layer 2's sum leaves before layer 1's backward is done, and layer
-        # 1's before layer 0's.
-        assert first["sync.grad.L2"] < events.index(("weight", 1))
+        # Layers 2 and 1 are complete once layer 1's bins have run their
+        # backward (layer 2 exchanges projected rows: its projection runs in
+        # layer 1's bins); both sums leave before layer 0's backward starts.
+        assert first["sync.grad.L2"] < events.index(("weight", 0))
         assert first["sync.grad.L1"] < events.index(("weight", 0))
