@@ -160,3 +160,33 @@ def test_layer_wise_sync_starts_each_layer_before_the_layers_below(tmp_path) -> 
         # layer 1's bins); both sums leave before layer 0's backward starts.
         assert first["sync.grad.L2"] < events.index(("weight", 0))
         assert first["sync.grad.L1"] < events.index(("weight", 0))
+
+
+def _misuse(transport: Any, folder: str) -> list[str]:
+    """The errors g3 gives for inputs it cannot run."""
+    config = config_for("gcn")
+    part = load_part(folder, transport.rank)
+    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
+    model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+    model.train()
+    errors = []
+    try:  # dropout between layers runs bin by bin: masks must be hashed
+        engine.begin(model, None)
+    except ValueError as error:
+        errors.append(str(error))
+    engine.begin(model, DROPOUT_SEED)
+    try:  # the cached halo input rows are constants: no input gradient
+        engine.run_layers(part.x.clone().requires_grad_())
+    except ValueError as error:
+        errors.append(str(error))
+    return errors
+
+
+def test_g3_rejects_unhashed_dropout_and_input_gradients_with_cached_input(
+    tmp_path,
+) -> None:
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    for errors in run_local(lambda t: _misuse(t, folder), 2):
+        assert len(errors) == 2
+        assert "dropout_seed" in errors[0]
+        assert "cache_input=False" in errors[1]
