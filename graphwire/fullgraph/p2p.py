@@ -275,8 +275,8 @@ class P2PEngine(Engine):
                 for b in layer.bins
             ]
             self.layers.append(replace(layer, bins=bins))
-        # Layer k's bins that hand on rows peers read at layer k + 1 wait for
-        # those rows' gradients in the backward: bin -> its returning messages.
+        # Per layer k, the bins that hand on rows peers read at layer k + 1:
+        # in the backward they wait for those rows' gradients to come back.
         self._returning = [
             {b for rows in self.messages[k + 1].send_rows for b in rows}
             for k in range(self.num_layers - 1)
