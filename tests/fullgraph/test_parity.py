@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from graphwire.partition import Partition, get_partitioner, write_partitioned
 from tests.fullgraph.dist_helpers import (
     config_for,
     run_dist_steps,
@@ -100,3 +101,30 @@ def _assert_matches(ranks, oracle) -> None:
     for rank in ranks:
         for name, grad in oracle["grads"].items():
             torch.testing.assert_close(rank["grads"][name], grad, **TOL)
+
+
+@pytest.mark.parametrize(
+    ("exchange", "options"),
+    [
+        ("halo", {}),
+        ("replicate", {}),
+        ("g3", {"bin_rows": 16}),
+        ("g3", {"bin_rows": 16, "cache_input": False}),
+        ("g3", {"bin_rows": 16, "mode": "sequential", "sync": "epoch"}),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+def test_a_rank_that_owns_no_nodes_takes_part(
+    graph, tmp_path, exchange, options, model
+):
+    """Four ranks over a 3-way split: rank 3 owns no node, yet joins every
+    exchange and gradient sum, and the others still match the oracle."""
+    config = config_for(model)
+    oracle = single_step(graph, config)
+    three = get_partitioner("metis").partition(graph, 3, seed=0)
+    partition = Partition(assignment=three.assignment, num_parts=4)
+    folder = write_partitioned(graph, partition, tmp_path / "empty-part")
+    ranks = run_dist_steps(folder, 4, config, exchange, options)
+    assert ranks[3]["orig_nid"].numel() == 0
+    _assert_matches(ranks, oracle)
