@@ -56,7 +56,7 @@ import torch
 from graphwire.comm.base import TransportError
 from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
 
-__all__ = ["WorkerFailed", "free_port", "launch_local"]
+__all__ = ["WorkerFailed", "exit_now", "free_port", "launch_local"]
 
 T = TypeVar("T")
 
@@ -206,12 +206,20 @@ def _child_main(
             # No teardown: the threads of a broken process group can block it.
             os._exit(1)
     pipe.close()
-    # atexit handlers (logging, multiprocessing finalizers) run as usual, but
-    # the interpreter's teardown is skipped: freeing torch's modules takes 1-2
-    # s, and gloo threads of a group left open abort it (SIGABRT).
+    exit_now(0)
+
+
+def exit_now(code: int) -> None:
+    """End this worker process with ``code`` once its work is done: atexit
+    handlers (logging, multiprocessing finalizers) run as usual, but the
+    interpreter's teardown is skipped. Freeing torch's modules takes 1-2 s,
+    and gloo's threads can abort it (SIGABRT, "terminate called without an
+    active exception") after the run has finished and written its output,
+    even once the process group is destroyed: a clean run must not end as a
+    failed worker (seen under ``torchrun``)."""
     atexit._run_exitfuncs()
     _flush_stdio()
-    os._exit(0)
+    os._exit(code)
 
 
 def _send(pipe: connection.Connection, message: tuple[Any, ...]) -> None:
