@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +91,62 @@ def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
     assert float(spawned["cache_hit_rate"]) == 0.0
     assert float(launched["cache_hit_rate"]) > 0.0
     assert int(launched["remote_rows"]) < int(spawned["remote_rows"])
+
+
+def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) -> None:
+    """``torchrun --nnodes 2``: two launchers (node ranks 0 and 1, as on two
+    machines; here both on loopback) of 2 processes each make one 4-rank job,
+    global ranks from the launchers, equal to ``--workers 4``."""
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed beside this interpreter")
+    parts = tmp_path / "parts"
+    subprocess.run(
+        [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
+        + ["--method", "metis", "--parts", "4", "--out", str(parts)],
+        check=True,
+        capture_output=True,
+    )
+    common = [*TRAIN, "--dataset", str(parts)]
+    spawned = _run(
+        [sys.executable, "-m", "graphwire", *common, "--workers", "4"]
+        + ["--out", str(tmp_path / "spawned")]
+    )
+    port = str(free_port())
+    nodes = [
+        subprocess.Popen(
+            [torchrun, "--nnodes", "2", "--node-rank", str(node)]
+            + ["--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+            + ["--master-port", port, "-m", "graphwire", *common]
+            + ["--out", str(tmp_path / f"node{node}")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its workers share its process group
+        )
+        for node in (0, 1)
+    ]
+    outputs = []
+    try:
+        for node in nodes:  # about 20 s; a wrong rank mapping hangs instead
+            outputs.append(node.communicate(timeout=150))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)  # the launcher and its workers
+                node.communicate()
+    for node, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, stderr[-3000:]
+    # Global rank 0 (on node 0) prints the summary and writes every rank's records.
+    line = outputs[0][0].strip().splitlines()[-1]
+    assert line.startswith("summary "), outputs[0][0][-2000:]
+    launched = dict(pair.split("=", 1) for pair in line.split()[1:])
+    assert launched["workers"] == spawned["workers"] == "4"
+    for key in ("test_acc", "val_acc", "epochs", "bytes_sent", "bytes_recv"):
+        assert spawned[key] == launched[key], key
+    records = [
+        json.loads(line) for line in (tmp_path / "node0" / "metrics.jsonl").open()
+    ]
+    ranks = {r["rank"] for r in records if r["kind"] == "epoch"}
+    assert ranks == {0, 1, 2, 3}
+    assert "summary " not in outputs[1][0]
