@@ -1,4 +1,4 @@
-"""Worker functions for the multi-process full-graph tests (tests/dist).
+"""Worker functions for the multi-process full-graph tests (tests/multiprocess).
 
 Spawned children import a worker function by its module path, so these live in
 the package. Every function here runs in a worker process started by

@@ -1,7 +1,7 @@
 """Distributed full-graph engines equal single-process training (the oracle).
 
 Ranks run as threads over the in-process transport; the multi-process path is
-covered in tests/dist. Dropout is on: its masks are hashed from global node IDs
+covered in tests/multiprocess. Dropout is on: its masks are hashed from global node IDs
 (GAT's attention masks from the edge's global endpoints and the head), so
 distributed and single-process runs drop the same entries.
 
