@@ -22,27 +22,46 @@ TRAIN += ["--epochs", "4", "--seed", "1", "--quiet", "--timeout", "120"]
 def _run(argv: list[str]) -> dict[str, str]:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    line = done.stdout.strip().splitlines()[-1]
-    assert line.startswith("summary "), done.stdout[-2000:]
+    return _summary(done.stdout)
+
+
+def _summary(stdout: str) -> dict[str, str]:
+    """The fields of the summary line, the last line of a run's output."""
+    line = stdout.strip().splitlines()[-1]
+    assert line.startswith("summary "), stdout[-2000:]
     return dict(pair.split("=", 1) for pair in line.split()[1:])
 
 
-def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
+def _torchrun() -> str:
+    """The torchrun beside this interpreter (the test is skipped without it)."""
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         pytest.skip("torchrun is not installed beside this interpreter")
+    return torchrun
+
+
+def _spawned_g3(tmp_path: Path, workers: int) -> tuple[list[str], dict[str, str]]:
+    """METIS parts of SPEC for ``workers`` ranks; the ``graphwire train``
+    arguments (:data:`TRAIN` on them) and the summary of the run with
+    ``--workers``."""
     parts = tmp_path / "parts"
     subprocess.run(
         [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
-        + ["--method", "metis", "--parts", "2", "--out", str(parts)],
+        + ["--method", "metis", "--parts", str(workers), "--out", str(parts)],
         check=True,
         capture_output=True,
     )
     common = [*TRAIN, "--dataset", str(parts)]
     spawned = _run(
-        [sys.executable, "-m", "graphwire", *common, "--workers", "2"]
+        [sys.executable, "-m", "graphwire", *common, "--workers", str(workers)]
         + ["--out", str(tmp_path / "spawned")]
     )
+    return common, spawned
+
+
+def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
+    torchrun = _torchrun()
+    common, spawned = _spawned_g3(tmp_path, 2)
     launched = _run(
         [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
         + ["--master-port", str(free_port()), "-m", "graphwire", *common]
@@ -70,9 +89,7 @@ def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
     """`--mode minibatch`: the summary line carries the fetch figures, and
     rapid (under torchrun) and on-demand (spawned) reach the same accuracy,
     the same batches giving the same weights."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    if torchrun is None:
-        pytest.skip("torchrun is not installed beside this interpreter")
+    torchrun = _torchrun()
     common = ["train", "--model", "sage", "--mode", "minibatch", "--dataset", SPEC]
     common += ["--epochs", "3", "--seed", "1", "--quiet", "--timeout", "120"]
     common += ["--batch-size", "40", "--fanouts", "4,6"]
@@ -97,21 +114,8 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
     """``torchrun --nnodes 2``: two launchers (node ranks 0 and 1, as on two
     machines; here both on loopback) of 2 processes each make one 4-rank job,
     global ranks from the launchers, equal to ``--workers 4``."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    if torchrun is None:
-        pytest.skip("torchrun is not installed beside this interpreter")
-    parts = tmp_path / "parts"
-    subprocess.run(
-        [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
-        + ["--method", "metis", "--parts", "4", "--out", str(parts)],
-        check=True,
-        capture_output=True,
-    )
-    common = [*TRAIN, "--dataset", str(parts)]
-    spawned = _run(
-        [sys.executable, "-m", "graphwire", *common, "--workers", "4"]
-        + ["--out", str(tmp_path / "spawned")]
-    )
+    torchrun = _torchrun()
+    common, spawned = _spawned_g3(tmp_path, 4)
     port = str(free_port())
     nodes = [
         subprocess.Popen(
@@ -138,9 +142,7 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
     for node, (_, stderr) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, stderr[-3000:]
     # Global rank 0 (on node 0) prints the summary and writes every rank's records.
-    line = outputs[0][0].strip().splitlines()[-1]
-    assert line.startswith("summary "), outputs[0][0][-2000:]
-    launched = dict(pair.split("=", 1) for pair in line.split()[1:])
+    launched = _summary(outputs[0][0])
     assert launched["workers"] == spawned["workers"] == "4"
     for key in ("test_acc", "val_acc", "epochs", "bytes_sent", "bytes_recv"):
         assert spawned[key] == launched[key], key
