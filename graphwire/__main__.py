@@ -1,12 +1,11 @@
 """``python -m graphwire`` (and ``torchrun -m graphwire``) runs the CLI."""
 
-import os
-
 from graphwire.cli import main
+from graphwire.comm.context import under_torchrun
 
 code = main()
-if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-    # A launcher's worker (torchrun): end it as graphwire's own workers end.
+if under_torchrun():
+    # A launcher's worker: end it as graphwire's own workers end.
     from graphwire.comm.launch import exit_now
 
     exit_now(code)

@@ -19,13 +19,24 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BACKENDS", "DEFAULT_TIMEOUT_S", "WorkerContext", "default_backend"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_TIMEOUT_S",
+    "WorkerContext",
+    "default_backend",
+    "under_torchrun",
+]
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 300.0
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _INTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher) set this process's rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def default_backend() -> str:

@@ -57,7 +57,8 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
-    from graphwire.commands.train_dist import run_distributed, under_torchrun
+    from graphwire.comm.context import under_torchrun
+    from graphwire.commands.train_dist import run_distributed
 
     if int(args.workers) > 1 or under_torchrun():
         if under_torchrun() and not args.out:

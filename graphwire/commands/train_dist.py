@@ -15,7 +15,6 @@ Parses, builds, runs, tears down:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -27,16 +26,11 @@ from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
 from graphwire.runlog import MetricsLog, format_summary
 from graphwire.training import TrainConfig
 
-__all__ = ["run_distributed", "under_torchrun", "write_epochs"]
-
-
-def under_torchrun() -> bool:
-    """True when torchrun (or another launcher) set this process's rank."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+__all__ = ["run_distributed", "write_epochs"]
 
 
 def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) -> int:
-    from graphwire.comm.context import WorkerContext
+    from graphwire.comm.context import WorkerContext, under_torchrun
 
     ctx = WorkerContext.from_env() if under_torchrun() else None
     world = ctx.world_size if ctx is not None else int(args.workers)
