@@ -104,3 +104,36 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     # An unknown method is a clear error, not a traceback.
     assert main(["partition", "--dataset", SMALL, "--method", "spectral"]) == 2
     assert "unknown partition method 'spectral'" in capsys.readouterr().err
+
+
+# A launcher's worker running the CLI, with a thread that never ends: a normal
+# interpreter exit would wait for it forever (as it can abort on gloo's threads).
+_LAUNCHED_CLI = """
+import atexit, runpy, sys, threading
+threading.Thread(target=threading.Event().wait).start()
+atexit.register(print, "atexit handlers ran")
+sys.argv = ["graphwire", *sys.argv[1:]]
+runpy.run_module("graphwire", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    ("dataset", "code", "said"),
+    [(SMALL, 0, "3,000"), ("synthetic:products?nodes=x", 2, "nodes='x'")],
+)
+def test_under_a_launcher_the_cli_exits_without_interpreter_teardown(
+    monkeypatch, dataset: str, code: int, said: str
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # stdout: a buffered pipe
+    done = subprocess.run(
+        [sys.executable, "-c", _LAUNCHED_CLI, "data", "info", "--dataset", dataset],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == code
+    assert said in done.stdout + done.stderr
+    # atexit handlers still run, and output is flushed before the process ends.
+    assert done.stdout.rstrip().endswith("atexit handlers ran")
