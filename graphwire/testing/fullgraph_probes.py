@@ -100,16 +100,12 @@ class DyingP2PEngine(P2PEngine):
             self._die()
 
     def _forward_layer(
-        self,
-        index: int,
-        source: torch.Tensor,
-        dst_rows: torch.Tensor | None,
-        track: bool,
-        grads: tuple[bool, bool],
+        self, index: int, *rest: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None, list[BinGraph]]:
+        # Only the layer matters here; the rest goes on to g3 unchanged.
         if self._now(index):
             self._die()
-        return super()._forward_layer(index, source, dst_rows, track, grads)
+        return super()._forward_layer(index, *rest)
 
     def _die(self) -> None:
         if self._note is not None:  # when it died (wall clock, for the parent)
