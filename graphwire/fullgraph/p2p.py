@@ -430,7 +430,7 @@ class P2PEngine(Engine):
         reads it."""
         _, _, training = self._dropout
         if not training:
-            return self._x_halo.index_select(0, bin_.src_halo)
+            return self.cached_input_halo(bin_.src_halo)
         fresh = self._first_read[b]
         if fresh.numel():
             self._x_dropped[fresh] = self.cached_input_halo(fresh)
