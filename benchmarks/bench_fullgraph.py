@@ -2,6 +2,7 @@
 
 python benchmarks/bench_fullgraph.py [--nodes 200000] [--epochs 6] [--rate-mbit 1000]
                                      [--workers 4] [--threads 1] [--rounds 2] [--quick]
+                                     [--targets | --only NAME [NAME ...]]
 
 In one run, on the synthetic products-like graph (F=100, GCN, hidden 128):
 
@@ -18,13 +19,20 @@ In one run, on the synthetic products-like graph (F=100, GCN, hidden 128):
 3. unshaped (a namespace without a qdisc): 1 worker vs 2 workers (g3 and
    halo), one thread each, alternating.
 
+``--targets`` runs only the configurations the issue's targets compare (halo,
+g3 on METIS and on locality parts, and the unshaped scaling runs), so that
+more ``--rounds`` fit in the same time; ``--only`` names the configurations
+to run (the names the table prints).
+
 Per run it records the summary's ``epoch_s_median`` (rank 0's forward +
 backward + grad sync, every epoch including the first), the median without
 the first epoch, the ledger's bytes (every rank, the whole run: set-up,
 training and evaluation), the training bytes per epoch, the qdisc's byte
 counter over the same run, test accuracy, and the time split (compute, comm,
 grad sync, eval per epoch, mean over ranks). Prints the table and the ratios
-beside the issue's targets. A configuration that fails or hangs is reported
+beside the issue's targets: the ratio of the medians, and each round's ratio
+of the two runs made next to each other in that round, which the machine's
+drifting load affects less. A configuration that fails or hangs is reported
 with its command and error; the others still run.
 """
 
@@ -51,6 +59,14 @@ CLI = [sys.executable, "-m", "graphwire"]
 METHODS = ("metis", "random", "chunk", "locality")
 _NOT_TRAINING = ("eval.", "setup.", "meta.")
 SCALING_EXCHANGES = ("g3", "halo")  # 2 workers vs 1, unshaped
+# What the issue's targets compare (--targets).
+TARGETS = (
+    "halo (metis)",
+    "g3 (metis)",
+    "g3 (locality)",
+    "unshaped 1 worker",
+    *(f"unshaped 2 workers {exchange}" for exchange in SCALING_EXCHANGES),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +93,7 @@ class Result:
     qdisc_bytes: int  # root qdisc of lo over the run
     test_acc: float
     wall_s: float
+    round_index: int = 0
 
 
 class RunFailed(RuntimeError):
@@ -369,13 +386,33 @@ def _ratio_line(
     target: str,
     ok: Any,
 ) -> None:
-    if not results.get(a) or not results.get(b):
+    if a not in results or b not in results:
+        return  # not selected (--only, --targets)
+    if not results[a] or not results[b]:
         print(f"{label:34s} n/a ({a} or {b} has no result){target}")
         return
     value = _median(results[a], "epoch_s") / _median(results[b], "epoch_s")
     steady = _median(results[a], "steady_s") / _median(results[b], "steady_s")
     verdict = "" if ok is None else ("  MET" if ok(value) else "  NOT MET")
     print(f"{label:34s} {value:5.2f}x (w/o epoch 0: {steady:.2f}x){target}{verdict}")
+    _per_round(results[a], results[b])
+
+
+def _per_round(a: list[Result], b: list[Result], inverse: bool = False) -> None:
+    """Print each round's ratio of ``a``'s epoch time to ``b``'s (``b``'s to
+    ``a``'s with ``inverse``), from the two runs made in that round, and
+    their median, when there is more than one round."""
+    by_round = {r.round_index: r.epoch_s for r in b}
+    pairs = [
+        (r.epoch_s, by_round[r.round_index]) for r in a if r.round_index in by_round
+    ]
+    ratios = [(y / x) if inverse else (x / y) for x, y in pairs]
+    if len(ratios) > 1:
+        each = " ".join(f"{v:.2f}" for v in ratios)
+        print(
+            f"{'':34s} per round: {each} (median {statistics.median(ratios):.2f}, "
+            f"{min(ratios):.2f}-{max(ratios):.2f})"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,15 +431,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--json", help="also write every run's figures here")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--targets", action="store_true", help="only what the targets compare"
+    )
+    which.add_argument("--only", nargs="+", metavar="NAME", help="these configurations")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.epochs, args.rounds = 20_000, 3, 1
+    wanted = _wanted(args)
+    if wanted is not None:
+        known = {c.name for c in _configs(args, Path(), ["replicate"])}
+        unknown = sorted(wanted - known.union(TARGETS))
+        if unknown:
+            parser.error(
+                f"--only: no configuration named {unknown}; the names are "
+                f"{sorted(known.union(TARGETS))}"
+            )
     available, why = netns_available()
     if not available:
         print(f"bench_fullgraph: needs network namespaces: {why}")
         return 1
 
     return in_work_folder("gw-bench-fullgraph-", args, _bench)
+
+
+def _wanted(args: argparse.Namespace) -> set[str] | None:
+    """The configuration names ``--targets`` or ``--only`` select; None: all."""
+    if args.targets:
+        return set(TARGETS)
+    return set(args.only) if args.only else None
 
 
 def in_work_folder(
@@ -431,63 +489,75 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     if "replicate" not in exchanges:
         print(f"note: `train --exchange` offers {exchanges}; replicate skipped")
     configs = _configs(args, work, exchanges)
+    wanted = _wanted(args)
+    if wanted is not None:
+        configs = [c for c in configs if c.name in wanted]
     results: dict[str, list[Result]] = {c.name: [] for c in configs}
     failures: dict[str, str] = {}
 
-    def attempt(net: ShapedNetwork, config: Config, tag: str) -> Result | None:
+    def attempt(
+        net: ShapedNetwork, config: Config, round_index: int, tag: str
+    ) -> Result | None:
         if config.name in failures:
             return None  # one failure per configuration is enough
         slug = re.sub(r"[^a-z0-9]+", "-", config.name.lower()).strip("-")
         try:
-            return _measure(net, config, work / f"run-{tag}-{slug}", args.run_timeout)
+            result = _measure(net, config, work / f"run-{tag}-{slug}", args.run_timeout)
         except (RunFailed, OSError, KeyError, ValueError, IndexError) as error:
             failures[config.name] = str(error)
             print(f"  {config.name}: FAILED\n{error}", flush=True)
             return None
+        result.round_index = round_index
+        results[config.name].append(result)
+        return result
 
-    with ShapedNetwork(rate_mbit=args.rate_mbit) as net:
-        _shaper_check(net, args.rate_mbit)
-        for round_index in range(args.rounds):
-            order = configs if round_index % 2 == 0 else configs[::-1]
-            for config in order:
-                result = attempt(net, config, str(round_index))
-                if result is not None:
-                    results[config.name].append(result)
-                    print(
-                        f"  round {round_index}: {config.name:22s} epoch "
-                        f"{result.epoch_s:.3f}s (w/o ep0 {result.steady_s:.3f}s, "
-                        f"ep0 {result.first_s:.2f}s) wall {result.wall_s:.0f}s",
-                        flush=True,
-                    )
-        print(f"shaped link over the whole session: {_qdisc_drops(net)}")
+    if configs:
+        with ShapedNetwork(rate_mbit=args.rate_mbit) as net:
+            _shaper_check(net, args.rate_mbit)
+            for round_index in range(args.rounds):
+                order = configs if round_index % 2 == 0 else configs[::-1]
+                for config in order:
+                    result = attempt(net, config, round_index, str(round_index))
+                    if result is not None:
+                        print(
+                            f"  round {round_index}: {config.name:22s} epoch "
+                            f"{result.epoch_s:.3f}s (w/o ep0 {result.steady_s:.3f}s"
+                            f", ep0 {result.first_s:.2f}s) wall {result.wall_s:.0f}s",
+                            flush=True,
+                        )
+            print(f"shaped link over the whole session: {_qdisc_drops(net)}")
 
     # Unshaped: 1 worker vs 2 workers, one thread each, alternating.
     common = ["--model", args.model, "--hidden", str(args.hidden)]
     common += ["--epochs", str(args.epochs), "--seed", "0", "--quiet"]
     common += ["--patience", str(10 * args.epochs), "--threads", "1"]
     two_parts = "parts-metis" if args.workers == 2 else "parts-metis-2"
-    two = (*common, "--dataset", str(work / two_parts), "--workers", "2")
+    two_argv = (*common, "--dataset", str(work / two_parts), "--workers", "2")
     scaling = [
         Config("unshaped 1 worker", (*common, "--dataset", str(work / "graph"))),
         *(
-            Config(f"unshaped 2 workers {exchange}", (*two, "--exchange", exchange))
+            Config(
+                f"unshaped 2 workers {exchange}", (*two_argv, "--exchange", exchange)
+            )
             for exchange in SCALING_EXCHANGES
         ),
     ]
+    scaling = [c for c in scaling if wanted is None or c.name in wanted]
     for config in scaling:
         results[config.name] = []
-    with ShapedNetwork(rate_mbit=None) as net:
-        for round_index in range(args.rounds):
-            order = scaling if round_index % 2 == 0 else scaling[::-1]
-            for config in order:
-                result = attempt(net, config, f"u{round_index}")
-                if result is not None:
-                    results[config.name].append(result)
-                    print(
-                        f"  round {round_index}: {config.name:22s} epoch "
-                        f"{result.epoch_s:.3f}s (w/o ep0 {result.steady_s:.3f}s)",
-                        flush=True,
-                    )
+    if scaling:
+        with ShapedNetwork(rate_mbit=None) as net:
+            for round_index in range(args.rounds):
+                order = scaling if round_index % 2 == 0 else scaling[::-1]
+                for config in order:
+                    result = attempt(net, config, round_index, f"u{round_index}")
+                    if result is not None:
+                        print(
+                            f"  round {round_index}: {config.name:22s} epoch "
+                            f"{result.epoch_s:.3f}s (w/o ep0 "
+                            f"{result.steady_s:.3f}s)",
+                            flush=True,
+                        )
 
     print(
         f"\n{args.nodes:,} nodes, F={args.features}, {args.model.upper()} hidden "
@@ -533,9 +603,9 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
         "  target <= 0.9",
         lambda v: v <= 0.9,
     )
-    one = results["unshaped 1 worker"]
+    one = results.get("unshaped 1 worker", [])
     for exchange in SCALING_EXCHANGES:
-        two = results[f"unshaped 2 workers {exchange}"]
+        two = results.get(f"unshaped 2 workers {exchange}", [])
         label = f"unshaped 2 workers {exchange} / 1 worker"
         if not (one and two):
             print(f"{label:34s} n/a (a run failed)")
@@ -547,6 +617,7 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
             f"{label:34s} {speedup:5.2f}x throughput (w/o "
             f"epoch 0: {steady:.2f}x)  target >= 1.6, 1 thread each  {verdict}"
         )
+        _per_round(two, one, inverse=True)
     if failures:
         print("\nfailed configurations (command and error):")
         for name, error in failures.items():
