@@ -491,8 +491,8 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     ratios = _ratios(results, sampler, args.methods)
     if failures:
         print("\nfailed configurations (command and error):")
-        for name, error in failures.items():
-            print(f"--- {name}\n{error}")
+        for name, message in failures.items():
+            print(f"--- {name}\n{message}")
     if args.json:
         _write_json(
             Path(args.json),
