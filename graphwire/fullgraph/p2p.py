@@ -68,6 +68,7 @@ Forward bytes per layer equal ``num_halo * width * 4`` on every rank, where
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -226,6 +227,10 @@ class P2PEngine(Engine):
         self._halo: dict[int, torch.Tensor] = {}
         self._begin: tuple[Any, float, int | None, bool] | None = None
         self._model_layers: list[nn.Module] = []
+        # The bins' backward passes explicit gradients to autograd.backward,
+        # whose first call imports this (and sympy with it: 0.2-0.5 s a rank)
+        # in the middle of epoch 0 while the link idles; import it at set-up.
+        importlib.import_module("torch.fx.experimental.symbolic_shapes")
 
     @property
     def mgs(self) -> list[MessageGraph]:

@@ -1,8 +1,14 @@
-"""G3's schedule: the order in which bins run and gradients leave (in-process)."""
+"""G3's schedule: the order in which bins run and gradients leave (in-process),
+and what the first step still has to do (in a fresh interpreter)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -190,3 +196,49 @@ def test_g3_rejects_unhashed_dropout_and_input_gradients_with_cached_input(
         assert len(errors) == 2
         assert "dropout_seed" in errors[0]
         assert "cache_input=False" in errors[1]
+
+
+_FIRST_STEP = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from graphwire.comm.local import run_local
+    from graphwire.fullgraph.distributed import build_engine, forward_loss, seeded_model
+    from graphwire.partition import load_part
+    from tests.fullgraph.dist_helpers import DROPOUT_SEED, config_for
+
+    def step(transport, folder):
+        config = config_for("gcn")
+        part = load_part(folder, transport.rank)
+        engine = build_engine(part, transport, config, "g3", None)
+        model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+        model.train()
+        transport.all_reduce_sum(torch.zeros(1), "barrier")  # all set up
+        before = set(sys.modules)
+        _, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
+        loss.backward()
+        engine.sync_gradients(model)
+        return sorted(set(sys.modules) - before)
+
+    print(json.dumps(run_local(lambda t: step(t, sys.argv[1]), 2)))
+    """
+)
+
+
+def test_the_first_g3_step_imports_no_module(tmp_path) -> None:
+    # autograd.backward with explicit gradients (the bins' backward) imports
+    # torch.fx's symbolic shapes and sympy on its first call: the engine does
+    # that at set-up, not in epoch 0 while the link idles. A fresh interpreter,
+    # since this one has imported them already.
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_STEP, folder],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert imported == [[], []], [names[:10] for names in imported]
