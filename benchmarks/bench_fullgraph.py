@@ -603,10 +603,12 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
         "  target <= 0.9",
         lambda v: v <= 0.9,
     )
-    one = results.get("unshaped 1 worker", [])
+    one = results.get("unshaped 1 worker")
     for exchange in SCALING_EXCHANGES:
-        two = results.get(f"unshaped 2 workers {exchange}", [])
+        two = results.get(f"unshaped 2 workers {exchange}")
         label = f"unshaped 2 workers {exchange} / 1 worker"
+        if one is None or two is None:
+            continue  # not selected (--only, --targets)
         if not (one and two):
             print(f"{label:34s} n/a (a run failed)")
             continue
