@@ -398,15 +398,15 @@ def _ratio_line(
     _per_round(results[a], results[b])
 
 
-def _per_round(a: list[Result], b: list[Result], inverse: bool = False) -> None:
-    """Print each round's ratio of ``a``'s epoch time to ``b``'s (``b``'s to
-    ``a``'s with ``inverse``), from the two runs made in that round, and
-    their median, when there is more than one round."""
+def _per_round(a: list[Result], b: list[Result]) -> None:
+    """Print each round's ratio of ``a``'s epoch time to ``b``'s, from the two
+    runs made in that round, and their median, when there is more than one
+    round."""
     by_round = {r.round_index: r.epoch_s for r in b}
     pairs = [
         (r.epoch_s, by_round[r.round_index]) for r in a if r.round_index in by_round
     ]
-    ratios = [(y / x) if inverse else (x / y) for x, y in pairs]
+    ratios = [x / y for x, y in pairs]
     if len(ratios) > 1:
         each = " ".join(f"{v:.2f}" for v in ratios)
         print(
@@ -619,7 +619,7 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
             f"{label:34s} {speedup:5.2f}x throughput (w/o "
             f"epoch 0: {steady:.2f}x)  target >= 1.6, 1 thread each  {verdict}"
         )
-        _per_round(two, one, inverse=True)
+        _per_round(one, two)  # 1 worker's epoch time / 2 workers': the speedup
     if failures:
         print("\nfailed configurations (command and error):")
         for name, error in failures.items():
