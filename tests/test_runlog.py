@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from graphwire.runlog import MetricsLog, format_summary
+from graphwire.runlog import MetricsLog, format_bytes, format_summary
 
 
 def test_summary_line_format() -> None:
@@ -14,6 +14,23 @@ def test_summary_line_format() -> None:
     assert line == "summary test_acc=0.8150 epochs=200 epoch_s_median=0.0123"
     fields = dict(item.split("=") for item in line.split()[1:])
     assert float(fields["test_acc"]) == pytest.approx(0.815)
+
+
+@pytest.mark.parametrize(
+    ("num_bytes", "text"),
+    [
+        (0, "0 B"),
+        (999, "999 B"),
+        (1000, "0.977 KiB"),
+        (14.4 * 2**10, "14.4 KiB"),
+        (999.6 * 2**10, "0.976 MiB"),
+        (4.27 * 2**20, "4.27 MiB"),
+        (1.5 * 2**30, "1.5 GiB"),
+        (5000 * 2**40, "5000 TiB"),
+    ],
+)
+def test_bytes_read_in_binary_units_to_three_digits(num_bytes, text) -> None:
+    assert format_bytes(num_bytes) == text
 
 
 def test_metrics_file_appears_only_on_success(tmp_path) -> None:
