@@ -155,7 +155,9 @@ class EpochRecord:
     ``times`` holds seconds per phase: ``sample_s``, ``forward_s``,
     ``backward_s`` (including the optimizer step) and ``eval_s``; distributed
     runs add ``comm_s`` (inside forward/backward) and ``sync_s``. ``comm`` holds
-    the epoch's bytes by tag and by peer (distributed runs only); ``extra``
+    the epoch's bytes by tag and by peer (distributed runs only; full-graph
+    runs add ``by_rank``, every rank's training bytes per layer:
+    :func:`~graphwire.fullgraph.distributed.traffic_by_rank`); ``extra``
     what a loop measures besides (distributed mini-batch: seeds, remote rows,
     cache hits, CPU time and energy).
     """

@@ -14,7 +14,8 @@ runs the same epochs in lockstep. One epoch:
    takes the same Adam step;
 5. evaluation (dropout off): correct counts and the validation loss are summed
    over ranks (``sync.metrics``), so every rank sees the global accuracies and
-   stops early at the same epoch.
+   stops early at the same epoch; so are the bytes every rank sent and
+   received in the epoch's training, per layer (:func:`traffic_by_rank`).
 
 Parity with :func:`graphwire.fullgraph.trainer.train_fullgraph` holds up to
 float summation order, GAT attention dropout included: its masks are hashed from
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,7 @@ __all__ = [
     "save_on_every_rank",
     "seeded_model",
     "sync_gradients",
+    "traffic_by_rank",
     "train_distributed",
     "training_state",
 ]
@@ -212,6 +214,7 @@ def train_distributed(
         optimizer.step()
         backward_done = time.perf_counter()
         comm_s = engine.comm_s
+        trained = transport.ledger.snapshot()
 
         model.eval()
         engine.phase = "eval."
@@ -219,6 +222,8 @@ def train_distributed(
             logits, _ = forward_loss(engine, model, sizes["train"], None)
             metrics = _global_metrics(logits, part, transport, sizes, loss.detach())
         eval_done = time.perf_counter()
+        comm = _ledger_delta(before, transport.ledger.snapshot())
+        comm["by_rank"] = traffic_by_rank(before, trained, transport, config.num_layers)
         record = EpochRecord(
             epoch=epoch,
             loss=metrics.pop("loss"),
@@ -234,7 +239,7 @@ def train_distributed(
                 "comm_s": comm_s,
             },
             peak_rss_mb=peak_rss_mb(),
-            comm=_ledger_delta(before, transport.ledger.snapshot()),
+            comm=comm,
         )
         records.append(record)
         if on_epoch is not None:
@@ -285,16 +290,24 @@ def _global_metrics(
     return out
 
 
-def _ledger_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Bytes sent this epoch by tag and by peer (this rank's sends)."""
+def _sent_between(
+    before: dict[str, Any], after: dict[str, Any]
+) -> Iterator[tuple[int, str, int]]:
+    """``(dst, tag, bytes)`` this rank sent between two ledger snapshots."""
     old = {(r[1], r[2]): r[3] for r in before["sent"]}
-    by_tag: dict[str, int] = {}
-    by_peer: dict[str, int] = {}
     for _, dst, tag, num_bytes, _ in after["sent"]:
         delta = num_bytes - old.get((dst, tag), 0)
         if delta:
-            by_tag[tag] = by_tag.get(tag, 0) + delta
-            by_peer[str(dst)] = by_peer.get(str(dst), 0) + delta
+            yield dst, tag, delta
+
+
+def _ledger_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Bytes sent this epoch by tag and by peer (this rank's sends)."""
+    by_tag: dict[str, int] = {}
+    by_peer: dict[str, int] = {}
+    for dst, tag, delta in _sent_between(before, after):
+        by_tag[tag] = by_tag.get(tag, 0) + delta
+        by_peer[str(dst)] = by_peer.get(str(dst), 0) + delta
     old_recv = {(r[0], r[2]): r[3] for r in before["recv"]}
     recv = sum(r[3] - old_recv.get((r[0], r[2]), 0) for r in after["recv"])
     return {
@@ -302,6 +315,42 @@ def _ledger_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
         "bytes_recv": recv,
         "by_tag": by_tag,
         "by_peer": by_peer,
+    }
+
+
+def traffic_by_rank(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    transport: Transport,
+    num_layers: int,
+) -> dict[str, dict[str, list[int]]]:
+    """Collective: the bytes every rank sent and received between two of this
+    rank's ledger snapshots (an epoch's training), by kind of traffic.
+
+    The kinds are each layer's exchanges (``fwd.L0``, ``bwd.L0``, ...),
+    ``sync.grad`` (the parameter gradients' sums, layer-wise ones included)
+    and ``other``. Each rank counts what it sent, to whom; one sum (tag
+    ``sync.metrics``) gives every rank the totals.
+
+    Returns:
+        ``{kind: {"sent": [bytes per rank], "recv": [bytes per rank]}}`` for
+        the kinds with traffic, in the order above.
+    """
+    kinds = [f"{way}.L{layer}" for layer in range(num_layers) for way in ("fwd", "bwd")]
+    kinds += ["sync.grad", "other"]
+    position = {kind: k for k, kind in enumerate(kinds)}
+    counts = torch.zeros((2, len(kinds), transport.world_size), dtype=torch.float64)
+    for dst, tag, delta in _sent_between(before, after):
+        if tag.startswith("sync.grad"):
+            tag = "sync.grad"
+        k = position.get(tag, len(kinds) - 1)
+        counts[0, k, transport.rank] += delta
+        counts[1, k, dst] += delta
+    total = transport.all_reduce_sum(counts, "sync.metrics").to(torch.int64)
+    return {
+        kind: {"sent": total[0, k].tolist(), "recv": total[1, k].tolist()}
+        for k, kind in enumerate(kinds)
+        if bool(total[0, k].any())
     }
 
 

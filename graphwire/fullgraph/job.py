@@ -22,10 +22,12 @@ from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import train_distributed
 from graphwire.partition.format import load_part
 from graphwire.partition.local import LocalPart
+from graphwire.runlog import format_bytes
 from graphwire.training import EpochRecord, TrainConfig, TrainResult
 
 __all__ = [
     "FullGraphJob",
+    "epoch_lines",
     "RankReport",
     "gather_reports",
     "rank_report",
@@ -77,7 +79,7 @@ def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
     transport = TorchTransport.open(ctx)
     try:
         part = load_part(job.folder, ctx.rank)
-        on_epoch = _printer(ctx, job) if ctx.rank == 0 and job.progress else None
+        on_epoch = _print_epoch if ctx.rank == 0 and job.progress else None
         run = train_distributed(
             part,
             transport,
@@ -125,24 +127,40 @@ def gather_reports(transport: Transport, report: RankReport) -> list[RankReport]
     return [RankReport(**r) for r in reports] if transport.rank == 0 else None
 
 
-def _printer(ctx: WorkerContext, job: FullGraphJob) -> Any:
-    def show(record: EpochRecord) -> None:
-        times = record.times
-        work = times["forward_s"] + times["backward_s"]
-        comm = times.get("comm_s", 0.0)
-        sent = record.comm.get("by_tag", {})
-        layers = " ".join(
-            f"{tag}={num_bytes / 2**20:.2f}MiB"
-            for tag, num_bytes in sorted(sent.items())
-            if tag.startswith(("fwd.", "bwd."))
+def epoch_lines(record: EpochRecord) -> list[str]:
+    """What rank 0 prints after an epoch: loss, accuracies and the time split;
+    then, from :func:`~graphwire.fullgraph.distributed.traffic_by_rank`, the
+    epoch's training bytes per layer (all ranks) and each rank's sent and
+    received bytes."""
+    times = record.times
+    work = times["forward_s"] + times["backward_s"]
+    comm = times.get("comm_s", 0.0)
+    lines = [
+        f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
+        f"train {record.train_acc:.4f}  val {record.val_acc:.4f}  "
+        f"test {record.test_acc:.4f}  compute {work - comm:.3f}s  "
+        f"comm {comm:.3f}s  sync {times.get('sync_s', 0.0):.3f}s"
+    ]
+    traffic: dict[str, dict[str, list[int]]] = record.comm.get("by_rank", {})
+    if traffic:
+        kinds = "  ".join(
+            f"{kind} {format_bytes(sum(counts['sent']))}"
+            for kind, counts in traffic.items()
         )
-        print(
-            f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
-            f"train {record.train_acc:.4f}  val {record.val_acc:.4f}  "
-            f"test {record.test_acc:.4f}  compute {work - comm:.3f}s  "
-            f"comm {comm:.3f}s  sync {times.get('sync_s', 0.0):.3f}s  "
-            f"rank0 sent {layers}",
-            flush=True,
+        sent, recv = _per_rank(traffic, "sent"), _per_rank(traffic, "recv")
+        ranks = "  ".join(
+            f"{rank}: {format_bytes(s)} / {format_bytes(r)}"
+            for rank, (s, r) in enumerate(zip(sent, recv, strict=True))
         )
+        lines.append(f"           bytes {kinds}  |  sent / recv by rank  {ranks}")
+    return lines
 
-    return show
+
+def _per_rank(traffic: dict[str, dict[str, list[int]]], way: str) -> list[int]:
+    """Each rank's bytes ``way`` (``sent`` or ``recv``), all kinds together."""
+    columns = zip(*(counts[way] for counts in traffic.values()), strict=True)
+    return [sum(column) for column in columns]
+
+
+def _print_epoch(record: EpochRecord) -> None:
+    print("\n".join(epoch_lines(record)), flush=True)

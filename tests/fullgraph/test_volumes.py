@@ -1,7 +1,9 @@
-"""Exact communication volumes of the exchange plans and engines."""
+"""Exact communication volumes of the exchange plans and engines, and the
+per-epoch traffic figures a run prints."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import replace
 
 import pytest
@@ -9,9 +11,13 @@ import torch
 
 from graphwire.comm.local import run_local
 from graphwire.comm.plan import ExchangePlan
+from graphwire.fullgraph.distributed import train_distributed
+from graphwire.fullgraph.job import epoch_lines
 from graphwire.graph.graph import Graph
 from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.partition.stats import PartitionStats
+from graphwire.runlog import format_bytes
+from graphwire.training import EpochRecord
 from tests.fullgraph.dist_helpers import (
     config_for,
     run_dist_steps,
@@ -139,3 +145,70 @@ def test_replicate_moves_nothing_per_layer_and_counts_its_recomputation(tmp_path
         # the owned nodes: the halo rows are the recomputation.
         assert counters["redundant_rows"] == halo
         assert counters["replicated_rows"] > halo  # the 2-hop nodes as well
+
+
+def _training_kind(tag: str) -> str | None:
+    """The kind of traffic ``traffic_by_rank`` counts ``tag`` under (None:
+    set-up, evaluation and metrics, outside an epoch's training)."""
+    if tag.startswith(("fwd.", "bwd.")):
+        return tag
+    return "sync.grad" if tag.startswith("sync.grad") else None
+
+
+@pytest.mark.parametrize("exchange", ["halo", "g3", "replicate"])
+def test_epoch_traffic_by_rank_adds_up_to_every_ledger(tmp_path, exchange) -> None:
+    """Each epoch's bytes per rank and kind (summed over ranks in one
+    all-reduce) are the same on every rank and add up over the epochs to what
+    each rank's ledger holds, sent and received."""
+    folder = write_parts(small_graph(), 3, tmp_path, "random")  # uneven parts
+    config = replace(config_for("gcn"), epochs=2)
+
+    def train(transport):
+        part = load_part(folder, transport.rank)
+        run = train_distributed(part, transport, config, exchange)
+        return run.result.records, transport.ledger.snapshot()
+
+    ranks = run_local(train, 3)
+    records = ranks[0][0]
+    epochs = [record.comm["by_rank"] for record in records]
+    assert all([r.comm["by_rank"] for r in rank[0]] == epochs for rank in ranks)
+    for rank, (_, ledger) in enumerate(ranks):
+        for way in ("sent", "recv"):
+            want: dict[str, int] = defaultdict(int)
+            for _, _, tag, num_bytes, _ in ledger[way]:
+                kind = _training_kind(tag)
+                if kind is not None:
+                    want[kind] += num_bytes
+            got: dict[str, int] = defaultdict(int)
+            for traffic in epochs:
+                for kind, counts in traffic.items():
+                    got[kind] += counts[way][rank]
+            assert {k: v for k, v in got.items() if v} == want, (rank, way)
+    # What rank 0 prints: each kind's total.
+    line = epoch_lines(records[-1])[1]
+    for kind, counts in epochs[-1].items():
+        assert f"{kind} {format_bytes(sum(counts['sent']))}" in line
+
+
+def test_the_epoch_line_gives_each_kind_and_each_ranks_bytes() -> None:
+    traffic = {
+        "fwd.L1": {"sent": [1000, 3_000_000], "recv": [3_000_000, 1000]},
+        "sync.grad": {"sent": [512, 512], "recv": [512, 512]},
+    }
+    times = {"forward_s": 0.5, "backward_s": 0.25, "comm_s": 0.125, "sync_s": 0.0625}
+    record = EpochRecord(
+        epoch=3,
+        loss=1.5,
+        train_acc=0.5,
+        val_acc=0.25,
+        test_acc=0.125,
+        times=times,
+        peak_rss_mb=1.0,
+        comm={"by_rank": traffic},
+    )
+    first, second = epoch_lines(record)
+    assert first.startswith("epoch    3  loss 1.5000  train 0.5000  val 0.2500")
+    assert "compute 0.625s  comm 0.125s  sync 0.062s" in first
+    assert "bytes fwd.L1 2.86 MiB  sync.grad 1 KiB  |" in second
+    # Sent / received per rank, all kinds together (1000 + 512 bytes).
+    assert second.endswith("0: 1.48 KiB / 2.86 MiB  1: 2.86 MiB / 1.48 KiB")
