@@ -45,7 +45,7 @@ class FullGraphJob:
         exchange: engine name.
         options: engine options.
         checkpoint: where and how often to checkpoint, and whether to resume.
-        progress: rank 0 prints one line per epoch.
+        progress: rank 0 prints each epoch (:func:`epoch_lines`).
     """
 
     folder: str
