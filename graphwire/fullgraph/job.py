@@ -27,8 +27,8 @@ from graphwire.training import EpochRecord, TrainConfig, TrainResult
 
 __all__ = [
     "FullGraphJob",
-    "epoch_lines",
     "RankReport",
+    "epoch_lines",
     "gather_reports",
     "rank_report",
     "run_rank",
