@@ -18,6 +18,13 @@ from graphwire.graph.datasets import DEFAULT_SPEC
 
 __all__ = ["main", "build_parser"]
 
+# The partitioners graphwire.partition registers (not imported here: --help
+# stays fast); tests/test_cli.py checks that the two lists agree.
+PARTITIONER_NAMES = (
+    "random, chunk, metis or locality (G3: multi-constraint METIS, then "
+    "halo-balancing refinement)"
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -43,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "partition", help="partition a graph and write its parts"
     )
     _dataset_flag(part)
-    part.add_argument("--method", default="metis", help="random, chunk or metis")
+    part.add_argument("--method", default="metis", help=PARTITIONER_NAMES)
     part.add_argument("--parts", type=int, default=4)
     part.add_argument("--seed", type=int, default=0)
     part.add_argument("--out", help="folder for the partitioned graph")
@@ -70,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--batch-size", type=int, help="mini-batch seeds per step")
     train.add_argument(
-        "--partition", help="also partition (random/chunk/metis) and report"
+        "--partition",
+        help=f"{PARTITIONER_NAMES}; with --workers, how the graph is split "
+        "(default metis); on one process, also partition and report",
     )
     train.add_argument("--parts", type=int, default=4, help="parts for --partition")
     train.add_argument(

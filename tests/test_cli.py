@@ -9,7 +9,14 @@ import sys
 import pytest
 
 from graphwire.cli import main
-from graphwire.partition import load_part, load_partition_meta
+from graphwire.commands.partition import refinement_line
+from graphwire.graph.datasets import load_dataset
+from graphwire.partition import (
+    PARTITIONERS,
+    LocalityPartitioner,
+    load_part,
+    load_partition_meta,
+)
 
 SMALL = "synthetic:products?nodes=3000&degree=8&features=16&classes=4&seed=1"
 
@@ -104,6 +111,35 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     # An unknown method is a clear error, not a traceback.
     assert main(["partition", "--dataset", SMALL, "--method", "spectral"]) == 2
     assert "unknown partition method 'spectral'" in capsys.readouterr().err
+
+
+def test_partition_help_names_every_registered_partitioner(capsys) -> None:
+    for command in ("partition", "train"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        for name in PARTITIONERS:
+            assert name in text, (command, name)
+
+
+def test_locality_partition_reports_what_the_refinement_did(tmp_path, capsys) -> None:
+    assert main(["partition", "--dataset", SMALL, "--method", "locality"]) == 0
+    text = capsys.readouterr().out
+    expected = LocalityPartitioner()
+    expected.partition(load_dataset(SMALL), 4, seed=0)
+    assert expected.last_refinement is not None
+    # All but the seconds it took.
+    assert refinement_line(expected.last_refinement).rsplit(", ", 1)[0] in text
+    # A single-process run with --partition locality logs it as well.
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", SMALL, "--epochs", "1", "--quiet"]
+    assert main([*argv, "--partition", "locality", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    logged = next(r for r in records if r["kind"] == "partition")
+    summary = expected.last_refinement.summary()
+    assert {k: logged[f"refine_{k}"] for k in summary if k != "seconds"} == {
+        k: v for k, v in summary.items() if k != "seconds"
+    }
 
 
 # A launcher's worker running the CLI, with a thread that never ends: a normal

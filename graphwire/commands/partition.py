@@ -12,14 +12,14 @@ from typing import Any
 from graphwire.commands.common import console, load_with_status, print_table, step
 from graphwire.graph.graph import Graph
 from graphwire.partition import PartitionStats, get_partitioner, write_partitioned
-from graphwire.partition.base import Partition
+from graphwire.partition.base import Partition, Partitioner
+from graphwire.partition.locality import RefineResult
 from graphwire.partition.stats import PER_PART
 
 
 def run(args: argparse.Namespace) -> int:
     graph = load_with_status(args.dataset)
     partition, stats = _partition(graph, args.method, int(args.parts), int(args.seed))
-    _print_stats(stats, args.method)
     if args.out:
         with step(f"writing {args.out}"):
             write_partitioned(
@@ -35,7 +35,6 @@ def write_parts(
     """Partition ``graph``, print the statistics, write the parts to ``folder``
     (replacing an earlier partitioning there)."""
     partition, stats = _partition(graph, method, parts, seed, quiet)
-    _print_stats(stats, method)
     with step(f"writing {folder}", quiet):
         write_partitioned(graph, partition, folder, overwrite=True, stats=stats)
 
@@ -43,26 +42,53 @@ def write_parts(
 def partition_and_report(
     graph: Graph, method: str, parts: int, seed: int, quiet: bool = False
 ) -> dict[str, Any]:
-    """Partition ``graph``, print its statistics table, return the headline numbers."""
-    _, stats = _partition(graph, method, parts, seed, quiet)
-    _print_stats(stats, method)
-    return stats.summary()
+    """Partition ``graph``, print its statistics table, return the headline
+    numbers (with ``refine_*``, what the locality refinement did, for
+    ``locality``)."""
+    partitioner = get_partitioner(method)
+    _, stats = _partition(graph, method, parts, seed, quiet, partitioner)
+    refinement = getattr(partitioner, "last_refinement", None)
+    if refinement is None:
+        return stats.summary()
+    done = {f"refine_{key}": value for key, value in refinement.summary().items()}
+    return {**stats.summary(), **done}
 
 
 def _partition(
-    graph: Graph, method: str, parts: int, seed: int, quiet: bool = False
+    graph: Graph,
+    method: str,
+    parts: int,
+    seed: int,
+    quiet: bool = False,
+    partitioner: Partitioner | None = None,
 ) -> tuple[Partition, PartitionStats]:
-    partitioner = get_partitioner(method)
+    """Partition ``graph`` with ``partitioner`` (default: the one ``method``
+    names) and print the statistics."""
+    partitioner = partitioner or get_partitioner(method)
     with step(f"partitioning into {parts} parts with {method}", quiet):
         partition = partitioner.partition(graph, parts, seed=seed)
         stats = PartitionStats.compute(graph, partition)
-    return partition, stats
-
-
-def _print_stats(stats: PartitionStats, method: str) -> None:
     print_table(
         f"partition: {method}, {stats.num_parts} parts, edge cut "
         f"{stats.edge_cut:,} of {stats.num_edges:,} ({100 * stats.cut_fraction:.1f}%)",
         ["part", *(name.removeprefix("num_") for name in PER_PART)],
         stats.table_rows(),
+    )
+    refinement = getattr(partitioner, "last_refinement", None)
+    if refinement is not None:
+        console.print(refinement_line(refinement), soft_wrap=True)
+    return partition, stats
+
+
+def refinement_line(result: RefineResult) -> str:
+    """What G3's refinement did, in one line: halo balance and edge cut
+    before and after, swaps, why it stopped."""
+    return (
+        f"locality refinement: halo max/min "
+        f"{result.max_min(result.halo_before):.3f} -> "
+        f"{result.max_min(result.halo_after):.3f}, edge cut "
+        f"{result.edge_cut_before:,} -> {result.edge_cut_after:,} "
+        f"({100 * result.cut_growth:+.1f}%), {result.num_swaps:,} swaps "
+        f"({result.num_rejected:,} rejected), stopped: {result.stop_reason}, "
+        f"{result.seconds:.1f}s"
     )
