@@ -23,10 +23,16 @@ from typing import Any
 from graphwire.commands.common import console, load_with_status, print_table
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
-from graphwire.runlog import MetricsLog, format_summary
+from graphwire.runlog import MetricsLog, format_bytes, format_summary
 from graphwire.training import TrainConfig
 
-__all__ = ["run_distributed", "write_epochs"]
+__all__ = [
+    "TRAINING_TAGS",
+    "print_comm",
+    "run_distributed",
+    "training_bytes_by_peer",
+    "write_epochs",
+]
 
 
 def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) -> int:
@@ -168,7 +174,7 @@ def _report(
         )
         write_epochs(log, reports)
         _print_time_split(reports)
-        totals = _print_comm(reports)
+        totals = print_comm(reports)
         summary = _summary(reports, totals)
         log.write("summary", **summary)
     console.print(f"metrics: {out / 'metrics.jsonl'}")
@@ -209,33 +215,69 @@ def _print_time_split(reports: list[RankReport]) -> None:
     )
 
 
-def _print_comm(reports: list[RankReport]) -> dict[str, int]:
-    """Tables of training bytes per layer tag and per (src -> dst); totals."""
+# An epoch's training traffic, as its records' ``comm["by_rank"]`` counts it.
+TRAINING_TAGS = ("fwd.", "bwd.", "sync.grad")
+_ONCE = ("setup.", "meta.")  # tags sent once per run, not per epoch
+_PEER_COLUMNS = 8  # a column per destination up to this many ranks
+
+
+def training_bytes_by_peer(reports: list[RankReport]) -> list[list[int]]:
+    """``[src][dst]``: the training bytes (:data:`TRAINING_TAGS`) each rank
+    sent each other rank over the whole run, from the senders' ledgers."""
+    world = len(reports)
+    matrix = [[0] * world for _ in range(world)]
+    for report in reports:
+        for src, dst, tag, num_bytes, _ in report.ledger["sent"]:
+            if tag.startswith(TRAINING_TAGS):
+                matrix[src][dst] += num_bytes
+    return matrix
+
+
+def print_comm(reports: list[RankReport]) -> dict[str, int]:
+    """Tables of the bytes per tag and of each rank's training bytes, sent
+    and received, to and from whom; the totals over ranks."""
     by_tag: dict[str, int] = defaultdict(int)
-    by_pair: dict[tuple[int, int], int] = defaultdict(int)
     messages: dict[str, int] = defaultdict(int)
     sent = recv = 0
     for report in reports:
-        for src, dst, tag, num_bytes, count in report.ledger["sent"]:
+        for _, _, tag, num_bytes, count in report.ledger["sent"]:
             sent += num_bytes
             by_tag[tag] += num_bytes
             messages[tag] += count
-            if not tag.startswith(("eval.", "setup.", "meta.")):
-                by_pair[(src, dst)] += num_bytes
         recv += sum(row[3] for row in report.ledger["recv"])
     epochs = max(1, reports[0].epochs_run)
     print_table(
         f"bytes by tag (all ranks, {epochs} epochs)",
-        ["tag", "MiB", "MiB/epoch", "messages"],
+        ["tag", "bytes", "per epoch", "messages"],
         [
-            (tag, by_tag[tag] / 2**20, by_tag[tag] / 2**20 / epochs, messages[tag])
+            (
+                tag,
+                by_tag[tag],
+                "-" if tag.startswith(_ONCE) else format_bytes(by_tag[tag] / epochs),
+                messages[tag],
+            )
             for tag in sorted(by_tag)
         ],
     )
+    matrix = training_bytes_by_peer(reports)
+    world = len(matrix)
+    peers = range(world) if world <= _PEER_COLUMNS else range(0)
     print_table(
-        "training bytes by peer (MiB, src -> dst)",
-        ["src -> dst", "MiB"],
-        [(f"{s} -> {d}", v / 2**20) for (s, d), v in sorted(by_pair.items())],
+        f"training bytes by rank ({', '.join(t + '*' for t in TRAINING_TAGS)}; "
+        f"{epochs} epochs)",
+        ["rank", "sent", "received", *(f"to {dst}" for dst in peers)],
+        [
+            (
+                src,
+                format_bytes(sum(matrix[src])),
+                format_bytes(sum(row[src] for row in matrix)),
+                *(
+                    "-" if dst == src else format_bytes(matrix[src][dst])
+                    for dst in peers
+                ),
+            )
+            for src in range(world)
+        ],
     )
     return {"bytes_sent": sent, "bytes_recv": recv}
 

@@ -11,8 +11,9 @@ import torch
 
 from graphwire.comm.local import run_local
 from graphwire.comm.plan import ExchangePlan
+from graphwire.commands.train_dist import print_comm, training_bytes_by_peer
 from graphwire.fullgraph.distributed import train_distributed
-from graphwire.fullgraph.job import epoch_lines
+from graphwire.fullgraph.job import RankReport, epoch_lines
 from graphwire.graph.graph import Graph
 from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.partition.stats import PartitionStats
@@ -188,6 +189,57 @@ def test_epoch_traffic_by_rank_adds_up_to_every_ledger(tmp_path, exchange) -> No
     line = epoch_lines(records[-1])[1]
     for kind, counts in epochs[-1].items():
         assert f"{kind} {format_bytes(sum(counts['sent']))}" in line
+    # The end-of-run table: who sent whom what, adding up to the epochs'.
+    matrix = training_bytes_by_peer(
+        [_report(rank, ledger) for rank, (_, ledger) in enumerate(ranks)]
+    )
+    for rank in range(3):
+        assert matrix[rank][rank] == 0
+        for way, total in (
+            ("sent", sum(matrix[rank])),
+            ("recv", sum(row[rank] for row in matrix)),
+        ):
+            got = sum(c[way][rank] for traffic in epochs for c in traffic.values())
+            assert total == got, (rank, way)
+
+
+def _report(rank: int, ledger: dict) -> RankReport:
+    """A rank's report of a 2-epoch run holding only ``ledger``."""
+    return RankReport(
+        rank=rank,
+        records=[],
+        ledger=ledger,
+        counters={},
+        num_owned=0,
+        num_halo=0,
+        test_acc=0.0,
+        val_acc=0.0,
+        best_epoch=0,
+        epochs_run=2,
+        seconds=0.0,
+    )
+
+
+def test_the_end_of_run_tables_give_bytes_by_tag_and_by_peer(capsys) -> None:
+    def sent(src: int, *rows: tuple[int, str, int]) -> dict:
+        return {"sent": [(src, dst, tag, n, 1) for dst, tag, n in rows], "recv": []}
+
+    reports = [
+        _report(0, sent(0, (1, "fwd.L1", 3_000_000), (1, "setup.input", 5000))),
+        _report(1, sent(1, (0, "bwd.L1", 512), (0, "sync.metrics", 24))),
+    ]
+    assert training_bytes_by_peer(reports) == [[0, 3_000_000], [512, 0]]
+    totals = print_comm(reports)
+    assert totals == {"bytes_sent": 3_005_536, "bytes_recv": 0}
+    lines = [
+        " ".join(line.strip("│ ").split())
+        for line in capsys.readouterr().out.splitlines()
+    ]
+    assert "fwd.L1 │ 3,000,000 │ 1.43 MiB │ 1" in lines  # 2 epochs
+    assert "setup.input │ 5,000 │ - │ 1" in lines  # once per run
+    # Rank, sent, received (training tags only), then to each rank.
+    assert "0 │ 2.86 MiB │ 512 B │ - │ 2.86 MiB" in lines
+    assert "1 │ 512 B │ 2.86 MiB │ 512 B │ -" in lines
 
 
 def test_the_epoch_line_gives_each_kind_and_each_ranks_bytes() -> None:
