@@ -233,6 +233,16 @@ def training_bytes_by_peer(reports: list[RankReport]) -> list[list[int]]:
     return matrix
 
 
+def _ledger_epochs(report: RankReport) -> tuple[int, str]:
+    """How many epochs the ledgers count, and which, in words: all of them,
+    or those since the checkpoint a resumed run started from."""
+    last = report.epochs_run - 1
+    if report.first_epoch == 0:
+        return max(1, report.epochs_run), f"{report.epochs_run} epochs"
+    count = max(1, report.epochs_run - report.first_epoch)
+    return count, f"epochs {report.first_epoch}-{last}, resumed"
+
+
 def print_comm(reports: list[RankReport]) -> dict[str, int]:
     """Tables of the bytes per tag and of each rank's training bytes, sent
     and received, to and from whom; the totals over ranks."""
@@ -245,9 +255,9 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
             by_tag[tag] += num_bytes
             messages[tag] += count
         recv += sum(row[3] for row in report.ledger["recv"])
-    epochs = max(1, reports[0].epochs_run)
+    epochs, span = _ledger_epochs(reports[0])
     print_table(
-        f"bytes by tag (all ranks, {epochs} epochs)",
+        f"bytes by tag (all ranks, {span})",
         ["tag", "bytes", "per epoch", "messages"],
         [
             (
@@ -263,8 +273,7 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
     world = len(matrix)
     peers = range(world) if world <= _PEER_COLUMNS else range(0)
     print_table(
-        f"training bytes by rank ({', '.join(t + '*' for t in TRAINING_TAGS)}; "
-        f"{epochs} epochs)",
+        f"training bytes by rank ({', '.join(t + '*' for t in TRAINING_TAGS)}; {span})",
         ["rank", "sent", "received", *(f"to {dst}" for dst in peers)],
         [
             (

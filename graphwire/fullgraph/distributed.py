@@ -79,11 +79,14 @@ class DistributedResult:
         result: as :func:`train_fullgraph` returns, with global accuracies.
         ledger: this rank's :meth:`Ledger.snapshot` for the whole run.
         counters: engine counters (rows recomputed, bins, ...).
+        first_epoch: the first epoch this process ran (0, or the one after
+            the checkpoint it resumed from); ``ledger`` counts from there.
     """
 
     result: TrainResult
     ledger: dict[str, Any]
     counters: dict[str, int] = field(default_factory=dict)
+    first_epoch: int = 0
 
 
 def build_engine(
@@ -251,6 +254,7 @@ def train_distributed(
         result=best.result(records, model),
         ledger=transport.ledger.snapshot(),
         counters=dict(engine.counters),
+        first_epoch=first,
     )
 
 

@@ -71,6 +71,7 @@ class RankReport:
     best_epoch: int
     epochs_run: int
     seconds: float
+    first_epoch: int = 0  # resumed: its ledger counts epochs first_epoch.. only
 
 
 def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
@@ -92,6 +93,7 @@ def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
         report = rank_report(
             ctx.rank, part, run.result, run.ledger, run.counters, start
         )
+        report.first_epoch = run.first_epoch  # rank_report is the mini-batch's too
         return gather_reports(transport, report)
     finally:
         transport.close()

@@ -205,7 +205,7 @@ def train_state(
         ``state_dict`` (final weights), ``best_state_dict``, ``test_acc``,
         ``val_acc``, ``best_epoch``, ``records`` (every epoch's record as a
         dict, restored ones included) and ``trained`` (the epochs this process
-        ran itself).
+        ran itself, from ``first_epoch``).
     """
     register_dying_g3()
     trained: list[int] = []
@@ -235,6 +235,7 @@ def train_state(
         "best_epoch": result.best_epoch,
         "records": [r.as_dict() for r in result.records],
         "trained": trained,
+        "first_epoch": run.first_epoch,
     }
 
 

@@ -240,6 +240,13 @@ def test_the_end_of_run_tables_give_bytes_by_tag_and_by_peer(capsys) -> None:
     # Rank, sent, received (training tags only), then to each rank.
     assert "0 │ 2.86 MiB │ 512 B │ - │ 2.86 MiB" in lines
     assert "1 │ 512 B │ 2.86 MiB │ 512 B │ -" in lines
+    # Resumed after epoch 0: the ledgers hold epoch 1 alone.
+    for report in reports:
+        report.first_epoch = 1
+    print_comm(reports)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "bytes by tag (all ranks, epochs 1-1, resumed)" in text
+    assert "fwd.L1 │ 3,000,000 │ 2.86 MiB │ 1" in text  # per epoch: 1 epoch
 
 
 def test_the_epoch_line_gives_each_kind_and_each_ranks_bytes() -> None:

@@ -360,6 +360,7 @@ def test_killed_worker_fails_the_run_and_resume_restores_it(
         a, b = straight[rank], resumed[rank]
         assert a["trained"] == list(range(12))
         assert b["trained"] == [8, 9, 10, 11]  # really resumed after epoch 7
+        assert (a["first_epoch"], b["first_epoch"]) == (0, 8)  # the ledgers' start
         # Bitwise equal in practice (the same operations in the same order);
         # compared with the parity tolerance all the same.
         assert a["state_dict"].keys() == b["state_dict"].keys()
