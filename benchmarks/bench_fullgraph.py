@@ -53,11 +53,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.testing.netns import ShapedNetwork, netns_available, tcp_stream
 
 CLI = [sys.executable, "-m", "graphwire"]
 METHODS = ("metis", "random", "chunk", "locality")
-_NOT_TRAINING = ("eval.", "setup.", "meta.")
 SCALING_EXCHANGES = ("g3", "halo")  # 2 workers vs 1, unshaped
 # What the targets compare (--targets).
 TARGETS = (
@@ -204,7 +204,7 @@ def _measure(net: ShapedNetwork, config: Config, out: Path, timeout_s: float) ->
             split["eval"] += times.get("eval_s", 0.0)
             by_tag = record.get("comm", {}).get("by_tag", {})
             train_bytes += sum(
-                v for k, v in by_tag.items() if not k.startswith(_NOT_TRAINING)
+                v for k, v in by_tag.items() if k.startswith(TRAINING_TAGS)
             )
     per = max(1, epochs * len(ranks))
     return Result(
@@ -372,8 +372,9 @@ def _print_table(
         "median over rounds; w/o ep0: the same without epoch 0;\ncompute/comm/"
         "sync/eval: seconds per epoch, mean over ranks (compute = fwd+bwd-comm); "
         "MiB/ep: ledger bytes of the whole run (set-up, training, eval; all "
-        "ranks) / epochs;\ntrainMiB/ep: training tags only; qdiscMiB: lo's root "
-        "qdisc over the whole run (headers, ACKs, rendezvous included); "
+        "ranks) / epochs;\ntrainMiB/ep: training tags only (fwd, bwd, "
+        "sync.grad); qdiscMiB: lo's root qdisc over the whole run (headers, "
+        "ACKs, rendezvous included); "
         "ledg/qd: ledger / qdisc bytes."
     )
 

@@ -19,7 +19,7 @@ from graphwire.graph.datasets import DEFAULT_SPEC
 __all__ = ["main", "build_parser"]
 
 # The partitioners graphwire.partition registers (not imported here: --help
-# stays fast); tests/test_cli.py checks that the two lists agree.
+# stays fast); tests/test_cli.py checks that each registered one is named.
 PARTITIONER_NAMES = (
     "random, chunk, metis or locality (G3: multi-constraint METIS, then "
     "halo-balancing refinement)"

@@ -130,6 +130,7 @@ def test_locality_partition_reports_what_the_refinement_did(tmp_path, capsys) ->
     assert expected.last_refinement is not None
     # All but the seconds it took.
     assert refinement_line(expected.last_refinement).rsplit(", ", 1)[0] in text
+    assert text.count("locality refinement:") == text.count("partition: ") == 1
     # A single-process run with --partition locality logs it as well.
     out = tmp_path / "run"
     argv = ["train", "--dataset", SMALL, "--epochs", "1", "--quiet"]

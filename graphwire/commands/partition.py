@@ -12,14 +12,16 @@ from typing import Any
 from graphwire.commands.common import console, load_with_status, print_table, step
 from graphwire.graph.graph import Graph
 from graphwire.partition import PartitionStats, get_partitioner, write_partitioned
-from graphwire.partition.base import Partition, Partitioner
+from graphwire.partition.base import Partition
 from graphwire.partition.locality import RefineResult
 from graphwire.partition.stats import PER_PART
 
 
 def run(args: argparse.Namespace) -> int:
     graph = load_with_status(args.dataset)
-    partition, stats = _partition(graph, args.method, int(args.parts), int(args.seed))
+    partition, stats, _ = _partition(
+        graph, args.method, int(args.parts), int(args.seed)
+    )
     if args.out:
         with step(f"writing {args.out}"):
             write_partitioned(
@@ -34,7 +36,7 @@ def write_parts(
 ) -> None:
     """Partition ``graph``, print the statistics, write the parts to ``folder``
     (replacing an earlier partitioning there)."""
-    partition, stats = _partition(graph, method, parts, seed, quiet)
+    partition, stats, _ = _partition(graph, method, parts, seed, quiet)
     with step(f"writing {folder}", quiet):
         write_partitioned(graph, partition, folder, overwrite=True, stats=stats)
 
@@ -44,27 +46,23 @@ def partition_and_report(
 ) -> dict[str, Any]:
     """Partition ``graph``, print its statistics table, return the headline
     numbers (with ``refine_*``, what the locality refinement did, for
-    ``locality``)."""
-    partitioner = get_partitioner(method)
-    _, stats = _partition(graph, method, parts, seed, quiet, partitioner)
-    refinement = getattr(partitioner, "last_refinement", None)
+    ``locality``; a ratio over an empty halo is None, as JSON has no inf)."""
+    _, stats, refinement = _partition(graph, method, parts, seed, quiet)
     if refinement is None:
         return stats.summary()
-    done = {f"refine_{key}": value for key, value in refinement.summary().items()}
+    done = {
+        f"refine_{key}": None if value == float("inf") else value
+        for key, value in refinement.summary().items()
+    }
     return {**stats.summary(), **done}
 
 
 def _partition(
-    graph: Graph,
-    method: str,
-    parts: int,
-    seed: int,
-    quiet: bool = False,
-    partitioner: Partitioner | None = None,
-) -> tuple[Partition, PartitionStats]:
-    """Partition ``graph`` with ``partitioner`` (default: the one ``method``
-    names) and print the statistics."""
-    partitioner = partitioner or get_partitioner(method)
+    graph: Graph, method: str, parts: int, seed: int, quiet: bool = False
+) -> tuple[Partition, PartitionStats, RefineResult | None]:
+    """Partition ``graph`` with the partitioner ``method`` names and print the
+    statistics; also what the locality refinement did (None for others)."""
+    partitioner = get_partitioner(method)
     with step(f"partitioning into {parts} parts with {method}", quiet):
         partition = partitioner.partition(graph, parts, seed=seed)
         stats = PartitionStats.compute(graph, partition)
@@ -77,7 +75,7 @@ def _partition(
     refinement = getattr(partitioner, "last_refinement", None)
     if refinement is not None:
         console.print(refinement_line(refinement), soft_wrap=True)
-    return partition, stats
+    return partition, stats, refinement
 
 
 def refinement_line(result: RefineResult) -> str:

@@ -4,12 +4,14 @@ Parses, builds, runs, tears down:
 
 1. the partitioned graph: ``--dataset`` may name one already (its number of
    parts must equal the number of workers); otherwise the dataset is loaded and
-   partitioned (``--partition``, default ``metis``) into ``OUT/partitions``;
+   partitioned (``--partition``, default ``metis``) into ``OUT/partitions``
+   (kept as it is when the run is resumed);
 2. the workers: N local processes (``launch_local``) or, under ``torchrun``,
    this process as one of them; each runs :func:`graphwire.fullgraph.job.run_rank`;
 3. the report (rank 0 / the parent): per-epoch records of every rank in
-   ``metrics.jsonl``, tables of the time split and of the bytes per layer and
-   per peer, and the summary line with ``bytes_sent`` / ``bytes_recv``.
+   ``metrics.jsonl``, tables of the time split, of the exact bytes per tag and
+   of each rank's training bytes (sent, received, to each rank), and the
+   summary line with ``bytes_sent`` / ``bytes_recv``.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from typing import Any
 
 from graphwire.commands.common import console, load_with_status, print_table
 from graphwire.fullgraph.checkpoint import CheckpointConfig
+from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
 from graphwire.runlog import MetricsLog, format_bytes, format_summary
 from graphwire.training import TrainConfig
 
 __all__ = [
-    "TRAINING_TAGS",
     "print_comm",
     "run_distributed",
     "training_bytes_by_peer",
@@ -115,6 +117,8 @@ def _partitioned_folder(
             )
         return given
     folder = out / "partitions"
+    if args.resume and (folder / "meta.json").exists():
+        return _resumed_folder(args, world, folder)
     if not leader:
         return folder  # rank 0 writes it; run_rank waits at the rendezvous
     from graphwire.commands.partition import write_parts
@@ -123,6 +127,25 @@ def _partitioned_folder(
     write_parts(
         graph, args.partition or "metis", world, int(args.seed), folder, args.quiet
     )
+    return folder
+
+
+def _resumed_folder(args: argparse.Namespace, world: int, folder: Path) -> Path:
+    """The parts a run being resumed trained on, kept as they are (not split
+    again, perhaps another way)."""
+    from graphwire.partition.format import load_partition_meta
+
+    meta = load_partition_meta(folder)
+    if meta["num_parts"] != world:
+        raise ValueError(
+            f"--resume: {folder} has {meta['num_parts']} parts, but {world} "
+            f"workers were asked for"
+        )
+    if args.partition and args.partition != meta["method"]:
+        raise ValueError(
+            f"--resume: the run was partitioned with {meta['method']}, not "
+            f"--partition {args.partition}"
+        )
     return folder
 
 
@@ -215,8 +238,6 @@ def _print_time_split(reports: list[RankReport]) -> None:
     )
 
 
-# An epoch's training traffic, as its records' ``comm["by_rank"]`` counts it.
-TRAINING_TAGS = ("fwd.", "bwd.", "sync.grad")
 _ONCE = ("setup.", "meta.")  # tags sent once per run, not per epoch
 _PEER_COLUMNS = 8  # a column per destination up to this many ranks
 
@@ -236,11 +257,12 @@ def training_bytes_by_peer(reports: list[RankReport]) -> list[list[int]]:
 def _ledger_epochs(report: RankReport) -> tuple[int, str]:
     """How many epochs the ledgers count, and which, in words: all of them,
     or those since the checkpoint a resumed run started from."""
-    last = report.epochs_run - 1
-    if report.first_epoch == 0:
-        return max(1, report.epochs_run), f"{report.epochs_run} epochs"
-    count = max(1, report.epochs_run - report.first_epoch)
-    return count, f"epochs {report.first_epoch}-{last}, resumed"
+    first, count = report.first_epoch, report.epochs_run - report.first_epoch
+    if count <= 0:
+        return 0, "no epochs left to run, resumed"
+    if first == 0:
+        return count, f"{count} epochs"
+    return count, f"epochs {first}-{report.epochs_run - 1}, resumed"
 
 
 def print_comm(reports: list[RankReport]) -> dict[str, int]:
@@ -263,7 +285,9 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
             (
                 tag,
                 by_tag[tag],
-                "-" if tag.startswith(_ONCE) else format_bytes(by_tag[tag] / epochs),
+                "-"
+                if tag.startswith(_ONCE) or not epochs
+                else format_bytes(by_tag[tag] / epochs),
                 messages[tag],
             )
             for tag in sorted(by_tag)
@@ -292,11 +316,14 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
 
 
 def _summary(reports: list[RankReport], totals: dict[str, int]) -> dict[str, Any]:
+    """The run's summary; ``resumed_at`` (a resumed run's first epoch) tells
+    that the byte totals count the epochs from there."""
     lead = reports[0]
     epoch_s = [
         r["times"]["forward_s"] + r["times"]["backward_s"] + r["times"]["sync_s"]
         for r in lead.records
     ] or [0.0]
+    resumed = {"resumed_at": lead.first_epoch} if lead.first_epoch else {}
     return {
         "test_acc": lead.test_acc,
         "val_acc": lead.val_acc,
@@ -307,4 +334,5 @@ def _summary(reports: list[RankReport], totals: dict[str, int]) -> dict[str, Any
         "bytes_sent": totals["bytes_sent"],
         "bytes_recv": totals["bytes_recv"],
         "remote_rows": sum(r.num_halo for r in reports),
+        **resumed,
     }

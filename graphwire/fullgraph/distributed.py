@@ -322,6 +322,11 @@ def _ledger_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
     }
 
 
+# The tags of an epoch's training traffic: each layer's exchanges and the
+# parameter gradients' sums (set-up, evaluation and metrics are not).
+TRAINING_TAGS = ("fwd.", "bwd.", "sync.grad")
+
+
 def traffic_by_rank(
     before: dict[str, Any],
     after: dict[str, Any],

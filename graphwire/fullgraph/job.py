@@ -91,9 +91,14 @@ def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
             checkpoint=job.checkpoint,
         )
         report = rank_report(
-            ctx.rank, part, run.result, run.ledger, run.counters, start
+            ctx.rank,
+            part,
+            run.result,
+            run.ledger,
+            run.counters,
+            start,
+            first_epoch=run.first_epoch,
         )
-        report.first_epoch = run.first_epoch  # rank_report is the mini-batch's too
         return gather_reports(transport, report)
     finally:
         transport.close()
@@ -106,8 +111,10 @@ def rank_report(
     ledger: dict[str, Any],
     counters: dict[str, Any],
     start: float,
+    first_epoch: int = 0,
 ) -> RankReport:
-    """This rank's report of a finished run (``start``: its perf_counter)."""
+    """This rank's report of a finished run (``start``: its perf_counter;
+    ``first_epoch``: the epoch this process started at)."""
     return RankReport(
         rank=rank,
         records=[r.as_dict() for r in result.records],
@@ -120,6 +127,7 @@ def rank_report(
         best_epoch=result.best_epoch,
         epochs_run=result.epochs_run,
         seconds=time.perf_counter() - start,
+        first_epoch=first_epoch,
     )
 
 

@@ -1,7 +1,8 @@
 """Partitioning: who owns which node, what it costs, and the partitioned format.
 
 Importing the package registers every built-in partitioner in ``PARTITIONERS``
-(``random``, ``chunk``, ``metis``), so ``get_partitioner(name)`` finds them.
+(``random``, ``chunk``, ``metis``, ``locality``), so ``get_partitioner(name)``
+finds them.
 """
 
 from graphwire.partition.base import (

@@ -247,6 +247,13 @@ def test_the_end_of_run_tables_give_bytes_by_tag_and_by_peer(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "bytes by tag (all ranks, epochs 1-1, resumed)" in text
     assert "fwd.L1 │ 3,000,000 │ 2.86 MiB │ 1" in text  # per epoch: 1 epoch
+    # Resumed after the last epoch: nothing to divide by.
+    for report in reports:
+        report.first_epoch = 2
+    print_comm(reports)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "bytes by tag (all ranks, no epochs left to run, resumed)" in text
+    assert "fwd.L1 │ 3,000,000 │ - │ 1" in text
 
 
 def test_the_epoch_line_gives_each_kind_and_each_ranks_bytes() -> None:

@@ -152,3 +152,45 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
     ranks = {r["rank"] for r in records if r["kind"] == "epoch"}
     assert ranks == {0, 1, 2, 3}
     assert "summary " not in outputs[1][0]
+
+
+def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
+    tmp_path: Path,
+) -> None:
+    """``--resume`` trains on the parts the run was split into (locality
+    here, though the flag is left out), and its byte tables and summary say
+    that they count the epochs from the checkpoint on."""
+    out = str(tmp_path / "run")
+    common = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    common += ["--model", "gcn", "--workers", "2", "--seed", "1", "--quiet"]
+    common += ["--timeout", "120", "--checkpoint-every", "1", "--out", out]
+    first = subprocess.run(
+        [*common, "--epochs", "2", "--partition", "locality"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.count("locality refinement:") == 1  # printed once
+    resumed = subprocess.run(
+        [*common, "--epochs", "3", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    text = " ".join(resumed.stdout.split())
+    assert "partition: " not in text  # not split again
+    assert "bytes by tag (all ranks, epochs 2-2, resumed)" in text
+    before, after = _summary(first.stdout), _summary(resumed.stdout)
+    assert after["resumed_at"] == "2" and after["epochs"] == "3"
+    assert after["remote_rows"] == before["remote_rows"]
+    # Resuming with another partitioner is refused, saying why.
+    other = subprocess.run(
+        [*common, "--epochs", "3", "--resume", "--partition", "metis"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert other.returncode == 2
+    assert "partitioned with locality, not --partition metis" in other.stderr
