@@ -105,16 +105,9 @@ def _fetch_options(args: argparse.Namespace) -> Any:
 def _partitioned_folder(
     args: argparse.Namespace, world: int, out: Path, leader: bool
 ) -> Path:
-    from graphwire.partition.format import load_partition_meta
-
     given = Path(args.dataset)
     if (given / "meta.json").exists() and (given / "part_0").exists():
-        meta = load_partition_meta(given)
-        if meta["num_parts"] != world:
-            raise ValueError(
-                f"--dataset {given}: has {meta['num_parts']} parts, but "
-                f"{world} workers were asked for"
-            )
+        _parts_meta(given, world, "--dataset")
         return given
     folder = out / "partitions"
     if args.resume and (folder / "meta.json").exists():
@@ -130,17 +123,24 @@ def _partitioned_folder(
     return folder
 
 
-def _resumed_folder(args: argparse.Namespace, world: int, folder: Path) -> Path:
-    """The parts a run being resumed trained on, kept as they are (not split
-    again, perhaps another way)."""
+def _parts_meta(folder: Path, world: int, flag: str) -> dict[str, Any]:
+    """``meta.json`` of the partitioned ``folder``, which ``flag`` brought in;
+    its number of parts must be the number of workers."""
     from graphwire.partition.format import load_partition_meta
 
     meta = load_partition_meta(folder)
     if meta["num_parts"] != world:
         raise ValueError(
-            f"--resume: {folder} has {meta['num_parts']} parts, but {world} "
+            f"{flag} {folder}: has {meta['num_parts']} parts, but {world} "
             f"workers were asked for"
         )
+    return meta
+
+
+def _resumed_folder(args: argparse.Namespace, world: int, folder: Path) -> Path:
+    """The parts a run being resumed trained on, kept as they are (not split
+    again, perhaps another way)."""
+    meta = _parts_meta(folder, world, "--resume")
     if args.partition and args.partition != meta["method"]:
         raise ValueError(
             f"--resume: the run was partitioned with {meta['method']}, not "

@@ -56,6 +56,7 @@ from graphwire.training import (
 )
 
 __all__ = [
+    "TRAINING_TAGS",
     "DistributedResult",
     "build_engine",
     "forward_loss",
