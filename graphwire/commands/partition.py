@@ -46,14 +46,11 @@ def partition_and_report(
 ) -> dict[str, Any]:
     """Partition ``graph``, print its statistics table, return the headline
     numbers (with ``refine_*``, what the locality refinement did, for
-    ``locality``; a ratio over an empty halo is None, as JSON has no inf)."""
+    ``locality``)."""
     _, stats, refinement = _partition(graph, method, parts, seed, quiet)
     if refinement is None:
         return stats.summary()
-    done = {
-        f"refine_{key}": None if value == float("inf") else value
-        for key, value in refinement.summary().items()
-    }
+    done = {f"refine_{key}": value for key, value in refinement.summary().items()}
     return {**stats.summary(), **done}
 
 

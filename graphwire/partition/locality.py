@@ -305,10 +305,11 @@ class RefineResult:
         return self.edge_cut_after / max(self.edge_cut_before, 1) - 1.0
 
     def summary(self) -> dict[str, Any]:
-        """Flat numbers for logs."""
+        """Flat numbers for logs (JSON's: a halo max/min over an empty halo,
+        inf, is None)."""
         return {
-            "halo_max_min_before": round(self.max_min(self.halo_before), 4),
-            "halo_max_min_after": round(self.max_min(self.halo_after), 4),
+            "halo_max_min_before": _json_ratio(self.max_min(self.halo_before)),
+            "halo_max_min_after": _json_ratio(self.max_min(self.halo_after)),
             "spread_after": round(self.spread(self.halo_after), 4),
             "degree_max_mean_before": round(_max_mean(self.degree_sum_before), 4),
             "degree_max_mean_after": round(_max_mean(self.degree_sum_after), 4),
@@ -320,6 +321,10 @@ class RefineResult:
             "stop_reason": self.stop_reason,
             "seconds": round(self.seconds, 3),
         }
+
+
+def _json_ratio(value: float) -> float | None:
+    return None if value == float("inf") else round(value, 4)
 
 
 def _max_mean(values: tuple[int, ...]) -> float:

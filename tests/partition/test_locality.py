@@ -218,3 +218,21 @@ def test_registered_and_validated() -> None:
         refine(graph, np.full(100, 2), 2)
     with pytest.raises(ValueError, match="rule"):
         refine(graph, np.zeros(100, dtype=np.int64), 2, rule="fastest")
+
+
+def test_refine_summary_is_strict_json_when_a_part_has_no_halo() -> None:
+    result = RefineResult(
+        halo_before=(0, 6),  # a directed graph: one part reads no other
+        halo_after=(3, 4),
+        degree_sum_before=(5, 5),
+        degree_sum_after=(5, 5),
+        edge_cut_before=6,
+        edge_cut_after=7,
+        num_swaps=1,
+        num_rejected=0,
+        stop_reason="converged",
+        seconds=0.0,
+    )
+    summary = json.loads(json.dumps(result.summary(), allow_nan=False))
+    assert summary["halo_max_min_before"] is None  # inf
+    assert summary["halo_max_min_after"] == pytest.approx(4 / 3, abs=1e-4)
