@@ -164,20 +164,16 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
     common = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
     common += ["--model", "gcn", "--workers", "2", "--seed", "1", "--quiet"]
     common += ["--timeout", "120", "--checkpoint-every", "1", "--out", out]
-    first = subprocess.run(
-        [*common, "--epochs", "2", "--partition", "locality"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+
+    def train(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*common, *flags], capture_output=True, text=True, timeout=300
+        )
+
+    first = train("--epochs", "2", "--partition", "locality")
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.count("locality refinement:") == 1  # printed once
-    resumed = subprocess.run(
-        [*common, "--epochs", "3", "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = train("--epochs", "3", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     text = " ".join(resumed.stdout.split())
     assert "partition: " not in text  # not split again
@@ -186,11 +182,6 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
     assert after["resumed_at"] == "2" and after["epochs"] == "3"
     assert after["remote_rows"] == before["remote_rows"]
     # Resuming with another partitioner is refused, saying why.
-    other = subprocess.run(
-        [*common, "--epochs", "3", "--resume", "--partition", "metis"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    other = train("--epochs", "3", "--resume", "--partition", "metis")
     assert other.returncode == 2
     assert "partitioned with locality, not --partition metis" in other.stderr
