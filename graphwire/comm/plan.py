@@ -112,6 +112,39 @@ class ExchangePlan:
             )
         return plans
 
+    def restrict(
+        self, keep: torch.Tensor, transport: Transport, tag: str
+    ) -> ExchangePlan:
+        """Collective: the plan of the halo rows where ``keep`` holds.
+
+        Each rank tells every owner, with one byte per halo row it gets from
+        that owner (one all-to-all, tag ``tag``), which rows stay; both ends
+        keep their tables' order, so the sub-plan's rows still pair up. Halo
+        positions keep their meaning (``num_halo`` is unchanged): a restricted
+        plan returns gradients (:meth:`scatter_grad`); it is no forward plan,
+        since the halo rows it leaves out would never arrive.
+
+        Args:
+            keep: bool [num_halo], the halo rows to keep on this rank.
+            transport: every rank calls this with its own ``keep``.
+            tag: ledger tag of the masks.
+        """
+        if keep.dtype != torch.bool or keep.shape != (self.num_halo,):
+            raise ValueError(
+                f"restrict: keep must be bool [num_halo={self.num_halo}], found "
+                f"{keep.dtype} {tuple(keep.shape)}"
+            )
+        masks = [keep[idx].to(torch.uint8) for idx in self.recv_idx]
+        incoming = transport.all_to_all(masks, self.send_rows, tag)
+        send_idx = tuple(
+            idx[mask.to(torch.bool)]
+            for idx, mask in zip(self.send_idx, incoming, strict=True)
+        )
+        recv_idx = tuple(idx[keep[idx]] for idx in self.recv_idx)
+        return ExchangePlan(
+            self.rank, self.num_owned, self.num_halo, send_idx, recv_idx
+        )
+
     # ------------------------------------------------------------- execution
     def gather_halo(
         self, h_owned: torch.Tensor, transport: Transport, tag: str

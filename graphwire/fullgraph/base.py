@@ -57,6 +57,12 @@ class Engine(ABC):
         transport: how ranks talk.
         kind: the layer kind (which graph it aggregates over).
         num_layers: layers of the model.
+        loss_rows: int64 owned rows whose outputs the loss reads (None: any
+            row may be read). Every other output row's gradient is zero, and
+            so is that of any halo row that only such rows read in the output
+            layer: the backward returns only the gradients of the output
+            layer's halo rows a loss row reads (:meth:`loss_plan`), and checks
+            that the zeros are zeros (:meth:`check_output_grad`).
         options: engine-specific settings (unknown keys are an error).
 
     Attributes:
@@ -83,11 +89,17 @@ class Engine(ABC):
         kind: LayerKind,
         num_layers: int,
         cache_input: bool = True,
+        loss_rows: torch.Tensor | None = None,
         **options: Any,
     ) -> None:
         if options:
             raise ValueError(f"exchange {self.name!r}: unknown options {options}")
         self.cache_input = cache_input
+        self.loss_rows = loss_rows
+        self._outside_loss: torch.Tensor | None = None
+        if loss_rows is not None:
+            self._outside_loss = torch.ones(part.num_owned, dtype=torch.bool)
+            self._outside_loss[loss_rows.to(torch.int64)] = False
         self.part = part
         self.transport = transport
         self.kind = kind
@@ -195,6 +207,39 @@ class Engine(ABC):
         if index == 0 and self.cache_input:
             return None
         return projecting(layer)
+
+    def loss_plan(self, mg: MessageGraph) -> ExchangePlan:
+        """The plan the output layer's halo gradients return along.
+
+        Without ``loss_rows``, :attr:`plan`. With them, the part of it whose
+        halo rows some loss row reads in ``mg``, the output layer's message
+        graph (destinations: the owned rows): the gradient of any other halo
+        row is a sum of zero output gradients, so it stays home. Collective:
+        every rank learns which of the rows it sends come back (one byte per
+        halo row, tag ``setup.plan.loss``).
+        """
+        if self._outside_loss is None:
+            return self.plan
+        n = self.part.num_owned
+        assert mg.num_dst == n and mg.num_src == n + self.plan.num_halo
+        dst = torch.repeat_interleave(torch.arange(n), mg.indptr[1:] - mg.indptr[:-1])
+        src = mg.indices[~self._outside_loss[dst]]
+        keep = torch.zeros(self.plan.num_halo, dtype=torch.bool)
+        keep[src[src >= n] - n] = True
+        return self.plan.restrict(keep, self.transport, "setup.plan.loss")
+
+    def check_output_grad(self, grad: torch.Tensor) -> None:
+        """Raise if the output rows' gradient ``grad`` [num_owned, C] is
+        nonzero outside ``loss_rows``: :meth:`loss_plan` would drop part of
+        the halo rows' gradients."""
+        outside = self._outside_loss
+        if outside is not None and bool(grad[outside].any()):
+            rows = int(grad[outside].any(dim=-1).sum())
+            raise RuntimeError(
+                f"exchange {self.name!r}: the output gradient is nonzero on "
+                f"{rows} owned row(s) outside loss_rows; build the engine with "
+                f"the rows the loss reads (loss_rows=None: any row)"
+            )
 
     def cached_input_halo(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The halo's input rows after the model's input dropout (``cache_input``):

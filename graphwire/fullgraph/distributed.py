@@ -97,10 +97,15 @@ def build_engine(
     exchange: str,
     options: dict[str, Any] | None = None,
 ) -> Engine:
-    """The ``exchange`` engine for ``config.model`` on this rank's part."""
+    """The ``exchange`` engine for ``config.model`` on this rank's part.
+
+    The loss of :func:`forward_loss` reads the training rows, so they are the
+    engine's ``loss_rows`` unless ``options`` says otherwise (None: any row).
+    """
     engine_cls = get_engine(exchange)
     kind = LAYER_KINDS[config.model]
     options = dict(options or {})
+    options.setdefault("loss_rows", part.train_local)
     if engine_cls.takes_widths and "widths" not in options and part.x is not None:
         num_classes = int(part.meta.get("num_classes") or 1)
         # A throw-away model for its shapes; torch's generator is left as it was.

@@ -4,7 +4,9 @@ The DistDGL / BNS-GCN-style baseline: before layer ``l``, every rank sends each
 peer the rows of its owned nodes that the peer holds as halo, in one
 ``all_to_all`` (tag ``fwd.L{l}``), then computes the layer on owned + halo rows.
 Backward sends the halo rows' gradients back to their owners in one
-``all_to_all`` (tag ``bwd.L{l}``), where they are summed into the owned rows.
+``all_to_all`` (tag ``bwd.L{l}``), where they are summed into the owned rows;
+the output layer sends only those a loss row can make nonzero
+(:meth:`~graphwire.fullgraph.base.Engine.loss_plan`).
 Communication and computation do not overlap.
 
 A layer that projects first (GCN's output layer: ``Â(hW) = (Âh)W`` with ``W``
@@ -31,8 +33,9 @@ __all__ = ["HaloEngine", "HaloExchange"]
 class HaloExchange(torch.autograd.Function):
     """``h_owned [n, *S] -> h_local [n + h, *S]``: owned rows, then halo rows.
 
-    Backward: the halo rows' gradients go to their owners (same plan, reverse
-    direction) and are added to the owned rows' gradients.
+    Backward: the halo rows' gradients go to their owners along ``grad_plan``
+    (``plan`` itself, or the part of it whose gradients can be nonzero: see
+    :meth:`Engine.loss_plan`) and are added to the owned rows' gradients.
     """
 
     @staticmethod
@@ -40,11 +43,17 @@ class HaloExchange(torch.autograd.Function):
         ctx: Any,
         h_owned: torch.Tensor,
         plan: ExchangePlan,
+        grad_plan: ExchangePlan,
         transport: Transport,
         layer: int,
         engine: Engine,
     ) -> torch.Tensor:
-        ctx.plan, ctx.transport, ctx.layer, ctx.engine = plan, transport, layer, engine
+        ctx.plan, ctx.transport, ctx.layer, ctx.engine = (
+            grad_plan,
+            transport,
+            layer,
+            engine,
+        )
         halo = engine.timed(
             lambda: plan.gather_halo(
                 h_owned.detach(), transport, f"{engine.phase}fwd.L{layer}"
@@ -55,7 +64,7 @@ class HaloExchange(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_local: torch.Tensor
-    ) -> tuple[torch.Tensor | None, None, None, None, None]:
+    ) -> tuple[torch.Tensor | None, None, None, None, None, None]:
         plan: ExchangePlan = ctx.plan
         grad_halo = grad_local[plan.num_owned :].contiguous()
         returned = ctx.engine.timed(
@@ -63,7 +72,7 @@ class HaloExchange(torch.autograd.Function):
                 grad_halo, ctx.transport, f"{ctx.engine.phase}bwd.L{ctx.layer}"
             )
         )
-        return grad_local[: plan.num_owned] + returned, None, None, None, None
+        return grad_local[: plan.num_owned] + returned, None, None, None, None, None
 
 
 @register("halo")
@@ -76,6 +85,9 @@ class HaloEngine(Engine):
         self._mgs = [mg] * self.num_layers
         assert self.local_orig_nid is not None  # every layer's sources: all local rows
         self._src_ids = self.local_orig_nid
+        # The output layer returns only the gradients a loss row can make.
+        self._grad_plans = [self.plan] * (self.num_layers - 1)
+        self._grad_plans += [self.loss_plan(mg)] if self.num_layers else []
 
     @property
     def mgs(self) -> list[MessageGraph]:
@@ -86,7 +98,7 @@ class HaloEngine(Engine):
         if index == 0 and self.cache_input:
             return torch.cat([h, self.cached_input_halo()])
         out: torch.Tensor = HaloExchange.apply(
-            h, self.plan, self.transport, index, self
+            h, self.plan, self._grad_plans[index], self.transport, index, self
         )
         return out
 
@@ -96,7 +108,11 @@ class HaloEngine(Engine):
         projected = self.exchanged_projection(index, layer)
         if projected is None:
             h_src = self.fetch(index, h)
-            return self.call_layer(index, layer, mg, h_src, self._src_ids)
-        # Each owner projects its rows; the narrower rows cross the wire.
-        m_src = self.fetch(index, projected.project(h))
-        return self.call_propagate(index, projected, mg, m_src, h, self._src_ids)
+            out = self.call_layer(index, layer, mg, h_src, self._src_ids)
+        else:
+            # Each owner projects its rows; the narrower rows cross the wire.
+            m_src = self.fetch(index, projected.project(h))
+            out = self.call_propagate(index, projected, mg, m_src, h, self._src_ids)
+        if index == self.num_layers - 1 and out.requires_grad:
+            out.register_hook(self.check_output_grad)
+        return out

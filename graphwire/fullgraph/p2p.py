@@ -29,7 +29,8 @@ the transfer behind computation:
 - **Backward in reverse bins, pipelined across layers.** Layer by layer, top
   down: the bins that read halo rows first, after which each halo row's
   gradient is complete and goes back to its owner (``isend``, tag
-  ``bwd.L{l}``, one message per forward message, in reverse order); then the
+  ``bwd.L{l}``, one message per forward message, in reverse order; in the
+  output layer only rows a loss row reads: ``Engine.loss_plan``); then the
   bins that read only owned rows while those gradients are in flight. The
   layer below does not wait for them all: its bins whose rows no peer read
   run their backward at once, and each other bin runs as soon as the messages
@@ -280,10 +281,11 @@ class P2PEngine(Engine):
                 for b in layer.bins
             ]
             self.layers.append(replace(layer, bins=bins))
+        self._plan_returns()
         # Per layer k, the bins that hand on rows peers read at layer k + 1:
         # in the backward they wait for those rows' gradients to come back.
         self._returning = [
-            {b for rows in self.messages[k + 1].send_rows for b in rows}
+            {b for rows in self._return_rows[k + 1] for b in rows}
             for k in range(self.num_layers - 1)
         ]
         # The cached input layer drops out each halo row when the first bin
@@ -296,6 +298,30 @@ class P2PEngine(Engine):
                 seen[fresh] = True
                 self._first_read[b] = fresh
             self._x_dropped = self._x_halo.new_empty(self._x_halo.shape)
+
+    def _plan_returns(self) -> None:
+        """What each layer's backward returns, message by message: every row's
+        gradient, but in the output layer only the halo rows a loss row reads
+        (:meth:`loss_plan`). Messages left empty are neither sent nor received."""
+        self._return_rows = [
+            [{b: rows for b, (rows, _) in chunks.items()} for chunks in m.send_rows]
+            for m in self.messages
+        ]
+        self._return_pos = [dict(m.recv_pos) for m in self.messages]
+        last = self.num_layers - 1
+        plan = self.loss_plan(self._mgs[last]) if self.num_layers else self.plan
+        if plan is self.plan:
+            return
+        keep = torch.zeros(plan.num_halo, dtype=torch.bool)
+        keep[torch.cat(plan.recv_idx)] = True
+        pos = {k: p[keep[p]] for k, p in self._return_pos[last].items()}
+        self._return_pos[last] = {k: p for k, p in pos.items() if p.numel()}
+        for peer, chunks in enumerate(self._return_rows[last]):
+            kept = torch.zeros(self.part.num_owned, dtype=torch.bool)
+            kept[plan.send_idx[peer]] = True
+            self._return_rows[last][peer] = {
+                b: rows[kept[rows]] for b, rows in chunks.items() if kept[rows].any()
+            }
 
     # ---------------------------------------------------------------- runtime
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
@@ -683,9 +709,9 @@ class P2PEngine(Engine):
         into ``grad``, the owned source rows' gradient."""
         tag = f"{self.phase}bwd.L{index}"
         pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]] = {}
-        for peer, chunks in enumerate(self.messages[index].send_rows):
+        for peer, chunks in enumerate(self._return_rows[index]):
             for b in reversed(list(chunks)):
-                rows = chunks[b][0]
+                rows = chunks[b]
                 buf = grad.new_empty((rows.numel(), grad.shape[1]))
                 pending[(peer, b)] = (self.transport.irecv(buf, peer, tag), buf, rows)
         return Returns(grad, pending)
@@ -694,10 +720,11 @@ class P2PEngine(Engine):
         """Send the halo rows' gradients of layer ``index`` to their owners:
         one message per forward message, each peer's in reverse order."""
         tag = f"{self.phase}bwd.L{index}"
-        messages = self.messages[index]
-        for key in reversed(messages.keys):
-            payload = grad_halo.index_select(0, messages.recv_pos[key])
-            self._sends.append(self.transport.isend(payload, key[0], tag))
+        returned = self._return_pos[index]
+        for key in reversed(self.messages[index].keys):
+            if key in returned:
+                payload = grad_halo.index_select(0, returned[key])
+                self._sends.append(self.transport.isend(payload, key[0], tag))
 
     def _layer_done(self, index: int) -> None:
         """Layer ``index``'s gradients are complete: they start their sum
@@ -765,6 +792,7 @@ class G3Stack(torch.autograd.Function):
         graph, ctx.graph = ctx.graph, None  # free the bins' graphs after use
         if graph is None:
             raise RuntimeError("g3: backward through a forward run without grad")
+        engine.check_output_grad(grad_out)
         grad = engine._backward_stack(
             graph, grad_out.contiguous(), ctx.needs_input_grad[0]
         )

@@ -188,7 +188,10 @@ class _Loop:
         self.model = seeded_model(part.x.shape[1], num_classes, config)
         self.optimizer = make_optimizer(self.model, config)
         self.sizes = _split_sizes(part, transport)
-        self.eval_engine = build_engine(part, transport, config, "halo")
+        # Evaluation only: no backward, so no loss rows to plan returns for.
+        self.eval_engine = build_engine(
+            part, transport, config, "halo", {"loss_rows": None}
+        )
         self.cache: HotCache | None = None
         self.prefetcher: Prefetcher | None = None
         self.presample_root: Path | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -12,7 +13,11 @@ import torch
 from graphwire.comm.local import run_local
 from graphwire.comm.plan import ExchangePlan
 from graphwire.commands.train_dist import print_comm, training_bytes_by_peer
-from graphwire.fullgraph.distributed import train_distributed
+from graphwire.fullgraph.distributed import (
+    build_engine,
+    seeded_model,
+    train_distributed,
+)
 from graphwire.fullgraph.job import RankReport, epoch_lines
 from graphwire.graph.graph import Graph
 from graphwire.partition import get_partitioner, load_part, write_partitioned
@@ -20,6 +25,7 @@ from graphwire.partition.stats import PartitionStats
 from graphwire.runlog import format_bytes
 from graphwire.training import EpochRecord
 from tests.fullgraph.dist_helpers import (
+    DROPOUT_SEED,
     config_for,
     run_dist_steps,
     small_graph,
@@ -77,6 +83,8 @@ def _sent(ledgers, tag: str) -> tuple[int, int]:
         ("g3", {"bin_rows": 16, "cache_input": False}),
         ("halo", {}),
         ("g3", {"bin_rows": 16}),
+        ("halo", {"loss_rows": None}),
+        ("g3", {"bin_rows": 16, "loss_rows": None}),
     ],
     ids=repr,
 )
@@ -84,9 +92,8 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options, 
     graph = small_graph()  # 12 features, 5 classes
     num_parts = 4
     folder = write_parts(graph, num_parts, tmp_path, "metis")
-    stats = PartitionStats.compute(
-        graph, get_partitioner("metis").partition(graph, num_parts, seed=0)
-    )
+    partition = get_partitioner("metis").partition(graph, num_parts, seed=0)
+    stats = PartitionStats.compute(graph, partition)
     config = replace(config_for("sage"), hidden=hidden)
     ranks = run_dist_steps(folder, num_parts, config, exchange, options)
     ledgers = [r["ledger"] for r in ranks]
@@ -99,7 +106,20 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options, 
     layer0_projects = graph.num_features > hidden
     widths = {"fwd.L0": hidden if layer0_projects else graph.num_features}
     widths["fwd.L1"] = graph.num_classes
-    returns = {"fwd.L0": layer0_projects, "fwd.L1": True}
+    # Rows whose gradients go back: all of layer 0's when it exchanges
+    # projected rows; in the output layer, only those a training row reads
+    # (any other's gradient is zero, since the loss reads training rows),
+    # or all of them when the engine is not told which rows the loss reads.
+    read = _halo_rows_read_by_training_rows(graph, partition.assignment)
+    assert 0 < read < halo_rows  # the test shows the difference
+    returns = {
+        "fwd.L0": halo_rows if layer0_projects else 0,
+        "fwd.L1": halo_rows if "loss_rows" in options else read,
+    }
+    # Telling the owners which output-layer gradients come back: a byte per
+    # halo row, once.
+    told = 0 if "loss_rows" in options else halo_rows
+    assert _sent(ledgers, "setup.plan.loss")[0] == told
     cached = options.get("cache_input", True)
     if cached:
         # Input rows (and their int64 IDs) cross once, at set-up, not per epoch.
@@ -115,9 +135,7 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options, 
     for tag, width in widths.items():
         num_bytes, messages = _sent(ledgers, tag)
         assert num_bytes == halo_rows * width * 4  # each halo row exactly once
-        # Gradients return along the same rows where anything needs them.
-        expected_back = num_bytes if returns[tag] else 0
-        assert _sent(ledgers, "b" + tag[1:])[0] == expected_back
+        assert _sent(ledgers, "b" + tag[1:])[0] == returns[tag] * width * 4
         pairs = sum(1 for r in ledgers for row in r["sent"] if row[2] == tag)
         if exchange == "halo":
             assert messages == pairs  # one message per peer that needs rows
@@ -127,6 +145,83 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options, 
     sent = {(r[0], r[1], r[2]): r[3] for led in ledgers for r in led["sent"]}
     recv = {(r[0], r[1], r[2]): r[3] for led in ledgers for r in led["recv"]}
     assert sent == recv
+
+
+def _halo_rows_read_by_training_rows(graph: Graph, assignment: torch.Tensor) -> int:
+    """Sum over parts of the distinct nodes owned elsewhere with an edge into
+    one of the part's training nodes."""
+    src, dst = graph.edge_index()
+    assert graph.train_idx is not None
+    train = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    train[graph.train_idx] = True
+    cut = (assignment[src] != assignment[dst]) & train[dst]
+    pairs = assignment[dst[cut]] * graph.num_nodes + src[cut]
+    return int(torch.unique(pairs).numel())
+
+
+def test_a_restricted_plan_returns_exactly_the_kept_rows(tmp_path) -> None:
+    """``ExchangePlan.restrict``: both ends keep the same rows in the same
+    order, so returning gradients along it equals returning them along the
+    whole plan with the other rows zero."""
+    folder = write_parts(small_graph(), 3, tmp_path, "random")
+
+    def restrict(transport):
+        plan = ExchangePlan.build(load_part(folder, transport.rank), transport)
+        generator = torch.Generator().manual_seed(transport.rank)
+        keep = torch.rand(plan.num_halo, generator=generator) < 0.4
+        grad = torch.randn(plan.num_halo, 3, generator=generator)
+        sub = plan.restrict(keep, transport, "setup.test")
+        whole = plan.scatter_grad(grad * keep[:, None], transport, "whole")
+        part = sub.scatter_grad(grad, transport, "part")
+        return plan, keep, sub, whole, part, transport.ledger.snapshot()
+
+    ranks = run_local(restrict, 3)
+    for rank, (plan, keep, sub, whole, part, ledger) in enumerate(ranks):
+        torch.testing.assert_close(part, whole, rtol=0, atol=0)  # same sums
+        for peer, (other, other_keep, *_) in enumerate(ranks):
+            assert torch.equal(
+                sub.recv_idx[peer], plan.recv_idx[peer][keep[plan.recv_idx[peer]]]
+            )
+            kept_by_peer = other_keep[other.recv_idx[rank]]
+            assert torch.equal(sub.send_idx[peer], plan.send_idx[peer][kept_by_peer])
+        masks = sum(r[3] for r in ledger["sent"] if r[2] == "setup.test")
+        assert masks == plan.num_halo  # one byte per halo row
+        returned = sum(r[3] for r in ledger["sent"] if r[2] == "part")
+        assert returned == int(keep.sum()) * 3 * 4
+    with pytest.raises(ValueError, match="keep must be bool"):
+        ranks[0][0].restrict(torch.ones(1), None, "x")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("exchange", ["halo", "g3"])
+def test_a_loss_outside_the_loss_rows_is_refused(tmp_path, exchange) -> None:
+    """An engine built for the training loss (``loss_rows``: the training
+    rows) refuses a backward whose output gradient reaches other rows, rather
+    than leave their halo gradients out; with ``loss_rows=None`` it runs."""
+    folder = write_parts(small_graph(), 2, tmp_path, "metis")
+    config = config_for("gcn")
+
+    def step(transport, options):
+        part = load_part(folder, transport.rank)
+        engine = build_engine(part, transport, config, exchange, options)
+        assert part.x is not None
+        model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+        engine.begin(model, DROPOUT_SEED)
+        logits = model(
+            engine.mgs,
+            engine.x,
+            **engine.model_hooks(),
+            row_ids=engine.row_ids,
+            dropout_seed=DROPOUT_SEED,
+        )
+        logits.sum().backward()  # every row, not only the training rows
+        return transport.ledger.snapshot()
+
+    with pytest.raises(
+        RuntimeError, match=r"nonzero on \d+ owned row\(s\) outside loss_rows"
+    ):
+        run_local(partial(step, options=None), 2)
+    ledgers = run_local(partial(step, options={"loss_rows": None}), 2)
+    assert _sent(ledgers, "bwd.L1")[0] == _sent(ledgers, "fwd.L1")[0] > 0
 
 
 def test_replicate_moves_nothing_per_layer_and_counts_its_recomputation(tmp_path):
