@@ -48,12 +48,8 @@ class HaloExchange(torch.autograd.Function):
         layer: int,
         engine: Engine,
     ) -> torch.Tensor:
-        ctx.plan, ctx.transport, ctx.layer, ctx.engine = (
-            grad_plan,
-            transport,
-            layer,
-            engine,
-        )
+        ctx.plan, ctx.transport = grad_plan, transport
+        ctx.layer, ctx.engine = layer, engine
         halo = engine.timed(
             lambda: plan.gather_halo(
                 h_owned.detach(), transport, f"{engine.phase}fwd.L{layer}"
