@@ -71,7 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=float, help="learning rate (model default)")
     train.add_argument("--dropout", type=float, help="dropout (model default)")
     train.add_argument("--weight-decay", type=float, help="L2 (model default)")
-    train.add_argument("--patience", type=int, help="early-stopping patience (epochs)")
+    train.add_argument(
+        "--patience",
+        type=int,
+        help="stop after this many evaluations (epochs, by default) without a "
+        "better validation accuracy",
+    )
     train.add_argument(
         "--fanouts", help="mini-batch fan-outs, input layer first: 10,25"
     )
@@ -145,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--presample-dir", help="rapid: where the schedule goes")
     train.add_argument(
-        "--eval-every", type=int, default=1, help="minibatch: evaluate every K epochs"
+        "--eval-every",
+        type=int,
+        default=1,
+        help="evaluate every K epochs and after the last (--patience counts "
+        "evaluations)",
     )
     train.add_argument(
         "--threads",

@@ -30,6 +30,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "check_trainable",
+    "format_acc",
     "make_model",
     "make_model_for",
     "make_optimizer",
@@ -76,8 +77,11 @@ class TrainConfig:
         lr: Adam learning rate; None: the model's default.
         weight_decay: Adam L2 penalty; None: the model's default.
         epochs: maximum number of epochs.
-        patience: stop after this many epochs without a better validation
-            accuracy; None: never stop early.
+        patience: stop after this many evaluations without a better
+            validation accuracy; None: never stop early.
+        eval_every: evaluate (accuracies, best epoch, early stopping) after
+            every this many epochs and after the last; the records of other
+            epochs have NaN accuracies (``null`` in ``metrics.jsonl``).
         seed: seeds initialisation, dropout, shuffling and sampling.
         heads: GAT heads in hidden layers.
         out_heads: GAT heads (averaged) in the output layer.
@@ -101,6 +105,7 @@ class TrainConfig:
     out_heads: int = 1
     fanouts: list[int] | None = field(default=None)
     batch_size: int = 64
+    eval_every: int = 1
 
     def __post_init__(self) -> None:
         if self.model not in LAYER_KINDS:
@@ -118,7 +123,7 @@ class TrainConfig:
 
     def _validate(self) -> None:
         positive = ("hidden", "num_layers", "epochs", "heads", "out_heads")
-        for name in (*positive, "batch_size"):
+        for name in (*positive, "batch_size", "eval_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
@@ -147,6 +152,11 @@ class TrainConfig:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def evaluates(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` (0-based) ends with an evaluation: every
+        ``eval_every``-th epoch, and the last."""
+        return (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
+
 
 @dataclass(kw_only=True, slots=True)
 class EpochRecord:
@@ -159,7 +169,9 @@ class EpochRecord:
     runs add ``by_rank``, every rank's training bytes per layer:
     :func:`~graphwire.fullgraph.distributed.traffic_by_rank`); ``extra``
     what a loop measures besides (distributed mini-batch: seeds, remote rows,
-    cache hits, CPU time and energy).
+    cache hits, CPU time and energy). Accuracies are NaN in an epoch
+    without an evaluation (:meth:`TrainConfig.evaluates`); :meth:`as_dict`
+    gives them as None, so the log stays strict JSON.
     """
 
     epoch: int
@@ -173,7 +185,16 @@ class EpochRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        for name in ("train_acc", "val_acc", "test_acc"):
+            if math.isnan(out[name]):
+                out[name] = None
+        return out
+
+
+def format_acc(value: float) -> str:
+    """An accuracy as printed: four decimals, or ``-`` when not evaluated."""
+    return "-" if math.isnan(value) else f"{value:.4f}"
 
 
 @dataclass(kw_only=True, slots=True)

@@ -88,6 +88,17 @@ def test_train_writes_metrics_and_summary_line(tmp_path, capsys) -> None:
     assert {"loss", "train_acc", "val_acc", "test_acc", "peak_rss_mb"} <= set(epoch)
 
 
+def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", SMALL, "--model", "gcn", "--epochs", "3"]
+    assert main([*argv, "--eval-every", "2", "--quiet", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    val = [r["val_acc"] for r in records if r["kind"] == "epoch"]
+    assert [v is None for v in val] == [True, False, False]  # 1, then the last
+    assert main([*argv, "--eval-every", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "eval_every: expected an integer >= 1" in capsys.readouterr().err
+
+
 def test_train_config_file_stands_in_for_flags(tmp_path, capsys) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(f"dataset: '{SMALL}'\nmodel: sage\nepochs: 3\nquiet: true\n")

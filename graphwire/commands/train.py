@@ -21,7 +21,7 @@ from graphwire.commands.common import (
     print_table,
 )
 from graphwire.runlog import MetricsLog, format_summary, peak_rss_mb
-from graphwire.training import EpochRecord, TrainConfig, TrainResult
+from graphwire.training import EpochRecord, TrainConfig, TrainResult, format_acc
 
 # Flag name -> TrainConfig field, for the flags that override a model default.
 _OVERRIDES = {
@@ -31,6 +31,7 @@ _OVERRIDES = {
     "weight_decay": "weight_decay",
     "patience": "patience",
     "batch_size": "batch_size",
+    "eval_every": "eval_every",
 }
 
 
@@ -119,7 +120,7 @@ def _train(
             progress.update(
                 task,
                 completed=record.epoch + 1,
-                status=f"loss {record.loss:.3f} val {record.val_acc:.3f}",
+                status=f"loss {record.loss:.3f} val {format_acc(record.val_acc)}",
             )
 
         result = train(graph, config, on_epoch=on_epoch)

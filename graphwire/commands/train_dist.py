@@ -98,7 +98,6 @@ def _fetch_options(args: argparse.Namespace) -> Any:
         cache_mb=float(args.cache_mb),
         prefetch=int(args.prefetch),
         presample_dir=args.presample_dir,
-        eval_every=int(args.eval_every),
     )
 
 

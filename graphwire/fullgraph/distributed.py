@@ -25,6 +25,7 @@ each edge's original (source, destination) IDs and the head
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -225,20 +226,26 @@ def train_distributed(
         comm_s = engine.comm_s
         trained = transport.ledger.snapshot()
 
-        model.eval()
-        engine.phase = "eval."
-        with torch.no_grad():
-            logits, _ = forward_loss(engine, model, sizes["train"], None)
-            metrics = _global_metrics(logits, part, transport, sizes, loss.detach())
+        if config.evaluates(epoch):
+            model.eval()
+            engine.phase = "eval."
+            with torch.no_grad():
+                logits, _ = forward_loss(engine, model, sizes["train"], None)
+                metrics = _global_metrics(logits, part, transport, sizes, loss.detach())
+        else:  # the loss alone, summed over ranks
+            summed = transport.all_reduce_sum(
+                loss.detach().to(torch.float64).reshape(1), "sync.metrics"
+            )
+            metrics = {"loss": float(summed[0])}
         eval_done = time.perf_counter()
         comm = _ledger_delta(before, transport.ledger.snapshot())
         comm["by_rank"] = traffic_by_rank(before, trained, transport, config.num_layers)
         record = EpochRecord(
             epoch=epoch,
             loss=metrics.pop("loss"),
-            train_acc=metrics["train_acc"],
-            val_acc=metrics["val_acc"],
-            test_acc=metrics["test_acc"],
+            train_acc=metrics.get("train_acc", math.nan),
+            val_acc=metrics.get("val_acc", math.nan),
+            test_acc=metrics.get("test_acc", math.nan),
             times={
                 "sample_s": 0.0,
                 "forward_s": forward_done - start,
@@ -253,7 +260,7 @@ def train_distributed(
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
-        stopped = best.update(epoch, metrics, model)
+        stopped = bool(metrics) and best.update(epoch, metrics, model)
         if checkpoint is not None and (epoch + 1) % checkpoint.every == 0:
             _save(checkpoint, epoch, transport, model, optimizer, best, records)
     return DistributedResult(

@@ -23,7 +23,7 @@ from graphwire.fullgraph.distributed import train_distributed
 from graphwire.partition.format import load_part
 from graphwire.partition.local import LocalPart
 from graphwire.runlog import format_bytes
-from graphwire.training import EpochRecord, TrainConfig, TrainResult
+from graphwire.training import EpochRecord, TrainConfig, TrainResult, format_acc
 
 __all__ = [
     "FullGraphJob",
@@ -147,8 +147,8 @@ def epoch_lines(record: EpochRecord) -> list[str]:
     comm = times.get("comm_s", 0.0)
     lines = [
         f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
-        f"train {record.train_acc:.4f}  val {record.val_acc:.4f}  "
-        f"test {record.test_acc:.4f}  compute {work - comm:.3f}s  "
+        f"train {format_acc(record.train_acc)}  val {format_acc(record.val_acc)}  "
+        f"test {format_acc(record.test_acc)}  compute {work - comm:.3f}s  "
         f"comm {comm:.3f}s  sync {times.get('sync_s', 0.0):.3f}s"
     ]
     traffic: dict[str, dict[str, list[int]]] = record.comm.get("by_rank", {})

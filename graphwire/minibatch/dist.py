@@ -23,12 +23,13 @@ Both fetch modes see the same blocks and the same feature values, so they take
 bitwise-identical steps: ``rapid`` changes only where rows come from.
 
 Evaluation is exact full-graph inference through the ``halo`` engine (as the
-single-process loop evaluates on the whole graph), every ``eval_every`` epochs
-and after the last one.
+single-process loop evaluates on the whole graph), after the epochs
+:meth:`~graphwire.training.TrainConfig.evaluates` names.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
@@ -105,7 +106,6 @@ class FetchOptions:
         prefetch: Q, batches the prefetcher keeps ready (rapid).
         presample_dir: where the presampled schedule goes (rapid); None: a
             temporary folder removed at the end.
-        eval_every: evaluate every this many epochs (and after the last).
     """
 
     fetch: str = "on-demand"
@@ -113,7 +113,6 @@ class FetchOptions:
     cache_mb: float = 512.0
     prefetch: int = 4
     presample_dir: str | None = None
-    eval_every: int = 1
 
     def __post_init__(self) -> None:
         if self.fetch not in FETCH_MODES:
@@ -126,8 +125,6 @@ class FetchOptions:
             raise ValueError(f"cache_mb: expected > 0, got {self.cache_mb}")
         if self.prefetch < 1:
             raise ValueError(f"prefetch: expected >= 1, got {self.prefetch}")
-        if self.eval_every < 1:
-            raise ValueError(f"eval_every: expected >= 1, got {self.eval_every}")
 
 
 @dataclass(kw_only=True)
@@ -449,11 +446,10 @@ def _epoch(
         total += loop.step(batch, stats) * batch.seeds.numel()
         seen.append((batch.epoch, batch.index, int(batch.seeds.sum())))
     train_s = time.perf_counter() - began
-    last = epoch + 1 == config.epochs
     metrics: dict[str, float] = {}
     stopped = False
     eval_began = time.perf_counter()
-    if (epoch + 1) % loop.options.eval_every == 0 or last:
+    if config.evaluates(epoch):
         metrics = loop.evaluate(total)
         stopped = best.update(epoch, metrics, loop.model)
     eval_s = time.perf_counter() - eval_began
@@ -480,9 +476,9 @@ def _epoch(
     record = EpochRecord(
         epoch=epoch,
         loss=total / max(1.0, stats["seeds"]),
-        train_acc=metrics.get("train_acc", float("nan")),
-        val_acc=metrics.get("val_acc", float("nan")),
-        test_acc=metrics.get("test_acc", float("nan")),
+        train_acc=metrics.get("train_acc", math.nan),
+        val_acc=metrics.get("val_acc", math.nan),
+        test_acc=metrics.get("test_acc", math.nan),
         times={
             "sample_s": stats["sample_s"],
             "fetch_s": stats["fetch_s"],

@@ -17,7 +17,7 @@ from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.job import RankReport, gather_reports, rank_report
 from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
 from graphwire.partition.format import load_part
-from graphwire.training import EpochRecord, TrainConfig
+from graphwire.training import EpochRecord, TrainConfig, format_acc
 
 __all__ = ["MinibatchJob", "run_rank"]
 
@@ -64,8 +64,9 @@ def _show(record: EpochRecord) -> None:
     joules = res["energy_j"]
     energy = f"{joules:.1f} J" if joules is not None else res["energy_source"]
     print(
-        f"epoch {record.epoch:4d}  loss {record.loss:.4f}  val {record.val_acc:.4f}  "
-        f"test {record.test_acc:.4f}  rank0 seeds/s {extra['seeds_per_s']:.0f}  "
+        f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
+        f"val {format_acc(record.val_acc)}  test {format_acc(record.test_acc)}  "
+        f"rank0 seeds/s {extra['seeds_per_s']:.0f}  "
         f"sample {t['sample_s']:.2f}s fetch {t['fetch_s']:.2f}s "
         f"wait {t['wait_s']:.2f}s compute {t['forward_s']:.2f}s "
         f"sync {t['sync_s']:.2f}s  remote rows {extra['remote_rows']} "

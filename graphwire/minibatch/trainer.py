@@ -20,6 +20,7 @@ for the sampled edges; GAT samples from ``A + I``; SAGE from ``A``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -100,23 +101,25 @@ def train_minibatch(
             times["backward_s"] += backward_done - forward_done
 
         start = time.perf_counter()
-        model.eval()
-        with torch.no_grad():
-            metrics = split_metrics(model([full] * config.num_layers, x), graph)
+        metrics: dict[str, float] = {}
+        if config.evaluates(epoch):
+            model.eval()
+            with torch.no_grad():
+                metrics = split_metrics(model([full] * config.num_layers, x), graph)
         times["eval_s"] = time.perf_counter() - start
 
         record = EpochRecord(
             epoch=epoch,
             loss=total_loss / max(1, order.numel()),
-            train_acc=metrics["train_acc"],
-            val_acc=metrics["val_acc"],
-            test_acc=metrics["test_acc"],
+            train_acc=metrics.get("train_acc", math.nan),
+            val_acc=metrics.get("val_acc", math.nan),
+            test_acc=metrics.get("test_acc", math.nan),
             times=times,
             peak_rss_mb=peak_rss_mb(),
         )
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
-        if best.update(epoch, metrics, model):
+        if metrics and best.update(epoch, metrics, model):
             break
     return best.result(records, model)

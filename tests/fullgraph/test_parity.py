@@ -128,3 +128,43 @@ def test_a_rank_that_owns_no_nodes_takes_part(
     ranks = run_dist_steps(folder, 4, config, exchange, options)
     assert ranks[3]["orig_nid"].numel() == 0
     _assert_matches(ranks, oracle)
+
+
+@pytest.mark.parametrize("exchange", ["halo", "g3"])
+def test_eval_every_matches_single_process_and_skips_the_eval_traffic(
+    tmp_path, exchange
+) -> None:
+    """With ``eval_every=2`` over 3 epochs, distributed training evaluates
+    after epochs 1 and 2 only, with the single-process accuracies, and sends
+    evaluation rows (``eval.*``) in those epochs only; every epoch's loss is
+    still summed over the ranks."""
+    from dataclasses import replace
+
+    from graphwire.comm.local import run_local
+    from graphwire.fullgraph.distributed import train_distributed
+    from graphwire.fullgraph.trainer import train_fullgraph
+    from graphwire.partition import load_part
+
+    graph = small_graph()
+    folder = write_parts(graph, 2, tmp_path, "metis")
+    config = replace(config_for("gcn"), epochs=3, eval_every=2)
+
+    def train(transport):
+        part = load_part(folder, transport.rank)
+        return train_distributed(part, transport, config, exchange).result.records
+
+    records = run_local(train, 2)[0]
+    single = train_fullgraph(graph, config).records
+    for dist, one in zip(records, single, strict=True):
+        assert dist.loss == pytest.approx(one.loss, rel=1e-5)
+        eval_bytes = sum(
+            n for tag, n in dist.comm["by_tag"].items() if tag.startswith("eval.")
+        )
+        if config.evaluates(dist.epoch):
+            assert eval_bytes > 0
+            for name in ("train_acc", "val_acc", "test_acc"):
+                assert getattr(dist, name) == getattr(one, name)
+        else:
+            assert eval_bytes == 0
+            assert dist.as_dict()["val_acc"] is None
+    assert [r.epoch for r in records if config.evaluates(r.epoch)] == [1, 2]

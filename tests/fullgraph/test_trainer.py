@@ -111,3 +111,31 @@ def test_gnn_clearly_beats_mlp_on_the_synthetic_default() -> None:
     )
     mlp = train_fullgraph(no_edges, config).test_acc
     assert gnn > mlp + 0.2, (gnn, mlp)
+
+
+def test_eval_every_evaluates_only_the_named_epochs(cora: Graph) -> None:
+    """``eval_every=3`` over 7 epochs: accuracies after epochs 2, 5 and 6 (the
+    last), equal to an every-epoch run's; training is untouched; the other
+    records carry NaN, logged as null; the best epoch is an evaluated one."""
+    every = TrainConfig(model="gcn", epochs=7, seed=2)
+    sparse = TrainConfig(model="gcn", epochs=7, seed=2, eval_every=3)
+    assert [e for e in range(7) if sparse.evaluates(e)] == [2, 5, 6]
+    one, three = train_fullgraph(cora, every), train_fullgraph(cora, sparse)
+    for a, b in zip(one.records, three.records, strict=True):
+        assert a.loss == b.loss
+        if sparse.evaluates(a.epoch):
+            assert (a.train_acc, a.val_acc, a.test_acc) == (
+                b.train_acc,
+                b.val_acc,
+                b.test_acc,
+            )
+        else:
+            logged = b.as_dict()
+            assert [logged[k] for k in ("train_acc", "val_acc", "test_acc")] == [
+                None
+            ] * 3
+    assert three.best_epoch in (2, 5, 6)
+    best = max((2, 5, 6), key=lambda e: one.records[e].val_acc)
+    assert three.val_acc == one.records[best].val_acc
+    with pytest.raises(ValueError, match="eval_every"):
+        TrainConfig(eval_every=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,14 @@ def test_records_and_time_split(cora: Graph) -> None:
         assert set(record.times) == {"sample_s", "forward_s", "backward_s", "eval_s"}
         assert all(value > 0 for value in record.times.values())
         assert record.loss > 0
+
+
+def test_eval_every_skips_evaluation_but_not_training(cora: Graph) -> None:
+    config = TrainConfig(model="sage", epochs=3, batch_size=50, fanouts=[2, 3])
+    every = train_minibatch(cora, config)
+    sparse = train_minibatch(cora, replace(config, eval_every=2))
+    assert [r.loss for r in sparse.records] == [r.loss for r in every.records]
+    assert math.isnan(sparse.records[0].val_acc)
+    for epoch in (1, 2):  # every 2nd epoch, and the last
+        assert sparse.records[epoch].val_acc == every.records[epoch].val_acc
+    assert sparse.best_epoch in (1, 2)
