@@ -184,6 +184,12 @@ class EpochRecord:
     comm: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Read back from as_dict (a checkpoint, a log): None is "not evaluated".
+        for name in ("train_acc", "val_acc", "test_acc"):
+            if getattr(self, name) is None:
+                setattr(self, name, math.nan)
+
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         for name in ("train_acc", "val_acc", "test_acc"):

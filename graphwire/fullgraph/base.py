@@ -218,8 +218,8 @@ class Engine(ABC):
         every rank learns which of the rows it sends come back (one byte per
         halo row, tag ``setup.plan.loss``).
         """
-        if self._outside_loss is None:
-            return self.plan
+        if self._outside_loss is None or (self.num_layers == 1 and self.cache_input):
+            return self.plan  # (a cached input layer returns no gradients)
         n = self.part.num_owned
         assert mg.num_dst == n and mg.num_src == n + self.plan.num_halo
         dst = torch.repeat_interleave(torch.arange(n), mg.indptr[1:] - mg.indptr[:-1])
@@ -231,7 +231,9 @@ class Engine(ABC):
     def check_output_grad(self, grad: torch.Tensor) -> None:
         """Raise if the output rows' gradient ``grad`` [num_owned, C] is
         nonzero outside ``loss_rows``: :meth:`loss_plan` would drop part of
-        the halo rows' gradients."""
+        the halo rows' gradients. Only the ranks that find such rows raise;
+        their peers then stop at the transport's timeout (or sooner, when
+        the failed worker's process ends)."""
         outside = self._outside_loss
         if outside is not None and bool(grad[outside].any()):
             rows = int(grad[outside].any(dim=-1).sum())

@@ -168,3 +168,70 @@ def test_eval_every_matches_single_process_and_skips_the_eval_traffic(
             assert eval_bytes == 0
             assert dist.as_dict()["val_acc"] is None
     assert [r.epoch for r in records if config.evaluates(r.epoch)] == [1, 2]
+
+
+def test_a_run_resumed_after_an_epoch_without_evaluation_goes_on(tmp_path) -> None:
+    """Checkpoints keep the records of epochs without an evaluation (null
+    accuracies); a resumed run reads them back as such and ends as the
+    uninterrupted run does."""
+    from dataclasses import replace
+
+    from graphwire.comm.local import run_local
+    from graphwire.fullgraph.checkpoint import CheckpointConfig
+    from graphwire.fullgraph.distributed import train_distributed
+    from graphwire.partition import load_part
+
+    folder = write_parts(small_graph(), 2, tmp_path, "metis")
+    config = replace(config_for("gcn"), epochs=3, eval_every=2)
+
+    def train(transport, epochs, checkpoint):
+        part = load_part(folder, transport.rank)
+        run = train_distributed(
+            part, transport, replace(config, epochs=epochs), checkpoint=checkpoint
+        )
+        return [r.as_dict() for r in run.result.records]
+
+    saved = str(tmp_path / "ckpt")
+    run_local(lambda t: train(t, 2, CheckpointConfig(saved, every=1)), 2)
+    resumed = run_local(
+        lambda t: train(t, 3, CheckpointConfig(saved, every=1, resume=True)), 2
+    )[0]
+    whole = run_local(lambda t: train(t, 3, None), 2)[0]
+    assert [r["val_acc"] is None for r in resumed] == [True, False, False]
+    for a, b in zip(resumed, whole, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["val_acc"] == b["val_acc"]
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+@pytest.mark.parametrize(
+    ("exchange", "options"),
+    [("halo", {}), ("g3", {"bin_rows": 16}), ("g3", {"cache_input": False})],
+    ids=repr,
+)
+def test_returning_only_the_read_gradients_changes_no_bit(
+    tmp_path, exchange, options, model, layers
+) -> None:
+    """The output layer's halo gradients that no training row reads are
+    exactly zero, so leaving them home (the default ``loss_rows``: the
+    training rows) gives bitwise the logits and gradients of returning every
+    row (``loss_rows=None``), with fewer backward bytes."""
+    from dataclasses import replace
+
+    folder = write_parts(small_graph(), 3, tmp_path, "random")
+    config = replace(config_for(model), num_layers=layers, fanouts=[5] * layers)
+    pruned = run_dist_steps(folder, 3, config, exchange, options)
+    every = run_dist_steps(folder, 3, config, exchange, {**options, "loss_rows": None})
+    for a, b in zip(pruned, every, strict=True):
+        assert torch.equal(a["logits"], b["logits"])
+        for name, grad in a["grads"].items():
+            assert torch.equal(grad, b["grads"][name]), name
+
+    def back(ranks):
+        tag = f"bwd.L{layers - 1}"
+        return sum(
+            r[3] for rank in ranks for r in rank["ledger"]["sent"] if r[2] == tag
+        )
+
+    assert 0 < back(pruned) < back(every)
