@@ -158,6 +158,9 @@ class TrainConfig:
         return (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
 
 
+_ACCURACIES = ("train_acc", "val_acc", "test_acc")  # NaN: not evaluated
+
+
 @dataclass(kw_only=True, slots=True)
 class EpochRecord:
     """One epoch: loss, accuracies (evaluated after the epoch's updates), times.
@@ -186,13 +189,13 @@ class EpochRecord:
 
     def __post_init__(self) -> None:
         # Read back from as_dict (a checkpoint, a log): None is "not evaluated".
-        for name in ("train_acc", "val_acc", "test_acc"):
+        for name in _ACCURACIES:
             if getattr(self, name) is None:
                 setattr(self, name, math.nan)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for name in ("train_acc", "val_acc", "test_acc"):
+        for name in _ACCURACIES:
             if math.isnan(out[name]):
                 out[name] = None
         return out

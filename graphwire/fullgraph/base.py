@@ -95,7 +95,6 @@ class Engine(ABC):
         if options:
             raise ValueError(f"exchange {self.name!r}: unknown options {options}")
         self.cache_input = cache_input
-        self.loss_rows = loss_rows
         self._outside_loss: torch.Tensor | None = None
         if loss_rows is not None:
             self._outside_loss = torch.ones(part.num_owned, dtype=torch.bool)

@@ -15,6 +15,7 @@ from graphwire.comm.plan import ExchangePlan
 from graphwire.commands.train_dist import print_comm, training_bytes_by_peer
 from graphwire.fullgraph.distributed import (
     build_engine,
+    forward_loss,
     seeded_model,
     train_distributed,
 )
@@ -205,14 +206,7 @@ def test_a_loss_outside_the_loss_rows_is_refused(tmp_path, exchange) -> None:
         engine = build_engine(part, transport, config, exchange, options)
         assert part.x is not None
         model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
-        engine.begin(model, DROPOUT_SEED)
-        logits = model(
-            engine.mgs,
-            engine.x,
-            **engine.model_hooks(),
-            row_ids=engine.row_ids,
-            dropout_seed=DROPOUT_SEED,
-        )
+        logits, _ = forward_loss(engine, model, 1, DROPOUT_SEED)
         logits.sum().backward()  # every row, not only the training rows
         return transport.ledger.snapshot()
 
