@@ -61,8 +61,9 @@ class Engine(ABC):
             row may be read). Every other output row's gradient is zero, and
             so is that of any halo row that only such rows read in the output
             layer: the backward returns only the gradients of the output
-            layer's halo rows a loss row reads (:meth:`loss_plan`), and checks
-            that the zeros are zeros (:meth:`check_output_grad`).
+            layer's halo rows a loss row reads, and in the layers below only
+            those whose gradients can be nonzero (:meth:`grad_plans`); it
+            checks that the output's zeros are zeros (:meth:`check_output_grad`).
         options: engine-specific settings (unknown keys are an error).
 
     Attributes:
@@ -207,29 +208,46 @@ class Engine(ABC):
             return None
         return projecting(layer)
 
-    def loss_plan(self, mg: MessageGraph) -> ExchangePlan:
-        """The plan the output layer's halo gradients return along.
+    def grad_plans(self, mgs: Sequence[MessageGraph]) -> list[ExchangePlan]:
+        """The plan each layer's halo gradients return along, input layer first.
 
-        Without ``loss_rows``, :attr:`plan`. With them, the part of it whose
-        halo rows some loss row reads in ``mg``, the output layer's message
-        graph (destinations: the owned rows): the gradient of any other halo
-        row is a sum of zero output gradients, so it stays home. Collective:
-        every rank learns which of the rows it sends come back (one byte per
-        halo row, tag ``setup.plan.loss``).
+        Without ``loss_rows``, :attr:`plan` for every layer. With them, the
+        part of it whose gradients can be nonzero. Going down from the output
+        layer, the owned rows whose output gradient can be nonzero are at first
+        the loss rows; a layer's halo row gets a gradient only if one of those
+        rows reads it in the layer's message graph (``mgs[l]``, destinations:
+        the owned rows), and the rows below that can get one are those rows,
+        the owned rows they read, and the rows whose gradients peers return.
+        Any other row's gradient is a sum of zero gradients (the activation
+        and dropout between layers work row by row), so it stays home.
+        Collective: every rank learns which of the rows it sends come back
+        (one byte per halo row and layer, tag ``setup.plan.loss``).
         """
-        if self._outside_loss is None or (self.num_layers == 1 and self.cache_input):
-            return self.plan  # (a cached input layer returns no gradients)
+        plans = [self.plan] * self.num_layers
+        if self._outside_loss is None:
+            return plans
         n = self.part.num_owned
-        assert mg.num_dst == n and mg.num_src == n + self.plan.num_halo
-        dst = torch.repeat_interleave(torch.arange(n), mg.indptr[1:] - mg.indptr[:-1])
-        src = mg.indices[~self._outside_loss[dst]]
-        keep = torch.zeros(self.plan.num_halo, dtype=torch.bool)
-        keep[src[src >= n] - n] = True
-        return self.plan.restrict(keep, self.transport, "setup.plan.loss")
+        first = 1 if self.cache_input else 0  # (a cached input layer returns none)
+        needed = ~self._outside_loss
+        for index in range(self.num_layers - 1, first - 1, -1):
+            mg = mgs[index]
+            assert mg.num_dst == n and mg.num_src == n + self.plan.num_halo
+            dst = torch.repeat_interleave(
+                torch.arange(n), mg.indptr[1:] - mg.indptr[:-1]
+            )
+            src = mg.indices[needed[dst]]
+            keep = torch.zeros(self.plan.num_halo, dtype=torch.bool)
+            keep[src[src >= n] - n] = True
+            plans[index] = self.plan.restrict(keep, self.transport, "setup.plan.loss")
+            needed = needed.clone()
+            needed[src[src < n]] = True
+            for rows in plans[index].send_idx:
+                needed[rows] = True
+        return plans
 
     def check_output_grad(self, grad: torch.Tensor) -> None:
         """Raise if the output rows' gradient ``grad`` [num_owned, C] is
-        nonzero outside ``loss_rows``: :meth:`loss_plan` would drop part of
+        nonzero outside ``loss_rows``: :meth:`grad_plans` would drop part of
         the halo rows' gradients. Only the ranks that find such rows raise;
         their peers then stop at the transport's timeout (or sooner, when
         the failed worker's process ends)."""

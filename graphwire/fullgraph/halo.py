@@ -5,8 +5,8 @@ peer the rows of its owned nodes that the peer holds as halo, in one
 ``all_to_all`` (tag ``fwd.L{l}``), then computes the layer on owned + halo rows.
 Backward sends the halo rows' gradients back to their owners in one
 ``all_to_all`` (tag ``bwd.L{l}``), where they are summed into the owned rows;
-the output layer sends only those a loss row can make nonzero
-(:meth:`~graphwire.fullgraph.base.Engine.loss_plan`).
+only those the loss can make nonzero are sent
+(:meth:`~graphwire.fullgraph.base.Engine.grad_plans`).
 Communication and computation do not overlap.
 
 A layer that projects first (GCN's output layer: ``Â(hW) = (Âh)W`` with ``W``
@@ -35,7 +35,7 @@ class HaloExchange(torch.autograd.Function):
 
     Backward: the halo rows' gradients go to their owners along ``grad_plan``
     (``plan`` itself, or the part of it whose gradients can be nonzero: see
-    :meth:`Engine.loss_plan`) and are added to the owned rows' gradients.
+    :meth:`Engine.grad_plans`) and are added to the owned rows' gradients.
     """
 
     @staticmethod
@@ -81,9 +81,8 @@ class HaloEngine(Engine):
         self._mgs = [mg] * self.num_layers
         assert self.local_orig_nid is not None  # every layer's sources: all local rows
         self._src_ids = self.local_orig_nid
-        # The output layer returns only the gradients a loss row can make.
-        self._grad_plans = [self.plan] * (self.num_layers - 1)
-        self._grad_plans += [self.loss_plan(mg)] if self.num_layers else []
+        # Each layer returns only the gradients the loss can make nonzero.
+        self._grad_plans = self.grad_plans(self._mgs)
 
     @property
     def mgs(self) -> list[MessageGraph]:

@@ -29,8 +29,8 @@ the transfer behind computation:
 - **Backward in reverse bins, pipelined across layers.** Layer by layer, top
   down: the bins that read halo rows first, after which each halo row's
   gradient is complete and goes back to its owner (``isend``, tag
-  ``bwd.L{l}``, one message per forward message, in reverse order; in the
-  output layer only rows a loss row reads: ``Engine.loss_plan``); then the
+  ``bwd.L{l}``, one message per forward message, in reverse order; only rows
+  whose gradients the loss can make nonzero: ``Engine.grad_plans``); then the
   bins that read only owned rows while those gradients are in flight. The
   layer below does not wait for them all: its bins whose rows no peer read
   run their backward at once, and each other bin runs as soon as the messages
@@ -300,28 +300,28 @@ class P2PEngine(Engine):
             self._x_dropped = self._x_halo.new_empty(self._x_halo.shape)
 
     def _plan_returns(self) -> None:
-        """What each layer's backward returns, message by message: every row's
-        gradient, but in the output layer only the halo rows a loss row reads
-        (:meth:`loss_plan`). Messages left empty are neither sent nor received."""
+        """What each layer's backward returns, message by message: the rows
+        whose gradients the loss can make nonzero (:meth:`grad_plans`; every
+        row without ``loss_rows``). Messages left empty are neither sent nor
+        received."""
         self._return_rows = [
             [{b: rows for b, (rows, _) in chunks.items()} for chunks in m.send_rows]
             for m in self.messages
         ]
         self._return_pos = [dict(m.recv_pos) for m in self.messages]
-        last = self.num_layers - 1
-        plan = self.loss_plan(self._mgs[last]) if self.num_layers else self.plan
-        if plan is self.plan:
-            return
-        keep = torch.zeros(plan.num_halo, dtype=torch.bool)
-        keep[torch.cat(plan.recv_idx)] = True
-        pos = {k: p[keep[p]] for k, p in self._return_pos[last].items()}
-        self._return_pos[last] = {k: p for k, p in pos.items() if p.numel()}
-        for peer, chunks in enumerate(self._return_rows[last]):
-            kept = torch.zeros(self.part.num_owned, dtype=torch.bool)
-            kept[plan.send_idx[peer]] = True
-            self._return_rows[last][peer] = {
-                b: rows[kept[rows]] for b, rows in chunks.items() if kept[rows].any()
-            }
+        for index, plan in enumerate(self.grad_plans(self._mgs)):
+            if plan is self.plan:
+                continue
+            keep = torch.zeros(plan.num_halo, dtype=torch.bool)
+            keep[torch.cat(plan.recv_idx)] = True
+            pos = {k: p[keep[p]] for k, p in self._return_pos[index].items()}
+            self._return_pos[index] = {k: p for k, p in pos.items() if p.numel()}
+            returns = self._return_rows[index]
+            for peer, chunks in enumerate(returns):
+                kept = torch.zeros(self.part.num_owned, dtype=torch.bool)
+                kept[plan.send_idx[peer]] = True
+                rows = {b: r[kept[r]] for b, r in chunks.items()}
+                returns[peer] = {b: r for b, r in rows.items() if r.numel()}
 
     # ---------------------------------------------------------------- runtime
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:

@@ -107,21 +107,24 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options, 
     layer0_projects = graph.num_features > hidden
     widths = {"fwd.L0": hidden if layer0_projects else graph.num_features}
     widths["fwd.L1"] = graph.num_classes
-    # Rows whose gradients go back: all of layer 0's when it exchanges
-    # projected rows; in the output layer, only those a training row reads
-    # (any other's gradient is zero, since the loss reads training rows),
+    # Rows whose gradients go back (only when layer 0 exchanges projected
+    # rows: input rows need none): in the output layer, those a training row
+    # reads (any other's gradient is zero, since the loss reads training
+    # rows); in layer 0, those read by rows whose gradient can be nonzero;
     # or all of them when the engine is not told which rows the loss reads.
-    read = _halo_rows_read_by_training_rows(graph, partition.assignment)
-    assert 0 < read < halo_rows  # the test shows the difference
+    read = _halo_rows_returned(graph, partition.assignment, 2)
+    assert 0 < read[1] < read[0] < halo_rows  # the test shows the difference
+    if "loss_rows" in options:
+        read = [halo_rows, halo_rows]
     returns = {
-        "fwd.L0": halo_rows if layer0_projects else 0,
-        "fwd.L1": halo_rows if "loss_rows" in options else read,
+        "fwd.L0": read[0] if layer0_projects else 0,
+        "fwd.L1": read[1],
     }
-    # Telling the owners which output-layer gradients come back: a byte per
-    # halo row, once.
-    told = 0 if "loss_rows" in options else halo_rows
-    assert _sent(ledgers, "setup.plan.loss")[0] == told
     cached = options.get("cache_input", True)
+    # Telling the owners which gradients come back: a byte per halo row and
+    # layer that returns any, once.
+    told = 0 if "loss_rows" in options else halo_rows * (1 if cached else 2)
+    assert _sent(ledgers, "setup.plan.loss")[0] == told
     if cached:
         # Input rows (and their int64 IDs) cross once, at set-up, not per epoch.
         assert _sent(ledgers, "setup.input")[0] == halo_rows * (
@@ -148,16 +151,25 @@ def test_forward_bytes_equal_halo_rows_times_width(tmp_path, exchange, options, 
     assert sent == recv
 
 
-def _halo_rows_read_by_training_rows(graph: Graph, assignment: torch.Tensor) -> int:
-    """Sum over parts of the distinct nodes owned elsewhere with an edge into
-    one of the part's training nodes."""
+def _halo_rows_returned(
+    graph: Graph, assignment: torch.Tensor, num_layers: int
+) -> list[int]:
+    """Per layer (input layer first), the sum over parts of the distinct nodes
+    owned elsewhere with an edge into one of the part's nodes whose output
+    gradient can be nonzero: in the output layer the training nodes, in each
+    layer below those and every node with an edge into them."""
     src, dst = graph.edge_index()
     assert graph.train_idx is not None
-    train = torch.zeros(graph.num_nodes, dtype=torch.bool)
-    train[graph.train_idx] = True
-    cut = (assignment[src] != assignment[dst]) & train[dst]
-    pairs = assignment[dst[cut]] * graph.num_nodes + src[cut]
-    return int(torch.unique(pairs).numel())
+    needed = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    needed[graph.train_idx] = True
+    returned = []
+    for _ in range(num_layers):
+        cut = (assignment[src] != assignment[dst]) & needed[dst]
+        pairs = assignment[dst[cut]] * graph.num_nodes + src[cut]
+        returned.insert(0, int(torch.unique(pairs).numel()))
+        needed = needed.clone()
+        needed[src[needed[dst]]] = True
+    return returned
 
 
 def test_a_restricted_plan_returns_exactly_the_kept_rows(tmp_path) -> None:
