@@ -104,9 +104,9 @@ def _dense_dropout(
 def _mostly_zero(flat: torch.Tensor) -> bool:
     """Whether at most a quarter of a strided sample of ``flat`` is non-zero.
 
-    It only picks the faster of two paths that give the same result, so a
-    sample will do: counting every entry of a hidden layer cost as much as
-    the dropout itself.
+    It only picks the faster of two paths that give the same result (for a
+    tensor that needs no gradient), so a sample will do: counting every entry
+    of a hidden layer cost as much as the dropout itself.
     """
     sample = flat[:: max(1, flat.numel() // _DENSITY_SAMPLE)]
     return 4 * int(torch.count_nonzero(sample)) <= sample.numel()
@@ -118,7 +118,8 @@ def hashed_dropout(
     """Inverted dropout of ``h`` with a mask fixed by ``(seed, row_ids, column)``.
 
     Only non-zero entries are hashed when ``h`` is mostly zeros (bag-of-words
-    input features), as a zero stays zero either way.
+    input features), as a zero stays zero either way; not when ``h`` needs a
+    gradient, which a zero entry passes on only where it is kept.
 
     Args:
         h: float [n, F].
@@ -139,7 +140,7 @@ def hashed_dropout(
     row_hash = splitmix64(row_ids.to(torch.int64), seed)
     column_hash = _column_hash(width, seed)
     flat = h.reshape(-1)
-    if not _mostly_zero(flat.detach()):
+    if h.requires_grad or not _mostly_zero(flat):
         return _dense_dropout(h, p, row_hash, column_hash)
     nonzero = flat.detach().nonzero().view(-1)
     z = torch.bitwise_xor(row_hash[nonzero // width], column_hash[nonzero % width])

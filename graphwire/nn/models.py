@@ -145,7 +145,8 @@ def feature_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     Same distribution as ``F.dropout`` (a zero stays zero either way), but input
     features are often sparse (Cora: 1.3% non-zero) and drawing one random
     number per entry dominated a full-graph GCN epoch. Dense inputs (over a
-    quarter non-zero) go to ``F.dropout``.
+    quarter non-zero) go to ``F.dropout``, and so does an ``x`` that needs a
+    gradient: a zero entry passes it on only where it is kept.
 
     Args:
         x: float [N, F].
@@ -157,6 +158,8 @@ def feature_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """
     if not training or p == 0.0:
         return x
+    if x.requires_grad:
+        return F.dropout(x, p, True)
     flat = x.reshape(-1)
     nonzero = flat.nonzero().view(-1)  # host sync: sizes the draw
     if 4 * nonzero.numel() > flat.numel():

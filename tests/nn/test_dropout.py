@@ -90,6 +90,20 @@ def test_sparse_and_dense_paths_draw_the_same_mask() -> None:
     )
 
 
+@pytest.mark.parametrize("rows", [1, 300])
+def test_a_zero_entry_that_needs_a_gradient_gets_the_mask(rows: int) -> None:
+    """A mostly-zero tensor that needs a gradient takes the dense path: a zero
+    entry stays zero either way, but its gradient is the mask, 0 where the
+    entry is dropped. (A G3 bin of one GAT row whose attention edges were all
+    dropped is such a tensor; the whole layer, in one process, is not.)"""
+    ids = torch.arange(7, 7 + rows)
+    h = torch.zeros(rows, 64, requires_grad=True)
+    hashed_dropout(h, 0.6, ids, seed=3).sum().backward()
+    mask = hashed_dropout(torch.ones(rows, 64), 0.6, ids, seed=3)
+    assert h.grad is not None and bool((mask == 0).any())
+    assert torch.equal(h.grad, mask)
+
+
 def _edges(num_edges: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     src = torch.randint(0, 10**9, (num_edges,), generator=gen)

@@ -120,6 +120,18 @@ def test_feature_dropout_matches_dropout_statistics(density: float) -> None:
     assert feature_dropout(x, 0.0, training=True) is x
 
 
+def test_feature_dropout_of_zeros_that_need_a_gradient_drops_their_gradient() -> None:
+    """Zero entries are kept as zeros either way, but where ``x`` needs a
+    gradient the mask must cover them too: about ``p`` of the gradient is 0."""
+    torch.manual_seed(0)
+    x = torch.zeros(100, 64, requires_grad=True)
+    feature_dropout(x, 0.6, training=True).sum().backward()
+    assert x.grad is not None
+    dropped = float((x.grad == 0).float().mean())
+    assert 0.5 < dropped < 0.7
+    assert torch.equal(x.grad.unique(), torch.tensor([0.0, 2.5]))
+
+
 def test_layer_call_kwargs_only_for_attention_dropout_in_training() -> None:
     gat = build_model("gat", 6, 4, 3, num_layers=2, heads=2, attn_dropout=0.5)
     no_attn = build_model("gat", 6, 4, 3, num_layers=2, heads=2)
