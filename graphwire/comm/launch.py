@@ -13,7 +13,10 @@ the parent gives the others a moment to report what they saw (under gloo a
 peer's death fails their pending collectives at once, with a
 :class:`~graphwire.comm.base.TransportError`), then terminates the rest by PID
 (SIGTERM, then SIGKILL after a grace period) and raises :class:`WorkerFailed`
-naming the rank that failed first. The whole run is bounded by ``timeout_s``.
+naming the rank that failed first: when every failure is a peer's timeout
+(``TransportError``) and some rank never reported, that rank, which stopped
+responding. Each child's collectives are bounded by ``timeout_s``; the whole
+run only by ``run_timeout_s``, when given (a training run may take hours).
 Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
 
 Each run gets a scratch folder (``graphwire-run-*`` in the system's temporary
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import math
 import os
 import pickle
 import shutil
@@ -105,6 +109,7 @@ def launch_local(
     world_size: int,
     *args: Any,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    run_timeout_s: float | None = None,
     backend: str | None = None,
     threads: int = 1,
 ) -> list[T]:
@@ -115,7 +120,8 @@ def launch_local(
             must be picklable.
         world_size: number of processes (ranks ``0..world_size-1``).
         *args: passed to ``fn`` on every rank (pickled once).
-        timeout_s: bound on the whole run, and each child's collective timeout.
+        timeout_s: each child's collective (and rendezvous) timeout.
+        run_timeout_s: bound on the whole run (None: none).
         backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend`.
         threads: ``torch.set_num_threads`` in each child.
 
@@ -124,13 +130,15 @@ def launch_local(
 
     Raises:
         WorkerFailed: a child raised, exited non-zero, was killed, or the run
-            took longer than ``timeout_s``. No child outlives this call.
+            took longer than ``run_timeout_s``. No child outlives this call.
         TypeError: ``fn`` or ``args`` cannot be pickled.
     """
     if world_size < 1:
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
+    if run_timeout_s is not None and not run_timeout_s > 0:
+        raise ValueError(f"run_timeout_s: expected > 0 or None, got {run_timeout_s}")
     if threads < 1:
         raise ValueError(f"threads: expected >= 1, got {threads}")
     try:
@@ -145,7 +153,7 @@ def launch_local(
     scratch = tempfile.mkdtemp(prefix="graphwire-run-")
     env = {**_loopback_env(), "TMPDIR": scratch}
     mp = get_context("spawn")
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (run_timeout_s or math.inf)
     processes: list[BaseProcess] = []
     pipes: list[connection.Connection] = []
     try:
@@ -163,7 +171,7 @@ def launch_local(
             writer.close()  # the parent keeps only the read end: EOF on death
             processes.append(child)
             pipes.append(reader)
-        watch = _Watch(processes, pipes, deadline, timeout_s)
+        watch = _Watch(processes, pipes, deadline, run_timeout_s or math.inf)
         return watch.run()
     finally:
         _stop(processes)
@@ -304,7 +312,8 @@ class _Watch:
             for rank, process in enumerate(self.processes):
                 if rank not in self.exited:
                     waitables[process.sentinel] = ("exit", rank)
-            for ready in connection.wait(list(waitables), timeout=until - now):
+            wait_s = None if until == math.inf else until - now
+            for ready in connection.wait(list(waitables), timeout=wait_s):
                 kind, rank = waitables[ready]
                 if kind == "pipe":
                     self._receive(rank)
@@ -370,11 +379,23 @@ class _Watch:
     def _error(self) -> WorkerFailed:
         # dicts keep insertion order: the first failure seen comes first
         ordered = sorted(self.failures.values(), key=lambda f: f.from_peer)
+        world = len(self.processes)
+        silent = [
+            rank
+            for rank in range(world)
+            if rank not in self.exited | set(self.failures) | set(self.results)
+        ]
+        if ordered[0].from_peer and silent:
+            # Every failure is a peer's: what they waited for is a rank that
+            # never reported (hung, or stopped).
+            summary = "stopped responding: its peers timed out waiting for it"
+            ordered = [_Failure(rank, summary) for rank in silent] + ordered
         first = ordered[0]
         lines = [f"rank {first.rank} {first.summary}"]
         others = {f.rank: f.summary for f in ordered[1:]}
-        for rank in range(len(self.processes)):
-            if rank not in self.exited and rank not in self.failures:
+        for rank in range(world):
+            listed = rank == first.rank or rank in others
+            if rank not in self.exited and rank not in self.failures and not listed:
                 done = "returned, not yet exited" if rank in self.results else "running"
                 others[rank] = f"{done}; stopped by the launcher"
         for rank in sorted(others):

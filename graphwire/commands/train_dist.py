@@ -40,7 +40,7 @@ __all__ = [
 def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) -> int:
     from graphwire.comm.context import WorkerContext, under_torchrun
 
-    ctx = WorkerContext.from_env() if under_torchrun() else None
+    ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
     world = ctx.world_size if ctx is not None else int(args.workers)
     folder = _partitioned_folder(args, world, out, leader=ctx is None or ctx.rank == 0)
     job: Any

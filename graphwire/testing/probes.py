@@ -170,6 +170,25 @@ def kill_on_rank(transport: Transport, bad_rank: int, note: str | None = None) -
     transport.all_to_all([torch.ones(1)] * world, [1] * world, "doomed")
 
 
+def quick_steps(transport: Transport, steps: int, step_s: float) -> int:
+    """``steps`` barriers ``step_s`` apart: a run longer than the collective
+    timeout whose every collective is quick."""
+    for _ in range(steps):
+        time.sleep(step_s)
+        transport.barrier()
+    return steps
+
+
+def hang_on_rank(transport: Transport, bad_rank: int) -> None:
+    """Rank ``bad_rank`` neither returns nor fails; the others wait for it in
+    a barrier until their collective timeout."""
+    transport.barrier()
+    if transport.rank == bad_rank:
+        while True:
+            time.sleep(1.0)
+    transport.barrier()
+
+
 def sleep_forever(ctx: WorkerContext) -> None:
     """Never returns (for the launcher's timeout)."""
     while True:

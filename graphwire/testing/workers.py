@@ -42,6 +42,7 @@ def run_workers(
     world_size: int,
     *args: Any,
     timeout_s: float = 120.0,
+    run_timeout_s: float | None = None,
     backend: str = "gloo",
     threads: int = 1,
 ) -> list[T]:
@@ -52,7 +53,9 @@ def run_workers(
             must be picklable (return ledger snapshots, lists, CPU tensors).
         world_size: number of ranks.
         *args: passed to ``fn`` on every rank.
-        timeout_s: bound on the whole run and on each collective.
+        timeout_s: bound on each collective.
+        run_timeout_s: bound on the whole run (None: ``timeout_s``;
+            ``math.inf``: none).
         backend: ``"gloo"`` (CPU) or ``"nccl"``.
         threads: torch intra-op threads per worker.
 
@@ -61,7 +64,7 @@ def run_workers(
 
     Raises:
         WorkerFailed: a rank raised (its traceback is in the message), exited
-            non-zero, was killed, or the run exceeded ``timeout_s``.
+            non-zero, was killed, or the run exceeded ``run_timeout_s``.
     """
     return launch_local(
         _with_transport,
@@ -69,6 +72,7 @@ def run_workers(
         fn,
         *args,
         timeout_s=timeout_s,
+        run_timeout_s=timeout_s if run_timeout_s is None else run_timeout_s,
         backend=backend,
         threads=threads,
     )

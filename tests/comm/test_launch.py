@@ -7,6 +7,7 @@ speed; each run spawns real processes (~3 s of imports per rank).
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -15,7 +16,13 @@ import pytest
 
 from graphwire.comm.launch import WorkerFailed, free_port, launch_local
 from graphwire.testing import run_workers
-from graphwire.testing.probes import kill_on_rank, raise_on_rank, sleep_forever
+from graphwire.testing.probes import (
+    hang_on_rank,
+    kill_on_rank,
+    quick_steps,
+    raise_on_rank,
+    sleep_forever,
+)
 
 
 def _worker_children() -> list[psutil.Process]:
@@ -76,9 +83,35 @@ def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
 def test_timeout_kills_a_hung_run() -> None:
     start = time.monotonic()
     with pytest.raises(WorkerFailed, match=r"rank 0 did not finish within 3s"):
-        launch_local(sleep_forever, 1, timeout_s=3)
+        launch_local(sleep_forever, 1, run_timeout_s=3)
     elapsed = time.monotonic() - start
     assert elapsed < 20, f"took {elapsed:.1f}s"
+    assert _worker_children() == []
+
+
+def test_the_collective_timeout_does_not_bound_the_run() -> None:
+    """``timeout_s`` bounds each collective, not the run: a run twice as long
+    whose collectives are quick finishes (a training run may take hours)."""
+    start = time.monotonic()
+    assert run_workers(quick_steps, 2, 8, 0.5, timeout_s=2, run_timeout_s=math.inf) == [
+        8,
+        8,
+    ]
+    assert time.monotonic() - start > 4
+
+
+def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
+    """Rank 1 hangs outside any collective; rank 0 times out waiting for it.
+    The error names rank 1, not the peer that reported the timeout."""
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed) as caught:
+        run_workers(hang_on_rank, 2, 1, timeout_s=3, run_timeout_s=math.inf)
+    elapsed = time.monotonic() - start
+    error = caught.value
+    assert error.rank == 1 and error.exitcode is None
+    assert str(error).startswith("rank 1 stopped responding: its peers timed out")
+    assert error.failures[0].startswith("raised TransportError")
+    assert elapsed < 30, f"took {elapsed:.1f}s"
     assert _worker_children() == []
 
 
@@ -93,6 +126,8 @@ def test_invalid_arguments() -> None:
         launch_local(sleep_forever, 0)
     with pytest.raises(ValueError, match="timeout_s"):
         launch_local(sleep_forever, 1, timeout_s=0)
+    with pytest.raises(ValueError, match="run_timeout_s"):
+        launch_local(sleep_forever, 1, run_timeout_s=-1)
 
 
 def test_free_port_is_a_loopback_port() -> None:

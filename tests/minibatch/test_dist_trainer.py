@@ -163,7 +163,7 @@ def test_cora_on_four_workers_is_within_a_point_of_one_process(
         options=FetchOptions(fetch="rapid"),
         progress=False,
     )
-    reports = launch_local(run_rank, 4, job, timeout_s=300.0)[0]
+    reports = launch_local(run_rank, 4, job, timeout_s=300.0, run_timeout_s=300.0)[0]
     assert reports is not None
     assert single.test_acc >= 0.77
     assert abs(reports[0].test_acc - single.test_acc) <= 0.01

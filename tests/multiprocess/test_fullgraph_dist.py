@@ -110,7 +110,9 @@ def parity_run(
                         )
                     )
             try:
-                ranks = launch_local(step_cases, world, cases, timeout_s=LAUNCH_S)
+                ranks = launch_local(
+                    step_cases, world, cases, timeout_s=LAUNCH_S, run_timeout_s=LAUNCH_S
+                )
             except WorkerFailed as error:
                 failed[world] = str(error)
                 raise
@@ -172,7 +174,7 @@ def test_cora_on_four_workers_matches_one_process(
     partition = get_partitioner("metis").partition(cora, 4, seed=0)
     folder = write_partitioned(cora, partition, tmp_path / "cora-metis4")
     job = FullGraphJob(folder=str(folder), config=config, exchange="g3", progress=False)
-    reports = launch_local(run_rank, 4, job, timeout_s=300.0)[0]
+    reports = launch_local(run_rank, 4, job, timeout_s=300.0, run_timeout_s=300.0)[0]
     assert reports is not None
     with _torch_threads(1):  # the workers run one thread each too
         single = train_fullgraph(cora, config)
@@ -311,6 +313,7 @@ def test_killed_worker_fails_the_run_and_resume_restores_it(
         {},
         CheckpointConfig(str(tmp_path / "ckpt-straight"), every=4),
         timeout_s=LAUNCH_S,
+        run_timeout_s=LAUNCH_S,
     )
 
     # The same run through run_rank, as `graphwire train --workers 2` runs it,
@@ -329,7 +332,14 @@ def test_killed_worker_fails_the_run_and_resume_restores_it(
     )
     capfd.readouterr()
     with pytest.raises(WorkerFailed) as failure:
-        launch_local(run_rank_recording_pid, 2, job, str(pids), timeout_s=LAUNCH_S)
+        launch_local(
+            run_rank_recording_pid,
+            2,
+            job,
+            str(pids),
+            timeout_s=LAUNCH_S,
+            run_timeout_s=LAUNCH_S,
+        )
     noticed_s = time.time() - float(died_at.read_text())
     assert failure.value.rank == 1
     assert failure.value.exitcode == -signal.SIGKILL
@@ -355,6 +365,7 @@ def test_killed_worker_fails_the_run_and_resume_restores_it(
         {},
         dataclasses.replace(cut, resume=True),
         timeout_s=LAUNCH_S,
+        run_timeout_s=LAUNCH_S,
     )
     for rank in range(2):
         a, b = straight[rank], resumed[rank]
