@@ -99,6 +99,26 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
     assert "eval_every: expected an integer >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--checkpoint-every", "2"], "--checkpoint-every / --resume: only for"),
+        (["--resume"], "--checkpoint-every / --resume: only for"),
+        (["--workers", "2", "--checkpoint-every", "0"], "--checkpoint-every: expected"),
+        (["--workers", "2", "--timeout", "0"], "--timeout: expected seconds > 0"),
+        (["--workers", "2", "--threads", "0"], "--threads: expected >= 1"),
+    ],
+    ids=repr,
+)
+def test_run_flags_are_refused_before_any_work(tmp_path, capsys, flags, error) -> None:
+    """Flags a run would ignore, or could not use, are an error up front:
+    nothing is read, split or written (the dataset does not even exist)."""
+    argv = ["train", "--dataset", str(tmp_path / "missing"), "--quiet"]
+    assert main([*argv, *flags, "--out", str(tmp_path / "run")]) == 2
+    assert error in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_config_file_stands_in_for_flags(tmp_path, capsys) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(f"dataset: '{SMALL}'\nmodel: sage\nepochs: 3\nquiet: true\n")

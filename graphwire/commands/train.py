@@ -58,6 +58,7 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = build_config(args)
+    _check_run_flags(args)
     from graphwire.comm.context import under_torchrun
     from graphwire.commands.train_dist import run_distributed
 
@@ -68,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
         return run_distributed(args, config, out)
     if int(args.workers) < 1:
         raise ValueError(f"--workers: expected >= 1, got {args.workers}")
+    if args.checkpoint_every or args.resume:
+        raise ValueError(
+            "--checkpoint-every / --resume: only for distributed runs "
+            "(--workers N with N >= 2, or torchrun)"
+        )
     out = run_folder(args.out, f"train-{args.model}")
     if args.threads:
         import torch
@@ -100,6 +106,18 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"metrics: {out / 'metrics.jsonl'}")
     print(format_summary(summary), flush=True)
     return 0
+
+
+def _check_run_flags(args: argparse.Namespace) -> None:
+    """Flags of how the run goes, checked before any data is read or split."""
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ValueError(
+            f"--checkpoint-every: expected >= 1, got {args.checkpoint_every}"
+        )
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout: expected seconds > 0, got {args.timeout}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads: expected >= 1, got {args.threads}")
 
 
 def _train(

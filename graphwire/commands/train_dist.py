@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from graphwire.commands.common import console, load_with_status, print_table
-from graphwire.fullgraph.checkpoint import CheckpointConfig
+from graphwire.fullgraph.checkpoint import CheckpointConfig, check_resume
 from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
 from graphwire.runlog import MetricsLog, format_bytes, format_summary
@@ -42,6 +43,16 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
 
     ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
     world = ctx.world_size if ctx is not None else int(args.workers)
+    checkpoint = _checkpoint(args, out, config)
+    if checkpoint is not None and checkpoint.resume:
+        # Refuse a resume with other settings before any work; say so when
+        # there is nothing to resume (a job script may always pass --resume).
+        if check_resume(checkpoint, world) is None and (ctx is None or ctx.rank == 0):
+            print(
+                f"--resume: no checkpoint in {checkpoint.folder} yet; "
+                "starting at epoch 0",
+                file=sys.stderr,
+            )
     folder = _partitioned_folder(args, world, out, leader=ctx is None or ctx.rank == 0)
     job: Any
     if args.mode == "minibatch":
@@ -52,7 +63,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
             folder=str(folder),
             config=config,
             options=_fetch_options(args),
-            checkpoint=_checkpoint(args, out),
+            checkpoint=checkpoint,
             progress=not args.quiet,
         )
         target: Any = run_minibatch_rank
@@ -62,7 +73,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
             config=config,
             exchange=args.exchange,
             options=_engine_options(args),
-            checkpoint=_checkpoint(args, out),
+            checkpoint=checkpoint,
             progress=not args.quiet,
         )
         target = run_rank
@@ -169,13 +180,27 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _checkpoint(args: argparse.Namespace, out: Path) -> CheckpointConfig | None:
+def _checkpoint(
+    args: argparse.Namespace, out: Path, config: TrainConfig
+) -> CheckpointConfig | None:
+    """Where the run checkpoints, with the settings a resume must keep: the
+    dataset, the mode and how ranks exchange rows, and every training
+    setting but the epoch count, patience and evaluation interval."""
     if not (args.checkpoint_every or args.resume):
         return None
+    run = {"dataset": args.dataset, "mode": args.mode}
+    if args.mode == "minibatch":
+        run["fetch"] = args.fetch
+    else:
+        run |= {"exchange": args.exchange, "options": _engine_options(args)}
+    settings = config.as_dict()
+    for free in ("epochs", "patience", "eval_every"):
+        del settings[free]
     return CheckpointConfig(
         folder=str(out / "checkpoints"),
         every=int(args.checkpoint_every or 10**9),
         resume=bool(args.resume),
+        run=run | settings,
     )
 
 

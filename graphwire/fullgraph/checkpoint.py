@@ -4,7 +4,9 @@ Every ``every`` epochs each rank writes ``rank{r}.pt`` for that epoch (model,
 optimizer, torch RNG state, early-stopping state, records so far) atomically;
 after a barrier rank 0 writes ``latest.json`` naming the epoch, so a checkpoint
 counts only once every rank has written it. ``--resume`` loads the epoch that
-``latest.json`` names and continues from the next one. Dropout masks are hashed
+``latest.json`` names and continues from the next one, with the settings the
+run was started with (``CheckpointConfig.run``, kept in ``latest.json``): a
+resume that changes any of them is refused, naming them. Dropout masks are hashed
 from (seed, epoch), so a resumed run takes the same steps as an uninterrupted
 one.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import torch
 
 from graphwire.fsutil import write_json
 
-__all__ = ["CheckpointConfig", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointConfig", "check_resume", "load_checkpoint", "save_checkpoint"]
 
 FORMAT = "graphwire.checkpoint"
 
@@ -34,11 +36,15 @@ class CheckpointConfig:
         folder: checkpoint folder (created if missing).
         every: checkpoint after every ``every``-th epoch.
         resume: start from the latest complete checkpoint in ``folder``.
+        run: the settings a resumed run must share with the one that wrote
+            the checkpoints (JSON values by name: model, learning rate, ...;
+            not the epoch count, which a resume may extend).
     """
 
     folder: str
     every: int = 10
     resume: bool = False
+    run: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.every < 1:
@@ -65,18 +71,18 @@ def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None
     """Rank 0, after every rank saved ``epoch``: make it the latest."""
     write_json(
         Path(config.folder) / "latest.json",
-        {"format": FORMAT, "epoch": epoch, "world_size": world_size},
+        {"format": FORMAT, "epoch": epoch, "world_size": world_size, "run": config.run},
     )
 
 
-def load_checkpoint(
-    config: CheckpointConfig, rank: int, world_size: int
-) -> dict[str, Any] | None:
-    """This rank's state at the latest complete checkpoint (None if none).
+def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
+    """The epoch of the latest complete checkpoint in ``config.folder`` (None
+    if there is none).
 
     Raises:
         ValueError: ``latest.json`` is malformed, was written by a run with
-            another number of ranks, or names an epoch whose file is missing.
+            another number of ranks, or with other settings (``config.run``;
+            each differing one is named).
     """
     latest = Path(config.folder) / "latest.json"
     if not latest.exists():
@@ -94,6 +100,34 @@ def load_checkpoint(
         raise ValueError(
             f"{latest}: written by {saved_world} ranks, resuming with {world_size}"
         )
+    saved = meta.get("run") or {}
+    wanted = json.loads(json.dumps(config.run))  # as latest.json would hold it
+    differ = [
+        f"{name} {saved.get(name)!r} (now {wanted.get(name)!r})"
+        for name in sorted(set(saved) | set(wanted))
+        if saved and saved.get(name) != wanted.get(name)
+    ]
+    if differ:
+        raise ValueError(
+            f"{latest}: the run was started with other settings: "
+            f"{', '.join(differ)}; resume with the same ones (the epoch count "
+            f"and patience may change)"
+        )
+    return epoch
+
+
+def load_checkpoint(
+    config: CheckpointConfig, rank: int, world_size: int
+) -> dict[str, Any] | None:
+    """This rank's state at the latest complete checkpoint (None if none).
+
+    Raises:
+        ValueError: as :func:`check_resume`, or ``latest.json`` names an
+            epoch whose file is missing.
+    """
+    epoch = check_resume(config, world_size)
+    if epoch is None:
+        return None
     path = _epoch_dir(Path(config.folder), epoch) / f"rank{rank}.pt"
     if not path.exists():
         raise ValueError(f"{path}: missing (latest.json names epoch {epoch})")

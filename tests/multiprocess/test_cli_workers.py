@@ -185,3 +185,11 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
     other = train("--epochs", "3", "--resume", "--partition", "metis")
     assert other.returncode == 2
     assert "partitioned with locality, not --partition metis" in other.stderr
+    # So is a resume with other training settings, before any worker starts,
+    # naming each that differs (not torch's state_dict error).
+    changed = train("--epochs", "4", "--resume", "--lr", "0.1", "--model", "sage")
+    assert changed.returncode == 2, changed.stderr[-3000:]
+    message = " ".join(changed.stderr.split())
+    assert "the run was started with other settings:" in message
+    assert "lr 0.01 (now 0.1)" in message and "model 'gcn' (now 'sage')" in message
+    assert "Traceback" not in changed.stderr
