@@ -200,8 +200,9 @@ def load_part(
         folder: A folder written by :func:`write_partitioned`.
         part_id: Which part, in ``[0, num_parts)``.
         mmap: Memory-map the arrays (read-only, shared page cache).
-        verify: Check the part's SHA-256 checksums and the values of its CSR
-            (reads every byte of the part once).
+        verify: Check the part's SHA-256 checksums (reads every byte of the
+            part once). The IDs are always checked (one pass over the CSR and
+            the ID arrays, not over the features).
 
     Returns:
         The :class:`LocalPart`.
@@ -210,8 +211,8 @@ def load_part(
         ValueError: ``part_id`` is out of range.
         DatasetError: ``meta.json`` is missing, malformed, of another format or
             version; one of the part's files is missing, truncated, of another
-            dtype or shape than ``meta.json`` says, or (with ``verify``) fails
-            its checksum or holds out-of-range IDs.
+            dtype or shape than ``meta.json`` says, holds out-of-range IDs, or
+            (with ``verify``) fails its checksum.
     """
     folder = Path(folder)
     meta = load_partition_meta(folder)
@@ -230,7 +231,7 @@ def load_part(
     }
     offsets = torch.tensor(meta["offsets"], dtype=torch.int64)
     num_owned = int(offsets[part_id + 1] - offsets[part_id])
-    _check_part(where, arrays, num_owned, meta["num_nodes"], verify)
+    _check_part(where, arrays, num_owned, meta["num_nodes"])
     tensors = _as_tensors(arrays)
     return LocalPart(
         part_id=part_id,
@@ -382,9 +383,9 @@ def _check_part(
     arrays: dict[str, np.ndarray],
     num_owned: int,
     num_nodes: int,
-    verify: bool,
 ) -> None:
-    """Shapes and CSR ends always (cheap); every value with ``verify``."""
+    """Shapes, and every ID in range: a damaged file of the right size fails
+    here, naming it, instead of deep in training as an IndexError."""
 
     def fail(name: str, problem: str) -> DatasetError:
         return DatasetError(where / f"{name}.npy", problem)
@@ -405,8 +406,6 @@ def _check_part(
             f"must run from 0 to len(indices)={indices.shape[0]}, found "
             f"{int(indptr[0])}..{int(indptr[-1])}",
         )
-    if not verify:
-        return
     num_local = num_owned + arrays["halo_nid"].shape[0]
     if not bool((np.diff(indptr) >= 0).all()):
         raise fail("indptr", "must be non-decreasing")

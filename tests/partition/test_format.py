@@ -329,15 +329,29 @@ def test_wrong_shape_against_meta(tmp_path: Path) -> None:
         load_part(folder, 0)
 
 
-def test_verify_checks_values(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "damage", "error"),
+    [
+        ("indices", lambda a: a.__setitem__(0, 10_000), r"local IDs must lie in"),
+        ("indices", lambda a: a.__setitem__(0, -1), r"local IDs must lie in"),
+        ("orig_nid", lambda a: a.__setitem__(0, 10**9), r"original IDs must lie"),
+        ("train_local", lambda a: a.__setitem__(0, 10**6), r"owned-local IDs must"),
+    ],
+    ids=["indices-high", "indices-negative", "orig_nid", "train_local"],
+)
+def test_out_of_range_ids_are_refused_at_load(
+    tmp_path: Path, name: str, damage: Any, error: str
+) -> None:
+    """A damaged file of the right size (its checksum updated, as a tool
+    rewriting it would leave it) fails at load, naming the file, without
+    ``verify``: not deep in training as an IndexError."""
     folder = write_example(tmp_path)
-    path = folder / "part_0" / "indices.npy"
-    indices = np.load(path)
-    indices[0] = 10_000
-    np.save(path, indices)
+    path = folder / "part_0" / f"{name}.npy"
+    values = np.load(path)
+    damage(values)
+    np.save(path, values)
     meta = json.loads((folder / "meta.json").read_text())
-    meta["parts"][0]["arrays"]["indices"]["sha256"] = fmt.sha256_file(path)
+    meta["parts"][0]["arrays"][name]["sha256"] = fmt.sha256_file(path)
     (folder / "meta.json").write_text(json.dumps(meta))
-    load_part(folder, 0)
-    with pytest.raises(DatasetError, match=r"indices.npy: local IDs must lie in"):
-        load_part(folder, 0, verify=True)
+    with pytest.raises(DatasetError, match=rf"part_0/{name}.npy: {error}"):
+        load_part(folder, 0)
