@@ -254,6 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as error:
         if not type(error).__module__.startswith("graphwire"):
             raise
+        if getattr(error, "usage", False):
+            # A worker's bad input or setting (WorkerFailed): its line says it.
+            first = str(error).split("\n", 1)[0]
+            print(f"graphwire: error: {first}", file=sys.stderr)
+            return 2
         # A worker died, a peer timed out: say so, no traceback.
         print(f"graphwire: error: {error}", file=sys.stderr)
         return 1

@@ -65,6 +65,8 @@ __all__ = ["WorkerFailed", "exit_now", "free_port", "launch_local"]
 T = TypeVar("T")
 
 LOOPBACK = "127.0.0.1"
+# Errors that report a bad input or setting, not a fault of graphwire's.
+_USAGE_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 PEER_REPORT_S = 1.0  # after a failure, how long the others get to report theirs
 TERMINATE_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
 
@@ -79,6 +81,9 @@ class WorkerFailed(RuntimeError):
             it was still running (timeout).
         failures: a one-line description of what happened to every rank that
             did not finish cleanly, by rank.
+        usage: the first failure is a bad input or setting (``ValueError``,
+            ``FileNotFoundError``, ``FileExistsError``), which its first line
+            says in full: a command line reports that line alone.
     """
 
     def __init__(
@@ -87,14 +92,17 @@ class WorkerFailed(RuntimeError):
         rank: int,
         exitcode: int | None = None,
         failures: dict[int, str] | None = None,
+        usage: bool = False,
     ) -> None:
         super().__init__(message)
         self.rank = rank
         self.exitcode = exitcode
         self.failures = dict(failures or {})
+        self.usage = usage
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.rank, self.exitcode, self.failures))
+        args = (str(self), self.rank, self.exitcode, self.failures, self.usage)
+        return (type(self), args)
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -206,6 +214,7 @@ def _child_main(
             f"{type(error).__qualname__}: {error}",
             traceback.format_exc(),
             isinstance(error, TransportError),
+            isinstance(error, _USAGE_ERRORS),
         )
         try:
             _send(pipe, report)
@@ -277,6 +286,7 @@ class _Failure:
     traceback: str = ""
     exitcode: int | None = None
     from_peer: bool = False  # a TransportError: most likely another rank's fault
+    usage: bool = False  # a bad input or setting (_USAGE_ERRORS)
 
 
 @dataclass
@@ -343,8 +353,8 @@ class _Watch:
         if message[0] == "ok":
             self.results[rank] = message[1]
         else:
-            _, summary, text, from_peer = message
-            self._fail(rank, f"raised {summary}", text, from_peer)
+            _, summary, text, from_peer, usage = message
+            self._fail(rank, f"raised {summary}", text, from_peer, usage=usage)
 
     def _reap(self, rank: int) -> None:
         process = self.processes[rank]
@@ -371,9 +381,10 @@ class _Watch:
         text: str = "",
         from_peer: bool = False,
         exitcode: int | None = None,
+        usage: bool = False,
     ) -> None:
         self.failures.setdefault(
-            rank, _Failure(rank, summary, text, exitcode, from_peer)
+            rank, _Failure(rank, summary, text, exitcode, from_peer, usage)
         )
 
     def _error(self) -> WorkerFailed:
@@ -404,7 +415,8 @@ class _Watch:
             lines.append(f"--- traceback of rank {first.rank} ---")
             lines.append(first.traceback.rstrip())
         failures = {f.rank: f.summary for f in ordered} | others
-        return WorkerFailed("\n".join(lines), first.rank, first.exitcode, failures)
+        message = "\n".join(lines)
+        return WorkerFailed(message, first.rank, first.exitcode, failures, first.usage)
 
 
 def _describe_exit(code: int | None) -> str:

@@ -45,6 +45,7 @@ def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
     elapsed = time.monotonic() - start
     error = caught.value
     assert error.rank == 1 and error.exitcode == 1
+    assert error.usage  # a ValueError: a command line prints its first line
     message = str(error)
     assert message.startswith("rank 1 raised ValueError: probe failure on rank 1")
     assert "--- traceback of rank 1 ---" in message
@@ -62,6 +63,7 @@ def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
     elapsed = time.monotonic() - start
     error = caught.value
     assert error.rank == 2 and error.exitcode == -9
+    assert not error.usage
     assert str(error).startswith("rank 2 was killed by SIGKILL (exit code -9)")
     # gloo fails the survivors' pending all-to-all at once ("Connection closed
     # by peer"); they report it as a TransportError and exit non-zero.
