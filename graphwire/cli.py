@@ -251,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"graphwire: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("graphwire: interrupted", file=sys.stderr)
+        return 130
     except RuntimeError as error:
         if not type(error).__module__.startswith("graphwire"):
             raise

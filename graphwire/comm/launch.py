@@ -46,6 +46,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -164,6 +165,7 @@ def launch_local(
     deadline = time.monotonic() + (run_timeout_s or math.inf)
     processes: list[BaseProcess] = []
     pipes: list[connection.Connection] = []
+    stop_on_term = _raise_on_sigterm()
     try:
         for rank in range(world_size):
             ctx = WorkerContext(
@@ -186,6 +188,25 @@ def launch_local(
         for pipe in pipes:
             pipe.close()
         shutil.rmtree(scratch, ignore_errors=True)
+        stop_on_term()
+
+
+def _raise_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM (what ``timeout`` and job schedulers send) raise
+    ``SystemExit`` in the main thread, so the launcher stops its workers and
+    removes its scratch folder as it does on Ctrl-C; returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, terminate)
+
+    def undo() -> None:
+        signal.signal(signal.SIGTERM, before)
+
+    return undo
 
 
 # ---------------------------------------------------------------- the child

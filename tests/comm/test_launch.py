@@ -8,6 +8,10 @@ speed; each run spawns real processes (~3 s of imports per rank).
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -115,6 +119,36 @@ def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
     assert error.failures[0].startswith("raised TransportError")
     assert elapsed < 30, f"took {elapsed:.1f}s"
     assert _worker_children() == []
+
+
+def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM (``timeout``, a job scheduler) ends a launcher as Ctrl-C does:
+    its workers stopped by PID, its ``graphwire-run-*`` folder removed."""
+    script = (
+        "from graphwire.comm.launch import launch_local\n"
+        "from graphwire.testing.probes import sleep_forever\n"
+        "launch_local(sleep_forever, 2)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    launcher = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        parent = psutil.Process(launcher.pid)
+        deadline = time.monotonic() + 60
+        while len(parent.children()) < 2 or not list(tmp_path.glob("graphwire-run-*")):
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.2)
+        workers = parent.children()
+        time.sleep(1.0)  # let the launcher reach its watch loop
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert not any(w.is_running() and w.status() != "zombie" for w in workers)
+    assert list(tmp_path.glob("graphwire-run-*")) == []
 
 
 def test_unpicklable_function_fails_before_spawning() -> None:
