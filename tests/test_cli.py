@@ -119,6 +119,19 @@ def test_run_flags_are_refused_before_any_work(tmp_path, capsys, flags, error) -
     assert not (tmp_path / "run").exists()
 
 
+def test_under_torchrun_workers_must_match_its_world(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """--workers 4 where torchrun started 2 is refused, not quietly run on 2."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["train", "--dataset", str(tmp_path / "missing"), "--workers", "4"]
+    assert main([*argv, "--quiet", "--out", str(tmp_path / "run")]) == 2
+    assert "--workers 4: torchrun started 2 workers" in capsys.readouterr().err
+
+
 def test_train_config_file_stands_in_for_flags(tmp_path, capsys) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(f"dataset: '{SMALL}'\nmodel: sage\nepochs: 3\nquiet: true\n")

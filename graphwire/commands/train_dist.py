@@ -43,6 +43,11 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
 
     ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
     world = ctx.world_size if ctx is not None else int(args.workers)
+    if ctx is not None and int(args.workers) > 1 and int(args.workers) != world:
+        raise ValueError(
+            f"--workers {args.workers}: torchrun started {world} workers "
+            "(--nnodes x --nproc-per-node); leave --workers out under torchrun"
+        )
     checkpoint = _checkpoint(args, out, config)
     if checkpoint is not None and checkpoint.resume:
         # Refuse a resume with other settings before any work; say so when
@@ -168,11 +173,14 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
             options["sync"] = args.g3_sync
         if args.g3_order:
             options["order"] = args.g3_order
-        if args.bin_rows:
+        if args.bin_rows is not None:  # 0 and below: the engine refuses them
             options["bin_rows"] = int(args.bin_rows)
-        if args.bin_mb:
+        if args.bin_mb is not None:
             options["bin_mb"] = float(args.bin_mb)
-    elif args.g3_mode or args.g3_sync or args.g3_order or args.bin_rows or args.bin_mb:
+    elif any(
+        getattr(args, name) is not None
+        for name in ("g3_mode", "g3_sync", "g3_order", "bin_rows", "bin_mb")
+    ):
         raise ValueError(
             "--g3-mode / --g3-sync / --g3-order / --bin-rows / --bin-mb: only with "
             "--exchange g3"

@@ -195,13 +195,17 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
     assert "Traceback" not in changed.stderr
 
 
-def test_a_setting_a_worker_refuses_is_one_line_of_error(tmp_path: Path) -> None:
-    """A bad setting found in the workers (here g3's --bin-rows) ends the run
-    with exit code 2 and the worker's one-line reason, no traceback."""
+@pytest.mark.parametrize("rows", ["-1", "0"])
+def test_a_setting_a_worker_refuses_is_one_line_of_error(
+    tmp_path: Path, rows: str
+) -> None:
+    """A bad setting found in the workers (here g3's --bin-rows; 0 is no
+    default) ends the run with exit code 2 and the worker's one-line reason,
+    no traceback."""
     argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
     argv += ["--model", "gcn", "--workers", "2", "--exchange", "g3", "--quiet"]
-    argv += ["--bin-rows", "-1", "--epochs", "1", "--out", str(tmp_path / "run")]
+    argv += ["--bin-rows", rows, "--epochs", "1", "--out", str(tmp_path / "run")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "raised ValueError: g3 bin_rows: expected >= 1, got -1" in done.stderr
+    assert f"raised ValueError: g3 bin_rows: expected >= 1, got {rows}" in done.stderr
     assert "Traceback" not in done.stderr and "traceback of rank" not in done.stderr
