@@ -270,6 +270,9 @@ def _print_time_split(reports: list[RankReport]) -> None:
     )
 
 
+# The replicate engine's cost in rows: the L-hop nodes held beyond the owned
+# ones, and the rows computed per forward beyond the owned ones.
+_REPLICA_COUNTERS = ("replicated_rows", "redundant_rows")
 _ONCE = ("setup.", "meta.")  # tags sent once per run, not per epoch
 _PEER_COLUMNS = 8  # a column per destination up to this many ranks
 
@@ -349,8 +352,15 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
 
 def _summary(reports: list[RankReport], totals: dict[str, int]) -> dict[str, Any]:
     """The run's summary; ``resumed_at`` (a resumed run's first epoch) tells
-    that the byte totals count the epochs from there."""
+    that the byte totals count the epochs from there. ``remote_rows`` counts
+    the 1-hop halo (each rank's remote in-neighbours); the replicate engine
+    adds what it holds and recomputes instead (:data:`_REPLICA_COUNTERS`)."""
     lead = reports[0]
+    replicas = {
+        name: sum(int(r.counters[name]) for r in reports)
+        for name in _REPLICA_COUNTERS
+        if name in lead.counters
+    }
     epoch_s = [
         r["times"]["forward_s"] + r["times"]["backward_s"] + r["times"]["sync_s"]
         for r in lead.records
@@ -366,5 +376,6 @@ def _summary(reports: list[RankReport], totals: dict[str, int]) -> dict[str, Any
         "bytes_sent": totals["bytes_sent"],
         "bytes_recv": totals["bytes_recv"],
         "remote_rows": sum(r.num_halo for r in reports),
+        **replicas,
         **resumed,
     }

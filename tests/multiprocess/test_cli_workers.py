@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from graphwire.comm.launch import free_port
 
@@ -209,3 +210,34 @@ def test_a_setting_a_worker_refuses_is_one_line_of_error(
     assert done.returncode == 2, done.stderr[-3000:]
     assert f"raised ValueError: g3 bin_rows: expected >= 1, got {rows}" in done.stderr
     assert "Traceback" not in done.stderr and "traceback of rank" not in done.stderr
+
+
+def test_replicate_reports_the_rows_it_holds_and_recomputes(tmp_path: Path) -> None:
+    """``--exchange replicate`` holds each part's whole 2-hop in-neighbourhood:
+    the summary's ``replicated_rows`` counts it beyond the owned nodes, and
+    ``redundant_rows`` the rows computed beyond them (layer 0's 1-hop halo,
+    which ``remote_rows`` also counts), checked against the global graph."""
+    from graphwire.graph.datasets import load_dataset
+    from graphwire.partition import load_part
+
+    common, _ = _spawned_g3(tmp_path, 2)
+    common[common.index("g3")] = "replicate"
+    del common[common.index("--bin-rows") : common.index("--bin-rows") + 2]
+    summary = _run(
+        [sys.executable, "-m", "graphwire", *common, "--workers", "2"]
+        + ["--out", str(tmp_path / "replicate")]
+    )
+    graph = load_dataset(SPEC)
+    src, dst = graph.edge_index()
+    held = halo = 0
+    for rank in range(2):
+        owned = torch.zeros(graph.num_nodes, dtype=torch.bool)
+        owned[load_part(tmp_path / "parts", rank).orig_nid.to(torch.int64)] = True
+        hop1 = owned.clone()
+        hop1[src[owned[dst]]] = True
+        hop2 = hop1.clone()
+        hop2[src[hop1[dst]]] = True
+        held += int(hop2.sum() - owned.sum())
+        halo += int(hop1.sum() - owned.sum())
+    assert int(summary["replicated_rows"]) == held > halo
+    assert int(summary["redundant_rows"]) == int(summary["remote_rows"]) == halo
