@@ -14,9 +14,10 @@ peer's death fails their pending collectives at once, with a
 :class:`~graphwire.comm.base.TransportError`), then terminates the rest by PID
 (SIGTERM, then SIGKILL after a grace period) and raises :class:`WorkerFailed`
 naming the rank that failed first: when every failure is a peer's timeout
-(``TransportError``) and some rank never reported, that rank, which stopped
-responding. Each child's collectives are bounded by ``timeout_s``; the whole
-run only by ``run_timeout_s``, when given (a training run may take hours).
+(``TransportError``) and exactly one rank never reported, that rank, which
+stopped responding. Each child's collectives are bounded by ``timeout_s``;
+the whole run only by ``run_timeout_s``, when given (a training run may take
+hours). SIGTERM ends the launcher as Ctrl-C does.
 Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
 
 Each run gets a scratch folder (``graphwire-run-*`` in the system's temporary
@@ -165,7 +166,7 @@ def launch_local(
     deadline = time.monotonic() + (run_timeout_s or math.inf)
     processes: list[BaseProcess] = []
     pipes: list[connection.Connection] = []
-    stop_on_term = _raise_on_sigterm()
+    term = _SigtermAsExit()
     try:
         for rank in range(world_size):
             ctx = WorkerContext(
@@ -184,29 +185,45 @@ def launch_local(
         watch = _Watch(processes, pipes, deadline, run_timeout_s or math.inf)
         return watch.run()
     finally:
-        _stop(processes)
-        for pipe in pipes:
-            pipe.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-        stop_on_term()
+        term.hold()  # the clean-up runs to its end
+        try:
+            _stop(processes)
+            for pipe in pipes:
+                pipe.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+        finally:
+            term.restore()
 
 
-def _raise_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM (what ``timeout`` and job schedulers send) raise
-    ``SystemExit`` in the main thread, so the launcher stops its workers and
-    removes its scratch folder as it does on Ctrl-C; returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+class _SigtermAsExit:
+    """While a launcher runs, SIGTERM (what ``timeout`` and job schedulers
+    send) raises ``SystemExit`` in the main thread, so the launcher stops its
+    workers and removes its scratch folder as it does on Ctrl-C. Nothing is
+    installed off the main thread, or where SIGTERM is ignored or handled
+    outside Python."""
 
-    def terminate(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
+    def __init__(self) -> None:
+        self.before: Any = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        before = signal.getsignal(signal.SIGTERM)
+        if before is None or before is signal.SIG_IGN:
+            return
 
-    before = signal.signal(signal.SIGTERM, terminate)
+        def terminate(signum: int, frame: Any) -> None:
+            raise SystemExit(128 + signum)
 
-    def undo() -> None:
-        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGTERM, terminate)
+        self.before = before
 
-    return undo
+    def hold(self) -> None:
+        """Ignore SIGTERM while the clean-up runs (a second one would cut it)."""
+        if self.before is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def restore(self) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGTERM, self.before)
 
 
 # ---------------------------------------------------------------- the child
@@ -417,11 +434,11 @@ class _Watch:
             for rank in range(world)
             if rank not in self.exited | set(self.failures) | set(self.results)
         ]
-        if ordered[0].from_peer and silent:
-            # Every failure is a peer's: what they waited for is a rank that
-            # never reported (hung, or stopped).
+        if ordered[0].from_peer and len(silent) == 1:
+            # Every failure is a peer's, and one rank never reported (hung,
+            # or stopped): that is the rank they waited for.
             summary = "stopped responding: its peers timed out waiting for it"
-            ordered = [_Failure(rank, summary) for rank in silent] + ordered
+            ordered = [_Failure(silent[0], summary), *ordered]
         first = ordered[0]
         lines = [f"rank {first.rank} {first.summary}"]
         others = {f.rank: f.summary for f in ordered[1:]}

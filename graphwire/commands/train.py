@@ -9,6 +9,7 @@ summary line.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from typing import Any
 
@@ -65,6 +66,12 @@ def run(args: argparse.Namespace) -> int:
     if int(args.workers) > 1 or under_torchrun():
         if under_torchrun() and not args.out:
             raise ValueError("under torchrun, --out is required (one folder per run)")
+        world = int(os.environ.get("WORLD_SIZE", args.workers))
+        if under_torchrun() and int(args.workers) > 1 and int(args.workers) != world:
+            raise ValueError(
+                f"--workers {args.workers}: torchrun started {world} workers "
+                "(--nnodes x --nproc-per-node); leave --workers out under torchrun"
+            )
         out = run_folder(args.out, f"train-{args.model}-{args.exchange}")
         return run_distributed(args, config, out)
     if int(args.workers) < 1:

@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.commands.common import console, load_with_status, print_table
-from graphwire.fullgraph.checkpoint import CheckpointConfig, check_resume
+from graphwire.fullgraph.checkpoint import (
+    CheckpointConfig,
+    check_resume,
+    saved_interval,
+)
 from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
 from graphwire.runlog import MetricsLog, format_bytes, format_summary
@@ -43,11 +47,6 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
 
     ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
     world = ctx.world_size if ctx is not None else int(args.workers)
-    if ctx is not None and int(args.workers) > 1 and int(args.workers) != world:
-        raise ValueError(
-            f"--workers {args.workers}: torchrun started {world} workers "
-            "(--nnodes x --nproc-per-node); leave --workers out under torchrun"
-        )
     checkpoint = _checkpoint(args, out, config)
     if checkpoint is not None and checkpoint.resume:
         # Refuse a resume with other settings before any work; say so when
@@ -191,22 +190,33 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
 def _checkpoint(
     args: argparse.Namespace, out: Path, config: TrainConfig
 ) -> CheckpointConfig | None:
-    """Where the run checkpoints, with the settings a resume must keep: the
-    dataset, the mode and how ranks exchange rows, and every training
-    setting but the epoch count, patience and evaluation interval."""
+    """Where the run checkpoints, and how often (a resume keeps the interval
+    the run was started with unless ``--checkpoint-every`` says otherwise),
+    with the settings that decide its results, which a resume must keep: the
+    dataset, the mode, the exchange or the fetch, and the training settings
+    but the epoch count, patience and evaluation interval (speed and memory
+    settings, such as G3's bins, may change)."""
     if not (args.checkpoint_every or args.resume):
         return None
-    run = {"dataset": args.dataset, "mode": args.mode}
-    if args.mode == "minibatch":
-        run["fetch"] = args.fetch
-    else:
-        run |= {"exchange": args.exchange, "options": _engine_options(args)}
+    folder = out / "checkpoints"
+    dataset = Path(args.dataset)
+    run = {
+        "dataset": str(dataset.resolve()) if dataset.exists() else args.dataset,
+        "mode": args.mode,
+    }
     settings = config.as_dict()
     for free in ("epochs", "patience", "eval_every"):
         del settings[free]
+    if args.mode == "minibatch":
+        run["fetch"] = args.fetch
+    else:
+        run["exchange"] = args.exchange
+        for unused in ("fanouts", "batch_size"):  # mini-batch settings
+            del settings[unused]
+    every = args.checkpoint_every or saved_interval(folder) or 10**9
     return CheckpointConfig(
-        folder=str(out / "checkpoints"),
-        every=int(args.checkpoint_every or 10**9),
+        folder=str(folder),
+        every=int(every),
         resume=bool(args.resume),
         run=run | settings,
     )

@@ -23,7 +23,13 @@ import torch
 
 from graphwire.fsutil import write_json
 
-__all__ = ["CheckpointConfig", "check_resume", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointConfig",
+    "check_resume",
+    "load_checkpoint",
+    "save_checkpoint",
+    "saved_interval",
+]
 
 FORMAT = "graphwire.checkpoint"
 
@@ -71,8 +77,24 @@ def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None
     """Rank 0, after every rank saved ``epoch``: make it the latest."""
     write_json(
         Path(config.folder) / "latest.json",
-        {"format": FORMAT, "epoch": epoch, "world_size": world_size, "run": config.run},
+        {
+            "format": FORMAT,
+            "epoch": epoch,
+            "world_size": world_size,
+            "every": config.every,
+            "run": config.run,
+        },
     )
+
+
+def saved_interval(folder: str | os.PathLike[str]) -> int | None:
+    """The checkpoint interval ``latest.json`` in ``folder`` records (None:
+    no such file, or one that records none)."""
+    try:
+        every = json.loads((Path(folder) / "latest.json").read_text()).get("every")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return every if isinstance(every, int) and every >= 1 else None
 
 
 def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
@@ -105,7 +127,7 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
     differ = [
         f"{name} {saved.get(name)!r} (now {wanted.get(name)!r})"
         for name in sorted(set(saved) | set(wanted))
-        if saved and saved.get(name) != wanted.get(name)
+        if saved and wanted and saved.get(name) != wanted.get(name)
     ]
     if differ:
         raise ValueError(

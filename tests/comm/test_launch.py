@@ -96,14 +96,12 @@ def test_timeout_kills_a_hung_run() -> None:
 
 
 def test_the_collective_timeout_does_not_bound_the_run() -> None:
-    """``timeout_s`` bounds each collective, not the run: a run twice as long
+    """``timeout_s`` bounds each collective, not the run: a run longer than it
     whose collectives are quick finishes (a training run may take hours)."""
     start = time.monotonic()
-    assert run_workers(quick_steps, 2, 8, 0.5, timeout_s=2, run_timeout_s=math.inf) == [
-        8,
-        8,
-    ]
-    assert time.monotonic() - start > 4
+    steps = run_workers(quick_steps, 2, 14, 0.5, timeout_s=5, run_timeout_s=math.inf)
+    assert steps == [14, 14]
+    assert time.monotonic() - start > 7  # longer than the timeout, well past it
 
 
 def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
@@ -111,13 +109,13 @@ def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
     The error names rank 1, not the peer that reported the timeout."""
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as caught:
-        run_workers(hang_on_rank, 2, 1, timeout_s=3, run_timeout_s=math.inf)
+        run_workers(hang_on_rank, 2, 1, timeout_s=8, run_timeout_s=math.inf)
     elapsed = time.monotonic() - start
     error = caught.value
     assert error.rank == 1 and error.exitcode is None
     assert str(error).startswith("rank 1 stopped responding: its peers timed out")
     assert error.failures[0].startswith("raised TransportError")
-    assert elapsed < 30, f"took {elapsed:.1f}s"
+    assert elapsed < 40, f"took {elapsed:.1f}s"
     assert _worker_children() == []
 
 
@@ -134,12 +132,12 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     launcher = subprocess.Popen([sys.executable, "-c", script], env=env)
     try:
-        parent = psutil.Process(launcher.pid)
         deadline = time.monotonic() + 60
-        while len(parent.children()) < 2 or not list(tmp_path.glob("graphwire-run-*")):
+        workers: list[psutil.Process] = []
+        while len(workers) < 2 or not list(tmp_path.glob("graphwire-run-*")):
             assert time.monotonic() < deadline, "the workers never started"
             time.sleep(0.2)
-        workers = parent.children()
+            workers = _spawned_by(launcher.pid)
         time.sleep(1.0)  # let the launcher reach its watch loop
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
@@ -147,8 +145,22 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-    assert not any(w.is_running() and w.status() != "zombie" for w in workers)
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == []
     assert list(tmp_path.glob("graphwire-run-*")) == []
+
+
+def _spawned_by(pid: int) -> list[psutil.Process]:
+    """The worker processes ``pid`` spawned (not multiprocessing's resource
+    tracker, which outlives them by design)."""
+    workers = []
+    for child in psutil.Process(pid).children():
+        try:
+            if any("spawn_main" in part for part in child.cmdline()):
+                workers.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return workers
 
 
 def test_unpicklable_function_fails_before_spawning() -> None:

@@ -40,6 +40,39 @@ def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path) -> None:
 
 def test_checkpoints_written_without_settings_still_resume(tmp_path) -> None:
     """An index that records no settings (written by an earlier graphwire)
-    constrains nothing."""
+    constrains nothing; nor does a caller that states none."""
     mark_complete(CheckpointConfig(str(tmp_path)), 4, 2)
     assert check_resume(CheckpointConfig(str(tmp_path), run=RUN), 2) == 4
+    mark_complete(CheckpointConfig(str(tmp_path), run=RUN), 6, 2)
+    assert check_resume(CheckpointConfig(str(tmp_path)), 2) == 6
+
+
+def _cli_checkpoint(tmp_path, *flags: str) -> CheckpointConfig:
+    """The CheckpointConfig ``graphwire train`` builds from ``flags``."""
+    from graphwire.cli import build_parser
+    from graphwire.commands.train import build_config
+    from graphwire.commands.train_dist import _checkpoint
+
+    argv = ["train", "--dataset", str(tmp_path), "--workers", "2", *flags]
+    args = build_parser().parse_args(argv)
+    config = _checkpoint(args, tmp_path / "out", build_config(args))
+    assert config is not None
+    return config
+
+
+def test_a_resume_may_change_speed_settings_and_keeps_the_interval(tmp_path) -> None:
+    """G3's bins (speed and memory) and mini-batch settings a full-graph run
+    does not use are not part of what a resume must keep; the dataset path is
+    compared resolved; a resume without --checkpoint-every keeps the run's."""
+    first = _cli_checkpoint(tmp_path, "--exchange", "g3", "--checkpoint-every", "3")
+    assert {"bin_rows", "fanouts", "batch_size", "options"}.isdisjoint(first.run)
+    assert first.run["dataset"] == str(tmp_path.resolve())
+    mark_complete(first, 5, 2)
+    again = _cli_checkpoint(
+        tmp_path, "--exchange", "g3", "--resume", "--bin-rows", "64", "--bin-mb", "8"
+    )
+    assert again.every == 3
+    assert check_resume(again, 2) == 5
+    other = _cli_checkpoint(tmp_path, "--exchange", "halo", "--resume")
+    with pytest.raises(ValueError, match=r"exchange 'g3' \(now 'halo'\)"):
+        check_resume(other, 2)
