@@ -29,11 +29,12 @@ from graphwire.testing.probes import (
 )
 
 
-def _worker_children() -> list[psutil.Process]:
-    """Spawned worker processes still alive (not multiprocessing's resource
-    tracker, which outlives them by design)."""
+def _worker_children(pid: int | None = None) -> list[psutil.Process]:
+    """Worker processes spawned by ``pid`` (default: this process) still
+    alive (not multiprocessing's resource tracker, which outlives them by
+    design)."""
     alive = []
-    for child in psutil.Process().children(recursive=True):
+    for child in psutil.Process(pid).children(recursive=True):
         try:
             if any("spawn_main" in part for part in child.cmdline()):
                 alive.append(child)
@@ -137,7 +138,7 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
         while len(workers) < 2 or not list(tmp_path.glob("graphwire-run-*")):
             assert time.monotonic() < deadline, "the workers never started"
             time.sleep(0.2)
-            workers = _spawned_by(launcher.pid)
+            workers = _worker_children(launcher.pid)
         time.sleep(1.0)  # let the launcher reach its watch loop
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
@@ -148,19 +149,6 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == []
     assert list(tmp_path.glob("graphwire-run-*")) == []
-
-
-def _spawned_by(pid: int) -> list[psutil.Process]:
-    """The worker processes ``pid`` spawned (not multiprocessing's resource
-    tracker, which outlives them by design)."""
-    workers = []
-    for child in psutil.Process(pid).children():
-        try:
-            if any("spawn_main" in part for part in child.cmdline()):
-                workers.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return workers
 
 
 def test_unpicklable_function_fails_before_spawning() -> None:
