@@ -163,7 +163,8 @@ def launch_local(
     scratch = tempfile.mkdtemp(prefix="graphwire-run-")
     env = {**_loopback_env(), "TMPDIR": scratch}
     mp = get_context("spawn")
-    deadline = time.monotonic() + (run_timeout_s or math.inf)
+    run_bound = run_timeout_s or math.inf
+    deadline = time.monotonic() + run_bound
     processes: list[BaseProcess] = []
     pipes: list[connection.Connection] = []
     term = _SigtermAsExit()
@@ -182,7 +183,7 @@ def launch_local(
             writer.close()  # the parent keeps only the read end: EOF on death
             processes.append(child)
             pipes.append(reader)
-        watch = _Watch(processes, pipes, deadline, run_timeout_s or math.inf)
+        watch = _Watch(processes, pipes, deadline, run_bound)
         return watch.run()
     finally:
         term.hold()  # the clean-up runs to its end
@@ -429,11 +430,8 @@ class _Watch:
         # dicts keep insertion order: the first failure seen comes first
         ordered = sorted(self.failures.values(), key=lambda f: f.from_peer)
         world = len(self.processes)
-        silent = [
-            rank
-            for rank in range(world)
-            if rank not in self.exited | set(self.failures) | set(self.results)
-        ]
+        reported = self.exited | set(self.failures) | set(self.results)
+        silent = [rank for rank in range(world) if rank not in reported]
         if ordered[0].from_peer and len(silent) == 1:
             # Every failure is a peer's, and one rank never reported (hung,
             # or stopped): that is the rank they waited for.

@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if int(args.workers) > 1 or under_torchrun():
         if under_torchrun() and not args.out:
             raise ValueError("under torchrun, --out is required (one folder per run)")
-        world = int(os.environ.get("WORLD_SIZE", args.workers))
-        if under_torchrun() and int(args.workers) > 1 and int(args.workers) != world:
+        world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.workers
+        if int(args.workers) > 1 and int(args.workers) != world:
             raise ValueError(
                 f"--workers {args.workers}: torchrun started {world} workers "
                 "(--nnodes x --nproc-per-node); leave --workers out under torchrun"

@@ -127,9 +127,9 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
     differ = [
         f"{name} {saved.get(name)!r} (now {wanted.get(name)!r})"
         for name in sorted(set(saved) | set(wanted))
-        if saved and wanted and saved.get(name) != wanted.get(name)
+        if saved.get(name) != wanted.get(name)
     ]
-    if differ:
+    if saved and wanted and differ:  # (either side empty: nothing to compare)
         raise ValueError(
             f"{latest}: the run was started with other settings: "
             f"{', '.join(differ)}; resume with the same ones (the epoch count "
