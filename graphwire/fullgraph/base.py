@@ -232,10 +232,7 @@ class Engine(ABC):
         for index in range(self.num_layers - 1, first - 1, -1):
             mg = mgs[index]
             assert mg.num_dst == n and mg.num_src == n + self.plan.num_halo
-            dst = torch.repeat_interleave(
-                torch.arange(n), mg.indptr[1:] - mg.indptr[:-1]
-            )
-            src = mg.indices[needed[dst]]
+            src = mg.indices[needed[mg.dst_of_edges]]
             keep = torch.zeros(self.plan.num_halo, dtype=torch.bool)
             keep[src[src >= n] - n] = True
             plans[index] = self.plan.restrict(keep, self.transport, "setup.plan.loss")
