@@ -59,11 +59,17 @@ class MetricsLog:
 
     Use as a context manager; records go to ``metrics.jsonl.partial`` as they
     come (so a long run can be watched) and the file is renamed to
-    ``metrics.jsonl`` only when the run closes without an error.
+    ``metrics.jsonl`` only when the run closes without an error. With
+    ``final=False`` it never is: a distributed run's rank 0 streams its own
+    records there while it trains, and the report written at the end, with
+    every rank's records, replaces them.
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self, out_dir: str | os.PathLike[str] | None, *, final: bool = True
+    ) -> None:
         self.out_dir = None if out_dir is None else Path(out_dir)
+        self.final = final
         self._handle: Any = None
         self._started = time.time()
 
@@ -83,7 +89,8 @@ class MetricsLog:
         return None if self.out_dir is None else self.out_dir / "metrics.jsonl"
 
     def write(self, kind: str, **fields: Any) -> None:
-        """Append one record ``{"kind": kind, "time": ..., **fields}``."""
+        """Append one record ``{"kind": kind, "time": ..., **fields}``; ``time``
+        is seconds since the log was opened unless ``fields`` give it."""
         if self._handle is None:
             return
         record = {"kind": kind, "time": round(time.time() - self._started, 4), **fields}
@@ -99,6 +106,6 @@ class MetricsLog:
         if self._handle is None:
             return
         self._handle.close()
-        if exc_type is None:
+        if exc_type is None and self.final:
             assert self.path is not None
             os.replace(self._partial, self.path)

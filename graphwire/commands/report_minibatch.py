@@ -15,18 +15,16 @@ bytes of those requests and answers (``kv.*`` tags).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from graphwire.commands.common import console, print_table
-from graphwire.commands.train_dist import write_epochs
-from graphwire.fullgraph.job import RankReport
+from graphwire.commands.train_dist import run_seconds, write_epochs
+from graphwire.fullgraph.job import RankReport, RunLog
 from graphwire.minibatch.dist import fetch_traffic
 from graphwire.runlog import MetricsLog, format_summary
-from graphwire.training import TrainConfig
 
 __all__ = ["report_minibatch", "summarise"]
 
@@ -75,27 +73,14 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
     }
 
 
-def report_minibatch(
-    args: argparse.Namespace,
-    config: TrainConfig,
-    out: Path,
-    reports: list[RankReport],
-) -> None:
-    with MetricsLog(out) as log:
-        log.write(
-            "config",
-            dataset=args.dataset,
-            mode="minibatch",
-            fetch=args.fetch,
-            workers=len(reports),
-            **config.as_dict(),
-        )
-        write_epochs(log, reports)
+def report_minibatch(run: RunLog, reports: list[RankReport]) -> None:
+    with MetricsLog(run.out) as log:
+        write_epochs(log, run, reports)
         _time_table(reports)
         _traffic_table(reports)
         summary = summarise(reports)
-        log.write("summary", **summary)
-    console.print(f"metrics: {out / 'metrics.jsonl'}")
+        log.write("summary", time=run_seconds(reports), **summary)
+    console.print(f"metrics: {Path(run.out) / 'metrics.jsonl'}")
     print(format_summary(summary), flush=True)
 
 

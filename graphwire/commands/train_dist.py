@@ -9,9 +9,10 @@ Parses, builds, runs, tears down:
 2. the workers: N local processes (``launch_local``) or, under ``torchrun``,
    this process as one of them; each runs :func:`graphwire.fullgraph.job.run_rank`;
 3. the report (rank 0 / the parent): per-epoch records of every rank in
-   ``metrics.jsonl``, tables of the time split, of the exact bytes per tag and
-   of each rank's training bytes (sent, received, to each rank), and the
-   summary line with ``bytes_sent`` / ``bytes_recv``.
+   ``metrics.jsonl`` (rank 0 streams its own into ``metrics.jsonl.partial``
+   while it trains, which the report replaces), tables of the time split, of
+   the exact bytes per tag and of each rank's training bytes (sent, received,
+   to each rank), and the summary line with ``bytes_sent`` / ``bytes_recv``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from graphwire.fullgraph.checkpoint import (
     saved_interval,
 )
 from graphwire.fullgraph.distributed import TRAINING_TAGS
-from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
+from graphwire.fullgraph.job import FullGraphJob, RankReport, RunLog, run_rank
 from graphwire.runlog import MetricsLog, format_bytes, format_summary
 from graphwire.training import TrainConfig
 
 __all__ = [
     "print_comm",
+    "run_seconds",
     "run_distributed",
     "training_bytes_by_peer",
     "write_epochs",
@@ -58,6 +60,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
                 file=sys.stderr,
             )
     folder = _partitioned_folder(args, world, out, leader=ctx is None or ctx.rank == 0)
+    log = RunLog(str(out), _header(args, config, world))
     job: Any
     if args.mode == "minibatch":
         from graphwire.minibatch.job import MinibatchJob
@@ -69,6 +72,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
             options=_fetch_options(args),
             checkpoint=checkpoint,
             progress=not args.quiet,
+            log=log,
         )
         target: Any = run_minibatch_rank
     else:
@@ -79,6 +83,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
             options=_engine_options(args),
             checkpoint=checkpoint,
             progress=not args.quiet,
+            log=log,
         )
         target = run_rank
     if ctx is not None:
@@ -96,10 +101,25 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
     if args.mode == "minibatch":
         from graphwire.commands.report_minibatch import report_minibatch
 
-        report_minibatch(args, config, out, reports)
+        report_minibatch(log, reports)
     else:
-        _report(args, config, out, reports)
+        _report(log, reports)
     return 0
+
+
+def _header(
+    args: argparse.Namespace, config: TrainConfig, world: int
+) -> dict[str, Any]:
+    """The fields of the run's ``config`` record."""
+    minibatch = args.mode == "minibatch"
+    way = {"fetch": args.fetch} if minibatch else {"exchange": args.exchange}
+    return {
+        "dataset": args.dataset,
+        "mode": args.mode,
+        "workers": world,
+        **way,
+        **config.as_dict(),
+    }
 
 
 def _fetch_options(args: argparse.Namespace) -> Any:
@@ -222,36 +242,30 @@ def _checkpoint(
     )
 
 
-def _report(
-    args: argparse.Namespace,
-    config: TrainConfig,
-    out: Path,
-    reports: list[RankReport],
-) -> None:
-    with MetricsLog(out) as log:
-        log.write(
-            "config",
-            dataset=args.dataset,
-            mode=args.mode,
-            workers=len(reports),
-            exchange=args.exchange,
-            **config.as_dict(),
-        )
-        write_epochs(log, reports)
+def _report(run: RunLog, reports: list[RankReport]) -> None:
+    with MetricsLog(run.out) as log:
+        write_epochs(log, run, reports)
         _print_time_split(reports)
         totals = print_comm(reports)
         summary = _summary(reports, totals)
-        log.write("summary", **summary)
-    console.print(f"metrics: {out / 'metrics.jsonl'}")
+        log.write("summary", time=run_seconds(reports), **summary)
+    console.print(f"metrics: {Path(run.out) / 'metrics.jsonl'}")
     print(format_summary(summary), flush=True)
 
 
-def write_epochs(log: MetricsLog, reports: list[RankReport]) -> None:
-    """Every rank's epoch records, epoch by epoch, into ``metrics.jsonl``."""
+def write_epochs(log: MetricsLog, run: RunLog, reports: list[RankReport]) -> None:
+    """The ``config`` record, then every rank's epoch records, epoch by
+    epoch, each at the time its rank stamped it."""
+    log.write("config", time=0.0, **run.header)
     for epoch in range(max(len(r.records) for r in reports)):
         for report in reports:
             if epoch < len(report.records):
                 log.write("epoch", rank=report.rank, **report.records[epoch])
+
+
+def run_seconds(reports: list[RankReport]) -> float:
+    """The run's length: its slowest rank's, start to report."""
+    return round(max(r.seconds for r in reports), 4)
 
 
 def _print_time_split(reports: list[RankReport]) -> None:

@@ -6,13 +6,22 @@ starts the processes itself. Either way each process calls :func:`run_rank`
 with its :class:`~graphwire.comm.context.WorkerContext`: join the process
 group, load this rank's part (memory-mapped), train, then gather every rank's
 report on rank 0, which returns them (the others return ``None``).
+
+While it trains, rank 0 streams its epoch records into
+``OUT/metrics.jsonl.partial`` (:class:`EpochStream`), so a long run can be
+watched and a run that dies late leaves the epochs it finished; the report
+written at the end, with every rank's records, replaces that file with
+``metrics.jsonl``. Every rank stamps its records with the seconds since it
+started (``time``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from graphwire.comm.base import Transport
@@ -22,17 +31,28 @@ from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import train_distributed
 from graphwire.partition.format import load_part
 from graphwire.partition.local import LocalPart
-from graphwire.runlog import format_bytes
+from graphwire.runlog import MetricsLog, format_bytes
 from graphwire.training import EpochRecord, TrainConfig, TrainResult, format_acc
 
 __all__ = [
+    "EpochStream",
     "FullGraphJob",
+    "RunLog",
     "RankReport",
     "epoch_lines",
     "gather_reports",
     "rank_report",
     "run_rank",
 ]
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """Where rank 0 streams the run's records: ``out/metrics.jsonl.partial``,
+    opened with a ``config`` record of ``header``'s fields."""
+
+    out: str
+    header: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +66,7 @@ class FullGraphJob:
         options: engine options.
         checkpoint: where and how often to checkpoint, and whether to resume.
         progress: rank 0 prints each epoch (:func:`epoch_lines`).
+        log: where rank 0 streams its epoch records (None: nowhere).
     """
 
     folder: str
@@ -54,11 +75,14 @@ class FullGraphJob:
     options: dict[str, Any] = field(default_factory=dict)
     checkpoint: CheckpointConfig | None = None
     progress: bool = True
+    log: RunLog | None = None
 
 
 @dataclass(kw_only=True)
 class RankReport:
-    """One rank's run, sent to rank 0 at the end."""
+    """One rank's run, sent to rank 0 at the end. Its ``records`` are
+    :meth:`EpochRecord.as_dict` with ``time``, the seconds from the rank's
+    start to the epoch's end (None for an epoch restored from a checkpoint)."""
 
     rank: int
     records: list[dict[str, Any]]
@@ -77,19 +101,20 @@ class RankReport:
 def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
     """Run ``job`` as rank ``ctx.rank``; rank 0 returns every rank's report."""
     start = time.perf_counter()
+    show = _print_epoch if job.progress else None
     transport = TorchTransport.open(ctx)
     try:
         part = load_part(job.folder, ctx.rank)
-        on_epoch = _print_epoch if ctx.rank == 0 and job.progress else None
-        run = train_distributed(
-            part,
-            transport,
-            job.config,
-            job.exchange,
-            options=job.options,
-            on_epoch=on_epoch,
-            checkpoint=job.checkpoint,
-        )
+        with EpochStream(ctx.rank, start, job.log, show) as stream:
+            run = train_distributed(
+                part,
+                transport,
+                job.config,
+                job.exchange,
+                options=job.options,
+                on_epoch=stream,
+                checkpoint=job.checkpoint,
+            )
         report = rank_report(
             ctx.rank,
             part,
@@ -98,10 +123,52 @@ def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
             run.counters,
             start,
             first_epoch=run.first_epoch,
+            stamps=stream.stamps,
         )
         return gather_reports(transport, report)
     finally:
         transport.close()
+
+
+class EpochStream:
+    """A rank's ``on_epoch``: stamps each epoch's end (seconds since
+    ``start``, a perf_counter); on rank 0 it also appends the record to
+    ``log`` as it comes and calls ``show`` with it. A context manager (the
+    log is open inside)."""
+
+    def __init__(
+        self,
+        rank: int,
+        start: float,
+        log: RunLog | None,
+        show: Callable[[EpochRecord], None] | None,
+    ) -> None:
+        self.rank, self.start = rank, start
+        self.stamps: dict[int, float] = {}
+        lead = rank == 0
+        self._show = show if lead else None
+        self._log = MetricsLog(log.out if lead and log else None, final=False)
+        self._header = log.header if log else {}
+
+    def __enter__(self) -> EpochStream:
+        self._log.__enter__()
+        self._log.write("config", time=0.0, **self._header)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._log.__exit__(exc_type, exc, tb)
+
+    def __call__(self, record: EpochRecord) -> None:
+        stamp = round(time.perf_counter() - self.start, 4)
+        self.stamps[record.epoch] = stamp
+        self._log.write("epoch", time=stamp, rank=self.rank, **record.as_dict())
+        if self._show is not None:
+            self._show(record)
 
 
 def rank_report(
@@ -112,12 +179,15 @@ def rank_report(
     counters: dict[str, Any],
     start: float,
     first_epoch: int = 0,
+    stamps: dict[int, float] | None = None,
 ) -> RankReport:
     """This rank's report of a finished run (``start``: its perf_counter;
-    ``first_epoch``: the epoch this process started at)."""
+    ``first_epoch``: the epoch this process started at; ``stamps``: each
+    epoch's end it ran, from :class:`EpochStream`)."""
+    stamps = stamps or {}
     return RankReport(
         rank=rank,
-        records=[r.as_dict() for r in result.records],
+        records=[r.as_dict() | {"time": stamps.get(r.epoch)} for r in result.records],
         ledger=ledger,
         counters=counters,
         num_owned=part.num_owned,

@@ -3,7 +3,9 @@
 As :mod:`graphwire.fullgraph.job`: ``graphwire train --workers N --mode
 minibatch`` spawns N local processes, ``torchrun`` starts them itself; each
 joins the process group, loads its part (memory-mapped), trains, and rank 0
-gathers every rank's report.
+gathers every rank's report; rank 0 streams its epoch records into
+``OUT/metrics.jsonl.partial`` as it goes
+(:class:`~graphwire.fullgraph.job.EpochStream`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from dataclasses import dataclass
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
 from graphwire.fullgraph.checkpoint import CheckpointConfig
-from graphwire.fullgraph.job import RankReport, gather_reports, rank_report
+from graphwire.fullgraph.job import (
+    EpochStream,
+    RankReport,
+    RunLog,
+    gather_reports,
+    rank_report,
+)
 from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
 from graphwire.partition.format import load_part
 from graphwire.training import EpochRecord, TrainConfig, format_acc
@@ -24,32 +32,41 @@ __all__ = ["MinibatchJob", "run_rank"]
 
 @dataclass(frozen=True, kw_only=True)
 class MinibatchJob:
-    """Everything a rank needs (picklable; the same on every rank)."""
+    """Everything a rank needs (picklable; the same on every rank); the
+    fields as :class:`~graphwire.fullgraph.job.FullGraphJob`'s."""
 
     folder: str
     config: TrainConfig
     options: FetchOptions
     checkpoint: CheckpointConfig | None = None
     progress: bool = True
+    log: RunLog | None = None
 
 
 def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:
     """Run ``job`` as rank ``ctx.rank``; rank 0 returns every rank's report."""
     start = time.perf_counter()
+    show = _show if job.progress else None
     transport = TorchTransport.open(ctx)
     try:
         part = load_part(job.folder, ctx.rank)
-        on_epoch = _show if ctx.rank == 0 and job.progress else None
-        run = train_minibatch_distributed(
-            part,
-            transport,
-            job.config,
-            job.options,
-            on_epoch=on_epoch,
-            checkpoint=job.checkpoint,
-        )
+        with EpochStream(ctx.rank, start, job.log, show) as stream:
+            run = train_minibatch_distributed(
+                part,
+                transport,
+                job.config,
+                job.options,
+                on_epoch=stream,
+                checkpoint=job.checkpoint,
+            )
         report = rank_report(
-            ctx.rank, part, run.result, run.ledger, run.counters, start
+            ctx.rank,
+            part,
+            run.result,
+            run.ledger,
+            run.counters,
+            start,
+            stamps=stream.stamps,
         )
         return gather_reports(transport, report)
     finally:

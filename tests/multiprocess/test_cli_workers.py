@@ -8,8 +8,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -72,16 +74,87 @@ def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
     for key in ("test_acc", "val_acc", "epochs", "bytes_sent", "bytes_recv"):
         assert spawned[key] == launched[key], key
     assert int(spawned["bytes_sent"]) > 0
-    # metrics.jsonl: one epoch record per rank and epoch, then the summary.
+    # metrics.jsonl: the config, one epoch record per rank and epoch, each
+    # at the time its rank finished it, then the summary; the partial file
+    # rank 0 streamed while it trained is gone.
     records = [
         json.loads(line) for line in (tmp_path / "torchrun" / "metrics.jsonl").open()
     ]
+    assert not (tmp_path / "torchrun" / "metrics.jsonl.partial").exists()
+    assert records[0]["kind"] == "config" and records[0]["workers"] == 2
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert sorted((r["epoch"], r["rank"]) for r in epochs) == [
         (e, r) for e in range(4) for r in range(2)
     ]
     assert all(r["comm"]["bytes_sent"] > 0 for r in epochs)
+    for rank in (0, 1):
+        times = [r["time"] for r in epochs if r["rank"] == rank]
+        assert 0 < times[0] < times[1] < times[2] < times[3]
     assert records[-1]["kind"] == "summary"
+    assert records[-1]["time"] >= max(r["time"] for r in epochs)
+
+
+def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
+    tmp_path: Path,
+) -> None:
+    """While a run trains, ``metrics.jsonl.partial`` grows with rank 0's
+    epoch records; a worker killed late ends the run with them kept (and no
+    ``metrics.jsonl``, which would look complete)."""
+    out = tmp_path / "run"
+    partial = out / "metrics.jsonl.partial"
+    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    argv += ["--model", "gcn", "--workers", "2", "--epochs", "100000", "--quiet"]
+    argv += ["--timeout", "60", "--out", str(out)]
+    run = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _epoch_lines(partial) < 3:
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no epochs streamed in 120 s"
+            time.sleep(0.2)
+        # The worker not writing the file: rank 1.
+        workers = [
+            child
+            for child in psutil.Process(run.pid).children(recursive=True)
+            if any("spawn_main" in part for part in child.cmdline())
+        ]
+        writing = [w for w in workers if str(partial) in _open_paths(w)]
+        assert len(workers) == 2 and len(writing) == 1
+        next(w for w in workers if w not in writing).kill()
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode != 0 and "rank 1" in stderr, stderr[-3000:]
+    assert not (out / "metrics.jsonl").exists()
+    records = [json.loads(line) for line in partial.open()]
+    assert records[0]["kind"] == "config" and records[0]["workers"] == 2
+    epochs = records[1:]
+    assert len(epochs) >= 3
+    assert {r["kind"] for r in epochs} == {"epoch"}
+    assert {r["rank"] for r in epochs} == {0}
+    assert [r["epoch"] for r in epochs] == list(range(len(epochs)))
+    times = [r["time"] for r in epochs]
+    assert all(0 < a < b for a, b in zip(times, times[1:], strict=False))
+
+
+def _epoch_lines(path: Path) -> int:
+    """Complete epoch lines in ``path`` so far (0 while it does not exist)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return 0
+    return sum(1 for line in text.splitlines(keepends=True)[1:] if line.endswith("\n"))
+
+
+def _open_paths(process: psutil.Process) -> set[str]:
+    try:
+        return {f.path for f in process.open_files()}
+    except psutil.NoSuchProcess:
+        return set()
 
 
 def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
