@@ -168,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-every", type=int, help="checkpoint every K epochs (distributed)"
     )
     train.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        help="checkpoints kept, the newest (default 1; 0 keeps all)",
+    )
+    train.add_argument(
         "--resume", action="store_true", help="continue from OUT/checkpoints"
     )
     train.add_argument("--out", help="run folder for metrics.jsonl (default runs/...)")

@@ -102,8 +102,10 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (["--checkpoint-every", "2"], "--checkpoint-every / --resume: only for"),
-        (["--resume"], "--checkpoint-every / --resume: only for"),
+        (["--checkpoint-every", "2"], "--resume / --keep-checkpoints: only for"),
+        (["--resume"], "--resume / --keep-checkpoints: only for"),
+        (["--keep-checkpoints", "3"], "--resume / --keep-checkpoints: only for"),
+        (["--workers", "2", "--keep-checkpoints", "-1"], "--keep-checkpoints: exp"),
         (["--workers", "2", "--checkpoint-every", "0"], "--checkpoint-every: expected"),
         (["--workers", "2", "--timeout", "0"], "--timeout: expected seconds > 0"),
         (["--workers", "2", "--threads", "0"], "--threads: expected >= 1"),

@@ -76,10 +76,10 @@ def run(args: argparse.Namespace) -> int:
         return run_distributed(args, config, out)
     if int(args.workers) < 1:
         raise ValueError(f"--workers: expected >= 1, got {args.workers}")
-    if args.checkpoint_every or args.resume:
+    if args.checkpoint_every or args.resume or args.keep_checkpoints is not None:
         raise ValueError(
-            "--checkpoint-every / --resume: only for distributed runs "
-            "(--workers N with N >= 2, or torchrun)"
+            "--checkpoint-every / --resume / --keep-checkpoints: only for "
+            "distributed runs (--workers N with N >= 2, or torchrun)"
         )
     out = run_folder(args.out, f"train-{args.model}")
     if args.threads:
@@ -120,6 +120,10 @@ def _check_run_flags(args: argparse.Namespace) -> None:
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError(
             f"--checkpoint-every: expected >= 1, got {args.checkpoint_every}"
+        )
+    if args.keep_checkpoints is not None and args.keep_checkpoints < 0:
+        raise ValueError(
+            f"--keep-checkpoints: expected >= 0, got {args.keep_checkpoints}"
         )
     if not args.timeout > 0:
         raise ValueError(f"--timeout: expected seconds > 0, got {args.timeout}")

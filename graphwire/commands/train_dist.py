@@ -239,6 +239,7 @@ def _checkpoint(
         every=int(every),
         resume=bool(args.resume),
         run=run | settings,
+        keep=1 if args.keep_checkpoints is None else int(args.keep_checkpoints),
     )
 
 

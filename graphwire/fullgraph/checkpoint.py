@@ -3,7 +3,9 @@
 Every ``every`` epochs each rank writes ``rank{r}.pt`` for that epoch (model,
 optimizer, torch RNG state, early-stopping state, records so far) atomically;
 after a barrier rank 0 writes ``latest.json`` naming the epoch, so a checkpoint
-counts only once every rank has written it. ``--resume`` loads the epoch that
+counts only once every rank has written it, and then removes the checkpoints
+before it but the newest ``keep`` (``--keep-checkpoints``, default 1: a
+resume reads only the latest; 0 keeps every one). ``--resume`` loads the epoch that
 ``latest.json`` names and continues from the next one, with the settings the
 run was started with (``CheckpointConfig.run``, kept in ``latest.json``): a
 resume that changes any of them is refused, naming them. Dropout masks are hashed
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ __all__ = [
     "check_resume",
     "load_checkpoint",
     "save_checkpoint",
+    "saved_epochs",
     "saved_interval",
 ]
 
@@ -45,20 +50,33 @@ class CheckpointConfig:
         run: the settings a resumed run must share with the one that wrote
             the checkpoints (JSON values by name: model, learning rate, ...;
             not the epoch count, which a resume may extend).
+        keep: how many complete checkpoints to keep, the newest (0: all).
     """
 
     folder: str
     every: int = 10
     resume: bool = False
     run: dict[str, Any] = field(default_factory=dict)
+    keep: int = 1
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"checkpoint every: expected >= 1, got {self.every}")
+        if self.keep < 0:
+            raise ValueError(f"checkpoints to keep: expected >= 0, got {self.keep}")
 
 
 def _epoch_dir(folder: Path, epoch: int) -> Path:
     return folder / f"epoch{epoch:06d}"
+
+
+def saved_epochs(folder: str | os.PathLike[str]) -> list[int]:
+    """The epochs with a checkpoint folder in ``folder``, complete or not,
+    in order."""
+    if not Path(folder).is_dir():
+        return []
+    named = (re.fullmatch(r"epoch(\d{6,})", p.name) for p in Path(folder).iterdir())
+    return sorted(int(m.group(1)) for m in named if m is not None)
 
 
 def save_checkpoint(
@@ -74,7 +92,10 @@ def save_checkpoint(
 
 
 def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None:
-    """Rank 0, after every rank saved ``epoch``: make it the latest."""
+    """Rank 0, after every rank saved ``epoch``: make it the latest, then
+    remove the checkpoints before it but the newest ``config.keep``. (Folders
+    of later epochs, left by a run that died before completing them, are
+    written again when the resumed run gets there.)"""
     write_json(
         Path(config.folder) / "latest.json",
         {
@@ -85,6 +106,10 @@ def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None
             "run": config.run,
         },
     )
+    if config.keep:
+        done = [e for e in saved_epochs(config.folder) if e <= epoch]
+        for old in done[: -config.keep]:
+            shutil.rmtree(_epoch_dir(Path(config.folder), old))
 
 
 def saved_interval(folder: str | os.PathLike[str]) -> int | None:

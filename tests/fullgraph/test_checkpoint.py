@@ -8,7 +8,10 @@ import pytest
 from graphwire.fullgraph.checkpoint import (
     CheckpointConfig,
     check_resume,
+    load_checkpoint,
     mark_complete,
+    save_checkpoint,
+    saved_epochs,
 )
 
 RUN = {"dataset": "planetoid:cora", "model": "gcn", "lr": 0.01, "fanouts": [10, 25]}
@@ -76,3 +79,24 @@ def test_a_resume_may_change_speed_settings_and_keeps_the_interval(tmp_path) -> 
     other = _cli_checkpoint(tmp_path, "--exchange", "halo", "--resume")
     with pytest.raises(ValueError, match=r"exchange 'g3' \(now 'halo'\)"):
         check_resume(other, 2)
+
+
+@pytest.mark.parametrize(
+    ("keep", "left"), [(1, [8]), (2, [6, 8]), (0, [0, 2, 4, 6, 8])]
+)
+def test_only_the_newest_checkpoints_are_kept(tmp_path, keep, left) -> None:
+    """Completing an epoch removes the checkpoints before it but the newest
+    ``keep`` (0: none removed); the latest still resumes, and the folder of
+    an epoch not yet complete (here 9, one rank written) is left alone."""
+    config = CheckpointConfig(str(tmp_path), every=2, run=RUN, keep=keep)
+    for epoch in (0, 2, 4, 6, 8):
+        for rank in (0, 1):
+            save_checkpoint(config, epoch, rank, {"epoch": epoch, "rank": rank})
+        if epoch == 8:
+            save_checkpoint(config, 9, 0, {"epoch": 9, "rank": 0})
+        mark_complete(config, epoch, 2)
+        assert saved_epochs(tmp_path)[-1] == (9 if epoch == 8 else epoch)
+    assert saved_epochs(tmp_path) == [*left, 9]
+    assert load_checkpoint(config, 1, 2) == {"epoch": 8, "rank": 1}
+    with pytest.raises(ValueError, match="checkpoints to keep: expected >= 0"):
+        CheckpointConfig(str(tmp_path), keep=-1)

@@ -255,6 +255,11 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
     before, after = _summary(first.stdout), _summary(resumed.stdout)
     assert after["resumed_at"] == "2" and after["epochs"] == "3"
     assert after["remote_rows"] == before["remote_rows"]
+    # Only the newest checkpoint is kept (the default --keep-checkpoints 1).
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "epoch000002",
+        "latest.json",
+    ]
     # Resuming with another partitioner is refused, saying why.
     other = train("--epochs", "3", "--resume", "--partition", "metis")
     assert other.returncode == 2
