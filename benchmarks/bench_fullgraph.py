@@ -271,12 +271,11 @@ def _configs(
     common: tuple[str, ...] = ("--model", args.model, "--hidden", str(args.hidden))
     common += ("--epochs", str(args.epochs), "--seed", "0", "--quiet")
     common += ("--patience", str(10 * args.epochs), "--threads", str(args.threads))
-    common += ("--timeout", str(args.collective_timeout))
+    single = ("--dataset", str(work / "graph"))
+    configs = [Config("single process", (*common, *single))]
+    common += ("--timeout", str(args.collective_timeout))  # distributed only
     metis = ("--dataset", str(work / "parts-metis"), "--workers", str(args.workers))
-    configs = [
-        Config("single process", (*common, "--dataset", str(work / "graph"))),
-        Config("halo (metis)", (*common, *metis, "--exchange", "halo")),
-    ]
+    configs.append(Config("halo (metis)", (*common, *metis, "--exchange", "halo")))
     if "replicate" in exchanges:
         configs.append(
             Config("replicate (metis)", (*common, *metis, "--exchange", "replicate"))

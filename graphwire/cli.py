@@ -95,9 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--exchange",
-        default="g3",
         choices=["halo", "replicate", "g3"],
-        help="how workers exchange boundary rows (distributed runs)",
+        help="how workers exchange boundary rows (distributed runs; default g3)",
     )
     train.add_argument(
         "--g3-mode",
@@ -128,10 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--fetch",
-        default="on-demand",
         choices=["on-demand", "rapid"],
-        help="distributed mini-batch: pull remote features per batch (DistDGL) "
-        "or from a presampled hot cache and prefetcher (RapidGNN)",
+        help="distributed mini-batch: pull remote features per batch (DistDGL, "
+        "the default) or from a presampled hot cache and prefetcher (RapidGNN)",
     )
     train.add_argument(
         "--n-hot",
@@ -142,11 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--cache-mb",
         type=float,
-        default=512.0,
-        help="rapid: memory for the two cache buffers when --n-hot is not given",
+        help="rapid: memory for the two cache buffers when --n-hot is not given "
+        "(default 512)",
     )
     train.add_argument(
-        "--prefetch", type=int, default=4, help="rapid: batches kept ready (Q)"
+        "--prefetch", type=int, help="rapid: batches kept ready (Q, default 4)"
     )
     train.add_argument("--presample-dir", help="rapid: where the schedule goes")
     train.add_argument(
@@ -162,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch threads per process (workers default to 1)",
     )
     train.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds any collective may wait"
+        "--timeout",
+        type=float,
+        help="distributed: seconds any collective may wait (default 600)",
     )
     train.add_argument(
         "--checkpoint-every", type=int, help="checkpoint every K epochs (distributed)"

@@ -102,9 +102,13 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (["--checkpoint-every", "2"], "--resume / --keep-checkpoints: only for"),
-        (["--resume"], "--resume / --keep-checkpoints: only for"),
-        (["--keep-checkpoints", "3"], "--resume / --keep-checkpoints: only for"),
+        (["--checkpoint-every", "2"], "--checkpoint-every: only for distributed"),
+        (["--resume"], "--resume: only for distributed runs"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints: only for distributed"),
+        (["--exchange", "g3"], "--exchange: only for distributed runs"),
+        (["--workers", "1", "--bin-rows", "64"], "--bin-rows: only for distributed"),
+        (["--mode", "minibatch", "--fetch", "rapid"], "--fetch: only for distrib"),
+        (["--timeout", "30", "--prefetch", "2"], "--prefetch / --timeout: only for"),
         (["--workers", "2", "--keep-checkpoints", "-1"], "--keep-checkpoints: exp"),
         (["--workers", "2", "--checkpoint-every", "0"], "--checkpoint-every: expected"),
         (["--workers", "2", "--timeout", "0"], "--timeout: expected seconds > 0"),

@@ -1,9 +1,12 @@
-"""``graphwire train``: one training run, single process for now.
+"""``graphwire train``: one training run.
 
-Parses flags into a :class:`~graphwire.training.TrainConfig`, loads the dataset,
-optionally partitions it (to report what distributed training would face), runs
-the full-graph or mini-batch loop, and reports accuracy, the time split and the
-summary line.
+Parses flags into a :class:`~graphwire.training.TrainConfig`. With
+``--workers N`` (N >= 2) or under ``torchrun`` the run is distributed
+(:mod:`graphwire.commands.train_dist`); otherwise this process loads the
+dataset, optionally partitions it (to report what distributed training would
+face), runs the full-graph or mini-batch loop, and reports accuracy, the time
+split and the summary line. A flag only a distributed run reads
+(:data:`DISTRIBUTED_FLAGS`) is refused on one process, not ignored.
 """
 
 from __future__ import annotations
@@ -35,6 +38,34 @@ _OVERRIDES = {
     "eval_every": "eval_every",
 }
 
+# Flags only a distributed run reads (attribute -> flag), and the defaults it
+# takes for those that have one; on one process they default to None, so a
+# flag given there is seen and refused.
+DISTRIBUTED_FLAGS = {
+    "exchange": "--exchange",
+    "g3_mode": "--g3-mode",
+    "g3_sync": "--g3-sync",
+    "g3_order": "--g3-order",
+    "bin_rows": "--bin-rows",
+    "bin_mb": "--bin-mb",
+    "fetch": "--fetch",
+    "n_hot": "--n-hot",
+    "cache_mb": "--cache-mb",
+    "prefetch": "--prefetch",
+    "presample_dir": "--presample-dir",
+    "timeout": "--timeout",
+    "checkpoint_every": "--checkpoint-every",
+    "keep_checkpoints": "--keep-checkpoints",
+    "resume": "--resume",
+}
+DISTRIBUTED_DEFAULTS = {
+    "exchange": "g3",
+    "fetch": "on-demand",
+    "cache_mb": 512.0,
+    "prefetch": 4,
+    "timeout": 600.0,
+}
+
 
 def build_config(args: argparse.Namespace) -> TrainConfig:
     fields: dict[str, Any] = {
@@ -64,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
     from graphwire.commands.train_dist import run_distributed
 
     if int(args.workers) > 1 or under_torchrun():
+        for name, value in DISTRIBUTED_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
         if under_torchrun() and not args.out:
             raise ValueError("under torchrun, --out is required (one folder per run)")
         world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.workers
@@ -76,10 +110,15 @@ def run(args: argparse.Namespace) -> int:
         return run_distributed(args, config, out)
     if int(args.workers) < 1:
         raise ValueError(f"--workers: expected >= 1, got {args.workers}")
-    if args.checkpoint_every or args.resume or args.keep_checkpoints is not None:
+    given = [
+        flag
+        for name, flag in DISTRIBUTED_FLAGS.items()
+        if getattr(args, name) is not None and getattr(args, name) is not False
+    ]
+    if given:
         raise ValueError(
-            "--checkpoint-every / --resume / --keep-checkpoints: only for "
-            "distributed runs (--workers N with N >= 2, or torchrun)"
+            f"{' / '.join(given)}: only for distributed runs (--workers N with "
+            "N >= 2, or torchrun); --workers 1 trains in this process"
         )
     out = run_folder(args.out, f"train-{args.model}")
     if args.threads:
@@ -125,7 +164,7 @@ def _check_run_flags(args: argparse.Namespace) -> None:
         raise ValueError(
             f"--keep-checkpoints: expected >= 0, got {args.keep_checkpoints}"
         )
-    if not args.timeout > 0:
+    if args.timeout is not None and not args.timeout > 0:
         raise ValueError(f"--timeout: expected seconds > 0, got {args.timeout}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads: expected >= 1, got {args.threads}")
