@@ -10,7 +10,8 @@ training time (the ranks step in lockstep); the summary gives the median over
 epochs. ``presample_s``, ``n_hot`` and ``cache_mib`` (rapid) are the largest
 over ranks. Remote rows are the rows pulled from other ranks (the stores' counters:
 every on-demand, prefetch and cache-fill row); remote bytes are the ledger's
-bytes of those requests and answers (``kv.*`` tags).
+bytes of those requests and answers (``kv.*`` tags). A resumed run's rows and
+bytes count the epochs from its checkpoint on, which ``resumed_at`` names.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.commands.common import console, print_table
-from graphwire.commands.train_dist import run_seconds, write_epochs
+from graphwire.commands.train_dist import ledger_span, run_seconds, write_epochs
 from graphwire.fullgraph.job import RankReport, RunLog
 from graphwire.minibatch.dist import fetch_traffic
 from graphwire.runlog import MetricsLog, format_summary
@@ -70,6 +71,7 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
         "cache_mib": max(r.counters.get("cache_bytes", 0) for r in reports) / 2**20,
         "bytes_sent": sent,
         "bytes_recv": recv,
+        **({"resumed_at": lead.first_epoch} if lead.first_epoch else {}),
     }
 
 
@@ -142,7 +144,8 @@ def _traffic_table(reports: list[RankReport]) -> None:
             )
         )
     print_table(
-        "remote traffic per rank (rows and requests this rank asked for)",
+        "remote traffic per rank (rows and requests this rank asked for; "
+        f"{ledger_span(reports[0])[1]})",
         ["rank", "purpose", "rows", "requests", "MiB received"],
         rows,
     )

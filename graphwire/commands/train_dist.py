@@ -36,6 +36,7 @@ from graphwire.runlog import MetricsLog, format_bytes, format_summary
 from graphwire.training import TrainConfig
 
 __all__ = [
+    "ledger_span",
     "print_comm",
     "run_seconds",
     "run_distributed",
@@ -314,7 +315,7 @@ def training_bytes_by_peer(reports: list[RankReport]) -> list[list[int]]:
     return matrix
 
 
-def _ledger_epochs(report: RankReport) -> tuple[int, str]:
+def ledger_span(report: RankReport) -> tuple[int, str]:
     """How many epochs the ledgers count, and which, in words: all of them,
     or those since the checkpoint a resumed run started from."""
     first, count = report.first_epoch, report.epochs_run - report.first_epoch
@@ -337,7 +338,7 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
             by_tag[tag] += num_bytes
             messages[tag] += count
         recv += sum(row[3] for row in report.ledger["recv"])
-    epochs, span = _ledger_epochs(reports[0])
+    epochs, span = ledger_span(reports[0])
     print_table(
         f"bytes by tag (all ranks, {span})",
         ["tag", "bytes", "per epoch", "messages"],

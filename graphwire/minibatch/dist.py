@@ -136,12 +136,15 @@ class MinibatchRun:
         ledger: this rank's ledger snapshot for the whole run.
         counters: sampler, cache and prefetcher counters, and the setup.
         batches: per step ``(epoch, index, seeds checksum)`` (tests use it).
+        first_epoch: the epoch this process started at (resumed: the ledger
+            and counters count the epochs from there only).
     """
 
     result: TrainResult
     ledger: dict[str, Any]
     counters: dict[str, Any] = field(default_factory=dict)
     batches: list[tuple[int, int, int]] = field(default_factory=list)
+    first_epoch: int = 0
 
 
 class _Loop:
@@ -405,6 +408,7 @@ def train_minibatch_distributed(
         ledger=transport.ledger.snapshot(),
         counters=_counters(loop),
         batches=seen,
+        first_epoch=first,
     )
 
 

@@ -66,6 +66,7 @@ def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:
             run.ledger,
             run.counters,
             start,
+            first_epoch=run.first_epoch,
             stamps=stream.stamps,
         )
         return gather_reports(transport, report)

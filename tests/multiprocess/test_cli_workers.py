@@ -274,6 +274,28 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
     assert "Traceback" not in changed.stderr
 
 
+def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """``--mode minibatch --resume``: the traffic table and the summary
+    (``resumed_at=``) say that the rows and bytes count the epochs from the
+    checkpoint on, as the full-graph report does."""
+    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    argv += ["--mode", "minibatch", "--model", "sage", "--workers", "2"]
+    argv += ["--batch-size", "40", "--fanouts", "4,6", "--seed", "1", "--quiet"]
+    argv += ["--timeout", "120", "--checkpoint-every", "1"]
+    argv += ["--out", str(tmp_path / "run")]
+    first = _run([*argv, "--epochs", "2"])
+    assert "resumed_at" not in first
+    done = subprocess.run(
+        [*argv, "--epochs", "3", "--resume"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "epochs 2-2, resumed" in " ".join(done.stdout.split())
+    resumed = _summary(done.stdout)
+    assert resumed["resumed_at"] == "2" and resumed["epochs"] == "3"
+
+
 @pytest.mark.parametrize("rows", ["-1", "0"])
 def test_a_setting_a_worker_refuses_is_one_line_of_error(
     tmp_path: Path, rows: str
