@@ -170,10 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--keep-checkpoints",
         type=int,
-        help="checkpoints kept, the newest (default 1; 0 keeps all)",
+        help="checkpoints kept, the newest (distributed; default 1, or as the "
+        "run being resumed; 0 keeps all)",
     )
     train.add_argument(
-        "--resume", action="store_true", help="continue from OUT/checkpoints"
+        "--resume",
+        action="store_true",
+        help="continue from OUT/checkpoints (distributed)",
     )
     train.add_argument("--out", help="run folder for metrics.jsonl (default runs/...)")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -233,17 +236,56 @@ def apply_config(
     given = {
         a.split("=")[0].lstrip("-").replace("-", "_") for a in argv if a[:2] == "--"
     }
-    known = set(vars(args))
+    actions = _command_actions(parser, args.command)
+    args.from_config = set()
     for key, value in config.items():
         name = str(key).replace("-", "_")
-        if name not in known or name in ("command", "handler", "config"):
+        if name not in actions or name in ("command", "handler", "config"):
             raise SystemExit(f"graphwire: --config {path}: unknown key {key!r}")
-        if name in given:
-            continue  # the command line wins
+        if name in given or value is None:
+            continue  # the command line wins; null leaves the default
         if name == "fanouts" and isinstance(value, list):
             value = ",".join(str(v) for v in value)
+        try:
+            value = _flag_value(actions[name], value)
+        except ValueError as error:
+            raise SystemExit(f"graphwire: --config {path}: {key}: {error}") from None
         setattr(args, name, value)
+        args.from_config.add(name)
     return args
+
+
+def _command_actions(
+    parser: argparse.ArgumentParser, command: str
+) -> dict[str, argparse.Action]:
+    """The flags of ``command``'s subparser, by attribute name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[command]
+            return {a.dest: a for a in sub._actions}
+    return {}
+
+
+def _flag_value(action: argparse.Action, value: Any) -> Any:
+    """A YAML ``value`` for ``action``'s flag, as the command line would give
+    it: converted by the flag's type and within its choices."""
+    if action.nargs == 0:  # --resume, --quiet: on or off
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+    if isinstance(value, list | dict):
+        raise ValueError(f"expected a single value, got {value!r}")
+    kind = getattr(action.type, "__name__", "str")
+    try:
+        if isinstance(value, bool):  # YAML's true/false: not a number or name
+            raise ValueError
+        value = action.type(str(value)) if callable(action.type) else str(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected {kind}, got {value!r}") from None
+    if action.choices is not None and value not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise ValueError(f"expected one of {choices}, got {value!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -174,7 +174,11 @@ class EpochRecord:
     what a loop measures besides (distributed mini-batch: seeds, remote rows,
     cache hits, CPU time and energy). Accuracies are NaN in an epoch
     without an evaluation (:meth:`TrainConfig.evaluates`); :meth:`as_dict`
-    gives them as None, so the log stays strict JSON.
+    gives them as None, so the log stays strict JSON. ``time`` (distributed
+    runs, stamped by the job) is the seconds from the start of the process
+    that ran the epoch to the epoch's end; it stays with the record through
+    checkpoints, and :meth:`as_dict` leaves it out while it is None (the
+    log's own ``time`` then stands).
     """
 
     epoch: int
@@ -186,6 +190,7 @@ class EpochRecord:
     peak_rss_mb: float
     comm: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    time: float | None = None
 
     def __post_init__(self) -> None:
         # Read back from as_dict (a checkpoint, a log): None is "not evaluated".
@@ -198,6 +203,8 @@ class EpochRecord:
         for name in _ACCURACIES:
             if math.isnan(out[name]):
                 out[name] = None
+        if out["time"] is None:
+            del out["time"]
         return out
 
 

@@ -58,6 +58,50 @@ def test_config_file_keys_must_be_known(tmp_path) -> None:
         main(["train", "--config", str(config)])
 
 
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("epochs: lots\n", "epochs: expected int, got 'lots'"),
+        ("epochs: 2.5\n", "epochs: expected int, got 2.5"),
+        ("keep-checkpoints: true\n", "keep-checkpoints: expected int, got True"),
+        ("exchange: mesh\n", "exchange: expected one of halo, replicate, g3"),
+        ("quiet: 1\n", "quiet: expected true or false, got 1"),
+        ("fanouts: {a: 1}\n", "fanouts: expected a single value"),
+    ],
+)
+def test_config_file_values_are_checked_as_flags_are(tmp_path, text, error) -> None:
+    """A YAML value goes through its flag's type and choices, so a bad one is
+    an error naming the file and key, not a TypeError deep in the run."""
+    config = tmp_path / "run.yaml"
+    config.write_text(text)
+    with pytest.raises(SystemExit, match=f"--config {config}: {error}"):
+        main(["train", "--config", str(config)])
+
+
+def test_config_file_values_become_the_flags_types(tmp_path) -> None:
+    from graphwire.cli import apply_config, build_parser
+
+    config = tmp_path / "run.yaml"
+    config.write_text("lr: '0.05'\nseed: 7\ndataset: 12\nresume: false\n")
+    argv = ["train", "--config", str(config), "--seed", "3"]
+    args = apply_config(build_parser(), build_parser().parse_args(argv), argv)
+    assert (args.lr, args.seed, args.dataset, args.resume) == (0.05, 3, "12", False)
+    assert args.from_config == {"lr", "dataset", "resume"}
+
+
+def test_a_distributed_flag_from_a_config_file_is_named_with_it(
+    tmp_path, capsys
+) -> None:
+    """A shared config file's distributed settings on a one-process run: the
+    refusal says they came from the file."""
+    config = tmp_path / "run.yaml"
+    config.write_text("exchange: g3\ntimeout: 600\n")
+    argv = ["train", "--config", str(config), "--dataset", str(tmp_path / "x")]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"--exchange (in {config}) / --timeout (in {config}): only for" in err
+
+
 def test_bench_list(capsys) -> None:
     assert main(["bench", "list"]) == 0
     assert "gcn-epoch" in capsys.readouterr().out
@@ -110,6 +154,15 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
         (["--mode", "minibatch", "--fetch", "rapid"], "--fetch: only for distrib"),
         (["--timeout", "30", "--prefetch", "2"], "--prefetch / --timeout: only for"),
         (["--workers", "2", "--keep-checkpoints", "-1"], "--keep-checkpoints: exp"),
+        (["--workers", "2", "--fetch", "rapid"], "--fetch: only with --mode minib"),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--exchange", "halo"],
+            "--exchange: only with --mode fullgraph",
+        ),
+        (
+            ["--workers", "2", "--keep-checkpoints", "3"],
+            "--keep-checkpoints: only with --checkpoint-every or --resume",
+        ),
         (["--workers", "2", "--checkpoint-every", "0"], "--checkpoint-every: expected"),
         (["--workers", "2", "--timeout", "0"], "--timeout: expected seconds > 0"),
         (["--workers", "2", "--threads", "0"], "--threads: expected >= 1"),

@@ -41,8 +41,11 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
         seeds = sum(r.records[e]["extra"]["seeds"] for r in reports)
         slowest = max(r.records[e]["extra"]["train_s"] for r in reports)
         per_epoch.append(seeds / slowest if slowest > 0 else 0.0)
-    hits = sum(rec["extra"]["cache_hits"] for r in reports for rec in r.records)
-    missed = sum(rec["extra"]["missed_rows"] for r in reports for rec in r.records)
+    own = [  # the epochs this run ran (not those restored from a checkpoint)
+        rec for r in reports for rec in r.records if rec["epoch"] >= r.first_epoch
+    ]
+    hits = sum(rec["extra"]["cache_hits"] for rec in own)
+    missed = sum(rec["extra"]["missed_rows"] for rec in own)
     remote_rows = sum(
         r.counters["store"][k]["remote_rows"]
         for r in reports

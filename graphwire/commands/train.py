@@ -39,20 +39,28 @@ _OVERRIDES = {
 }
 
 # Flags only a distributed run reads (attribute -> flag), and the defaults it
-# takes for those that have one; on one process they default to None, so a
-# flag given there is seen and refused.
-DISTRIBUTED_FLAGS = {
+# takes for those that have one; they default to None in the parser, so a
+# flag given where it would be ignored is seen and refused: on one process,
+# or in the other mode (the exchange's flags are full-graph's, the fetch's
+# mini-batch's).
+EXCHANGE_FLAGS = {
     "exchange": "--exchange",
     "g3_mode": "--g3-mode",
     "g3_sync": "--g3-sync",
     "g3_order": "--g3-order",
     "bin_rows": "--bin-rows",
     "bin_mb": "--bin-mb",
+}
+FETCH_FLAGS = {
     "fetch": "--fetch",
     "n_hot": "--n-hot",
     "cache_mb": "--cache-mb",
     "prefetch": "--prefetch",
     "presample_dir": "--presample-dir",
+}
+DISTRIBUTED_FLAGS = {
+    **EXCHANGE_FLAGS,
+    **FETCH_FLAGS,
     "timeout": "--timeout",
     "checkpoint_every": "--checkpoint-every",
     "keep_checkpoints": "--keep-checkpoints",
@@ -95,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from graphwire.commands.train_dist import run_distributed
 
     if int(args.workers) > 1 or under_torchrun():
+        _check_distributed_flags(args)
         for name, value in DISTRIBUTED_DEFAULTS.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)
@@ -110,16 +119,12 @@ def run(args: argparse.Namespace) -> int:
         return run_distributed(args, config, out)
     if int(args.workers) < 1:
         raise ValueError(f"--workers: expected >= 1, got {args.workers}")
-    given = [
-        flag
-        for name, flag in DISTRIBUTED_FLAGS.items()
-        if getattr(args, name) is not None and getattr(args, name) is not False
-    ]
-    if given:
-        raise ValueError(
-            f"{' / '.join(given)}: only for distributed runs (--workers N with "
-            "N >= 2, or torchrun); --workers 1 trains in this process"
-        )
+    _refuse(
+        args,
+        DISTRIBUTED_FLAGS,
+        "only for distributed runs (--workers N with N >= 2, or torchrun); "
+        "--workers 1 trains in this process",
+    )
     out = run_folder(args.out, f"train-{args.model}")
     if args.threads:
         import torch
@@ -152,6 +157,34 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"metrics: {out / 'metrics.jsonl'}")
     print(format_summary(summary), flush=True)
     return 0
+
+
+def _refuse(args: argparse.Namespace, flags: dict[str, str], why: str) -> None:
+    """Raise, saying ``why``, if any of ``flags`` (attribute -> flag) was
+    given; each is named, with the file it came from if ``--config``."""
+    from_config: set[str] = getattr(args, "from_config", set())
+    given = [
+        f"{flag} (in {args.config})" if name in from_config else flag
+        for name, flag in flags.items()
+        if getattr(args, name) is not None and getattr(args, name) is not False
+    ]
+    if given:
+        raise ValueError(f"{' / '.join(given)}: {why}")
+
+
+def _check_distributed_flags(args: argparse.Namespace) -> None:
+    """Flags of the other mode, and ``--keep-checkpoints`` with nothing to
+    keep, are refused rather than ignored."""
+    if args.mode == "minibatch":
+        _refuse(args, EXCHANGE_FLAGS, "only with --mode fullgraph")
+    else:
+        _refuse(args, FETCH_FLAGS, "only with --mode minibatch")
+    if not (args.checkpoint_every or args.resume):
+        _refuse(
+            args,
+            {"keep_checkpoints": "--keep-checkpoints"},
+            "only with --checkpoint-every or --resume",
+        )
 
 
 def _check_run_flags(args: argparse.Namespace) -> None:

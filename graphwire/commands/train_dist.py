@@ -28,7 +28,7 @@ from graphwire.commands.common import console, load_with_status, print_table
 from graphwire.fullgraph.checkpoint import (
     CheckpointConfig,
     check_resume,
-    saved_interval,
+    saved_schedule,
 )
 from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.fullgraph.job import FullGraphJob, RankReport, RunLog, run_rank
@@ -211,12 +211,12 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
 def _checkpoint(
     args: argparse.Namespace, out: Path, config: TrainConfig
 ) -> CheckpointConfig | None:
-    """Where the run checkpoints, and how often (a resume keeps the interval
-    the run was started with unless ``--checkpoint-every`` says otherwise),
-    with the settings that decide its results, which a resume must keep: the
-    dataset, the mode, the exchange or the fetch, and the training settings
-    but the epoch count, patience and evaluation interval (speed and memory
-    settings, such as G3's bins, may change)."""
+    """Where the run checkpoints, how often and how many it keeps (a resume
+    keeps the run's unless ``--checkpoint-every`` / ``--keep-checkpoints``
+    say otherwise), with the settings that decide its results, which a
+    resume must keep: the dataset, the mode, the exchange or the fetch, and
+    the training settings but the epoch count, patience and evaluation
+    interval (speed and memory settings, such as G3's bins, may change)."""
     if not (args.checkpoint_every or args.resume):
         return None
     folder = out / "checkpoints"
@@ -234,13 +234,15 @@ def _checkpoint(
         run["exchange"] = args.exchange
         for unused in ("fanouts", "batch_size"):  # mini-batch settings
             del settings[unused]
-    every = args.checkpoint_every or saved_interval(folder) or 10**9
+    saved = saved_schedule(folder) if args.resume else {}
+    every = args.checkpoint_every or saved.get("every") or 10**9
+    keep = args.keep_checkpoints
     return CheckpointConfig(
         folder=str(folder),
         every=int(every),
         resume=bool(args.resume),
         run=run | settings,
-        keep=1 if args.keep_checkpoints is None else int(args.keep_checkpoints),
+        keep=saved.get("keep", 1) if keep is None else int(keep),
     )
 
 

@@ -5,7 +5,8 @@ optimizer, torch RNG state, early-stopping state, records so far) atomically;
 after a barrier rank 0 writes ``latest.json`` naming the epoch, so a checkpoint
 counts only once every rank has written it, and then removes the checkpoints
 before it but the newest ``keep`` (``--keep-checkpoints``, default 1: a
-resume reads only the latest; 0 keeps every one). ``--resume`` loads the epoch that
+resume reads only the latest; 0 keeps every one; a resume keeps the run's
+count and interval unless given others). ``--resume`` loads the epoch that
 ``latest.json`` names and continues from the next one, with the settings the
 run was started with (``CheckpointConfig.run``, kept in ``latest.json``): a
 resume that changes any of them is refused, naming them. Dropout masks are hashed
@@ -33,7 +34,7 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "saved_epochs",
-    "saved_interval",
+    "saved_schedule",
 ]
 
 FORMAT = "graphwire.checkpoint"
@@ -93,9 +94,9 @@ def save_checkpoint(
 
 def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None:
     """Rank 0, after every rank saved ``epoch``: make it the latest, then
-    remove the checkpoints before it but the newest ``config.keep``. (Folders
-    of later epochs, left by a run that died before completing them, are
-    written again when the resumed run gets there.)"""
+    remove the checkpoints before it but the newest ``config.keep``, and the
+    folders of later epochs (left by an earlier attempt at this run that died
+    after them; this one has not got there)."""
     write_json(
         Path(config.folder) / "latest.json",
         {
@@ -103,23 +104,36 @@ def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None
             "epoch": epoch,
             "world_size": world_size,
             "every": config.every,
+            "keep": config.keep,
             "run": config.run,
         },
     )
+    saved = saved_epochs(config.folder)
+    done = [e for e in saved if e <= epoch]
+    stale = [e for e in saved if e > epoch]
     if config.keep:
-        done = [e for e in saved_epochs(config.folder) if e <= epoch]
-        for old in done[: -config.keep]:
-            shutil.rmtree(_epoch_dir(Path(config.folder), old))
+        stale += done[: -config.keep]
+    for old in stale:
+        shutil.rmtree(_epoch_dir(Path(config.folder), old))
 
 
-def saved_interval(folder: str | os.PathLike[str]) -> int | None:
-    """The checkpoint interval ``latest.json`` in ``folder`` records (None:
-    no such file, or one that records none)."""
+def saved_schedule(folder: str | os.PathLike[str]) -> dict[str, int]:
+    """What ``latest.json`` in ``folder`` records of how the run checkpoints,
+    which a resume keeps unless told otherwise: ``every`` (the interval) and
+    ``keep`` (how many are kept); empty if there is no such file, and without
+    a field the file does not hold."""
     try:
-        every = json.loads((Path(folder) / "latest.json").read_text()).get("every")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return every if isinstance(every, int) and every >= 1 else None
+        meta = json.loads((Path(folder) / "latest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(meta, dict):
+        return {}
+    lowest = {"every": 1, "keep": 0}
+    return {
+        name: meta[name]
+        for name, low in lowest.items()
+        if type(meta.get(name)) is int and meta[name] >= low
+    }
 
 
 def check_resume(config: CheckpointConfig, world_size: int) -> int | None:

@@ -12,7 +12,9 @@ While it trains, rank 0 streams its epoch records into
 watched and a run that dies late leaves the epochs it finished; the report
 written at the end, with every rank's records, replaces that file with
 ``metrics.jsonl``. Every rank stamps its records with the seconds since it
-started (``time``).
+started (``EpochRecord.time``; an epoch restored from a checkpoint keeps the
+stamp of the process that ran it). A resumed run's stream starts at the
+epoch after its checkpoint.
 """
 
 from __future__ import annotations
@@ -80,9 +82,8 @@ class FullGraphJob:
 
 @dataclass(kw_only=True)
 class RankReport:
-    """One rank's run, sent to rank 0 at the end. Its ``records`` are
-    :meth:`EpochRecord.as_dict` with ``time``, the seconds from the rank's
-    start to the epoch's end (None for an epoch restored from a checkpoint)."""
+    """One rank's run, sent to rank 0 at the end (``records``: as
+    :meth:`EpochRecord.as_dict`, stamped with their ``time``)."""
 
     rank: int
     records: list[dict[str, Any]]
@@ -123,7 +124,6 @@ def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
             run.counters,
             start,
             first_epoch=run.first_epoch,
-            stamps=stream.stamps,
         )
         return gather_reports(transport, report)
     finally:
@@ -131,10 +131,10 @@ def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
 
 
 class EpochStream:
-    """A rank's ``on_epoch``: stamps each epoch's end (seconds since
-    ``start``, a perf_counter); on rank 0 it also appends the record to
-    ``log`` as it comes and calls ``show`` with it. A context manager (the
-    log is open inside)."""
+    """A rank's ``on_epoch``: stamps each record with its epoch's end
+    (``EpochRecord.time``: seconds since ``start``, a perf_counter); on rank 0
+    it also appends the record to ``log`` as it comes and calls ``show`` with
+    it. A context manager (the log is open inside)."""
 
     def __init__(
         self,
@@ -144,7 +144,6 @@ class EpochStream:
         show: Callable[[EpochRecord], None] | None,
     ) -> None:
         self.rank, self.start = rank, start
-        self.stamps: dict[int, float] = {}
         lead = rank == 0
         self._show = show if lead else None
         self._log = MetricsLog(log.out if lead and log else None, final=False)
@@ -152,7 +151,11 @@ class EpochStream:
 
     def __enter__(self) -> EpochStream:
         self._log.__enter__()
-        self._log.write("config", time=0.0, **self._header)
+        try:
+            self._log.write("config", time=0.0, **self._header)
+        except BaseException as error:
+            self._log.__exit__(type(error), error, error.__traceback__)
+            raise
         return self
 
     def __exit__(
@@ -164,9 +167,8 @@ class EpochStream:
         self._log.__exit__(exc_type, exc, tb)
 
     def __call__(self, record: EpochRecord) -> None:
-        stamp = round(time.perf_counter() - self.start, 4)
-        self.stamps[record.epoch] = stamp
-        self._log.write("epoch", time=stamp, rank=self.rank, **record.as_dict())
+        record.time = round(time.perf_counter() - self.start, 4)
+        self._log.write("epoch", rank=self.rank, **record.as_dict())
         if self._show is not None:
             self._show(record)
 
@@ -179,15 +181,12 @@ def rank_report(
     counters: dict[str, Any],
     start: float,
     first_epoch: int = 0,
-    stamps: dict[int, float] | None = None,
 ) -> RankReport:
     """This rank's report of a finished run (``start``: its perf_counter;
-    ``first_epoch``: the epoch this process started at; ``stamps``: each
-    epoch's end it ran, from :class:`EpochStream`)."""
-    stamps = stamps or {}
+    ``first_epoch``: the epoch this process started at)."""
     return RankReport(
         rank=rank,
-        records=[r.as_dict() | {"time": stamps.get(r.epoch)} for r in result.records],
+        records=[r.as_dict() for r in result.records],
         ledger=ledger,
         counters=counters,
         num_owned=part.num_owned,

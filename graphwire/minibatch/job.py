@@ -67,7 +67,6 @@ def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:
             run.counters,
             start,
             first_epoch=run.first_epoch,
-            stamps=stream.stamps,
         )
         return gather_reports(transport, report)
     finally:

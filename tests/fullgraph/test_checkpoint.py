@@ -63,7 +63,7 @@ def _cli_checkpoint(tmp_path, *flags: str) -> CheckpointConfig:
     return config
 
 
-def test_a_resume_may_change_speed_settings_and_keeps_the_interval(tmp_path) -> None:
+def test_a_resume_may_change_speed_settings_and_keeps_the_schedule(tmp_path) -> None:
     """G3's bins (speed and memory) and mini-batch settings a full-graph run
     does not use are not part of what a resume must keep; the dataset path is
     compared resolved; a resume without --checkpoint-every keeps the run's."""
@@ -76,6 +76,7 @@ def test_a_resume_may_change_speed_settings_and_keeps_the_interval(tmp_path) -> 
     )
     assert again.every == 3
     assert check_resume(again, 2) == 5
+    assert again.keep == 1  # the default, as the run was started
     other = _cli_checkpoint(tmp_path, "--exchange", "halo", "--resume")
     with pytest.raises(ValueError, match=r"exchange 'g3' \(now 'halo'\)"):
         check_resume(other, 2)
@@ -86,17 +87,43 @@ def test_a_resume_may_change_speed_settings_and_keeps_the_interval(tmp_path) -> 
 )
 def test_only_the_newest_checkpoints_are_kept(tmp_path, keep, left) -> None:
     """Completing an epoch removes the checkpoints before it but the newest
-    ``keep`` (0: none removed); the latest still resumes, and the folder of
-    an epoch not yet complete (here 9, one rank written) is left alone."""
+    ``keep`` (0: none removed); the latest still resumes."""
     config = CheckpointConfig(str(tmp_path), every=2, run=RUN, keep=keep)
     for epoch in (0, 2, 4, 6, 8):
         for rank in (0, 1):
             save_checkpoint(config, epoch, rank, {"epoch": epoch, "rank": rank})
-        if epoch == 8:
-            save_checkpoint(config, 9, 0, {"epoch": 9, "rank": 0})
         mark_complete(config, epoch, 2)
-        assert saved_epochs(tmp_path)[-1] == (9 if epoch == 8 else epoch)
-    assert saved_epochs(tmp_path) == [*left, 9]
+        assert saved_epochs(tmp_path)[-1] == epoch
+    assert saved_epochs(tmp_path) == left
     assert load_checkpoint(config, 1, 2) == {"epoch": 8, "rank": 1}
+    # A run resumed from epoch 2 that completes epoch 4 removes the folders
+    # of later epochs the attempt before it left (it has not got there).
+    for rank in (0, 1):
+        save_checkpoint(config, 4, rank, {"epoch": 4, "rank": rank})
+    mark_complete(config, 4, 2)
+    assert saved_epochs(tmp_path) == ([0, 2, 4] if keep == 0 else [4])
     with pytest.raises(ValueError, match="checkpoints to keep: expected >= 0"):
         CheckpointConfig(str(tmp_path), keep=-1)
+
+
+def test_a_resume_keeps_the_count_of_checkpoints_the_run_keeps(tmp_path) -> None:
+    """``--keep-checkpoints K`` reaches the config and ``latest.json``; a
+    resume without the flag keeps K (a run that kept every checkpoint does
+    not lose them on resuming), and one with it takes the new count."""
+    flags = ("--exchange", "g3", "--checkpoint-every", "2")
+    first = _cli_checkpoint(tmp_path, *flags, "--keep-checkpoints", "0")
+    assert first.keep == 0
+    for epoch in (1, 3):
+        for rank in (0, 1):
+            save_checkpoint(first, epoch, rank, {"epoch": epoch})
+        mark_complete(first, epoch, 2)
+    resumed = _cli_checkpoint(tmp_path, "--exchange", "g3", "--resume")
+    assert (resumed.keep, resumed.every) == (0, 2)
+    for rank in (0, 1):
+        save_checkpoint(resumed, 5, rank, {"epoch": 5})
+    mark_complete(resumed, 5, 2)
+    assert saved_epochs(tmp_path / "out" / "checkpoints") == [1, 3, 5]
+    fewer = _cli_checkpoint(tmp_path, *flags, "--resume", "--keep-checkpoints", "2")
+    assert fewer.keep == 2
+    mark_complete(fewer, 5, 2)
+    assert saved_epochs(tmp_path / "out" / "checkpoints") == [3, 5]

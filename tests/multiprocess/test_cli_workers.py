@@ -94,16 +94,19 @@ def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
     assert records[-1]["time"] >= max(r["time"] for r in epochs)
 
 
+@pytest.mark.parametrize(
+    "mode", [["--model", "gcn"], ["--mode", "minibatch", "--batch-size", "400"]]
+)
 def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
-    tmp_path: Path,
+    tmp_path: Path, mode: list[str]
 ) -> None:
     """While a run trains, ``metrics.jsonl.partial`` grows with rank 0's
     epoch records; a worker killed late ends the run with them kept (and no
     ``metrics.jsonl``, which would look complete)."""
     out = tmp_path / "run"
     partial = out / "metrics.jsonl.partial"
-    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
-    argv += ["--model", "gcn", "--workers", "2", "--epochs", "100000", "--quiet"]
+    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC, *mode]
+    argv += ["--workers", "2", "--epochs", "100000", "--quiet"]
     argv += ["--timeout", "60", "--out", str(out)]
     run = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -226,6 +229,8 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
     ranks = {r["rank"] for r in records if r["kind"] == "epoch"}
     assert ranks == {0, 1, 2, 3}
     assert "summary " not in outputs[1][0]
+    # Node 1's local rank 0 (global rank 2) writes nothing of the sort.
+    assert not list((tmp_path / "node1").glob("metrics.jsonl*"))
 
 
 def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
@@ -285,8 +290,12 @@ def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
     argv += ["--batch-size", "40", "--fanouts", "4,6", "--seed", "1", "--quiet"]
     argv += ["--timeout", "120", "--checkpoint-every", "1"]
     argv += ["--out", str(tmp_path / "run")]
+    metrics = tmp_path / "run" / "metrics.jsonl"
     first = _run([*argv, "--epochs", "2"])
     assert "resumed_at" not in first
+    before = _epoch_times(metrics)
+    assert set(before) == {(e, r) for e in range(2) for r in range(2)}
+    assert all(before[0, r] < before[1, r] for r in range(2))
     done = subprocess.run(
         [*argv, "--epochs", "3", "--resume"], capture_output=True, text=True
     )
@@ -294,6 +303,18 @@ def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
     assert "epochs 2-2, resumed" in " ".join(done.stdout.split())
     resumed = _summary(done.stdout)
     assert resumed["resumed_at"] == "2" and resumed["epochs"] == "3"
+    # The epochs restored from the checkpoint keep the times their run
+    # stamped; the new one has its own.
+    after = _epoch_times(metrics)
+    assert {k: v for k, v in after.items() if k[0] < 2} == before
+    assert after[2, 0] > 0 and after[2, 1] > 0
+
+
+def _epoch_times(metrics: Path) -> dict[tuple[int, int], float]:
+    """(epoch, rank) -> the record's ``time``, from a finished run's file."""
+    records = [json.loads(line) for line in metrics.open()]
+    assert not metrics.with_suffix(".jsonl.partial").exists()
+    return {(r["epoch"], r["rank"]): r["time"] for r in records if r["kind"] == "epoch"}
 
 
 @pytest.mark.parametrize("rows", ["-1", "0"])
