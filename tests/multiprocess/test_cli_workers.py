@@ -128,9 +128,13 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
         next(w for w in workers if w not in writing).kill()
         _, stderr = run.communicate(timeout=120)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
+        if run.poll() is None:  # SIGTERM: the launcher stops its workers
+            run.terminate()
+            try:
+                run.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.communicate()
     assert run.returncode != 0 and "rank 1" in stderr, stderr[-3000:]
     assert not (out / "metrics.jsonl").exists()
     records = [json.loads(line) for line in partial.open()]
