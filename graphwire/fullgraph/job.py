@@ -23,8 +23,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from graphwire.comm.base import Transport
 from graphwire.comm.context import WorkerContext
@@ -45,6 +44,7 @@ __all__ = [
     "gather_reports",
     "rank_report",
     "run_rank",
+    "serve_rank",
 ]
 
 
@@ -101,94 +101,91 @@ class RankReport:
 
 def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
     """Run ``job`` as rank ``ctx.rank``; rank 0 returns every rank's report."""
+
+    def train(part: LocalPart, transport: Transport, on_epoch: EpochStream) -> Any:
+        return train_distributed(
+            part,
+            transport,
+            job.config,
+            job.exchange,
+            options=job.options,
+            on_epoch=on_epoch,
+            checkpoint=job.checkpoint,
+        )
+
+    return serve_rank(ctx, job, train, _print_epoch)
+
+
+class RankJob(Protocol):
+    """What :func:`serve_rank` reads of a job (either mode's)."""
+
+    @property
+    def folder(self) -> str: ...
+
+    @property
+    def log(self) -> RunLog | None: ...
+
+    @property
+    def progress(self) -> bool: ...
+
+
+def serve_rank(
+    ctx: WorkerContext,
+    job: RankJob,
+    train: Callable[[LocalPart, Transport, EpochStream], Any],
+    show: Callable[[EpochRecord], None],
+) -> list[RankReport] | None:
+    """What every distributed job's rank does: join the process group, load
+    its part (``job.folder``), run ``train(part, transport, on_epoch)``
+    (which returns the run: ``result``, ``ledger``, ``counters``,
+    ``first_epoch``) with rank 0 streaming its records into ``job.log`` and
+    calling ``show`` (if ``job.progress``), then gather every rank's report
+    on rank 0, which returns them."""
     start = time.perf_counter()
-    show = _print_epoch if job.progress else None
+    lead = ctx.rank == 0
     transport = TorchTransport.open(ctx)
     try:
         part = load_part(job.folder, ctx.rank)
-        with EpochStream(ctx.rank, start, job.log, show) as stream:
-            run = train_distributed(
-                part,
-                transport,
-                job.config,
-                job.exchange,
-                options=job.options,
-                on_epoch=stream,
-                checkpoint=job.checkpoint,
+        log = job.log
+        with MetricsLog(log.out if lead and log else None, final=False) as stream:
+            stream.write("config", time=0.0, **(log.header if log else {}))
+            on_epoch = EpochStream(
+                ctx.rank, start, stream, show if lead and job.progress else None
             )
-        report = rank_report(
-            ctx.rank,
-            part,
-            run.result,
-            run.ledger,
-            run.counters,
-            start,
-            first_epoch=run.first_epoch,
-        )
-        return gather_reports(transport, report)
+            run = train(part, transport, on_epoch)
+        return gather_reports(transport, rank_report(ctx.rank, part, run, start))
     finally:
         transport.close()
 
 
+@dataclass(frozen=True)
 class EpochStream:
     """A rank's ``on_epoch``: stamps each record with its epoch's end
-    (``EpochRecord.time``: seconds since ``start``, a perf_counter); on rank 0
-    it also appends the record to ``log`` as it comes and calls ``show`` with
-    it. A context manager (the log is open inside)."""
+    (``EpochRecord.time``: seconds since ``start``, a perf_counter), appends
+    it to ``log`` (open on rank 0 only) and calls ``show`` with it."""
 
-    def __init__(
-        self,
-        rank: int,
-        start: float,
-        log: RunLog | None,
-        show: Callable[[EpochRecord], None] | None,
-    ) -> None:
-        self.rank, self.start = rank, start
-        lead = rank == 0
-        self._show = show if lead else None
-        self._log = MetricsLog(log.out if lead and log else None, final=False)
-        self._header = log.header if log else {}
-
-    def __enter__(self) -> EpochStream:
-        self._log.__enter__()
-        try:
-            self._log.write("config", time=0.0, **self._header)
-        except BaseException as error:
-            self._log.__exit__(type(error), error, error.__traceback__)
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._log.__exit__(exc_type, exc, tb)
+    rank: int
+    start: float
+    log: MetricsLog
+    show: Callable[[EpochRecord], None] | None
 
     def __call__(self, record: EpochRecord) -> None:
         record.time = round(time.perf_counter() - self.start, 4)
-        self._log.write("epoch", rank=self.rank, **record.as_dict())
-        if self._show is not None:
-            self._show(record)
+        self.log.write("epoch", rank=self.rank, **record.as_dict())
+        if self.show is not None:
+            self.show(record)
 
 
-def rank_report(
-    rank: int,
-    part: LocalPart,
-    result: TrainResult,
-    ledger: dict[str, Any],
-    counters: dict[str, Any],
-    start: float,
-    first_epoch: int = 0,
-) -> RankReport:
-    """This rank's report of a finished run (``start``: its perf_counter;
-    ``first_epoch``: the epoch this process started at)."""
+def rank_report(rank: int, part: LocalPart, run: Any, start: float) -> RankReport:
+    """This rank's report of a finished ``run`` (its ``result``, ``ledger``,
+    ``counters`` and ``first_epoch``, the epoch this process started at;
+    ``start``: the rank's perf_counter at its start)."""
+    result: TrainResult = run.result
     return RankReport(
         rank=rank,
         records=[r.as_dict() for r in result.records],
-        ledger=ledger,
-        counters=counters,
+        ledger=run.ledger,
+        counters=run.counters,
         num_owned=part.num_owned,
         num_halo=part.num_halo,
         test_acc=result.test_acc,
@@ -196,7 +193,7 @@ def rank_report(
         best_epoch=result.best_epoch,
         epochs_run=result.epochs_run,
         seconds=time.perf_counter() - start,
-        first_epoch=first_epoch,
+        first_epoch=run.first_epoch,
     )
 
 

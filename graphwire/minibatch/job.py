@@ -4,27 +4,21 @@ As :mod:`graphwire.fullgraph.job`: ``graphwire train --workers N --mode
 minibatch`` spawns N local processes, ``torchrun`` starts them itself; each
 joins the process group, loads its part (memory-mapped), trains, and rank 0
 gathers every rank's report; rank 0 streams its epoch records into
-``OUT/metrics.jsonl.partial`` as it goes
-(:class:`~graphwire.fullgraph.job.EpochStream`).
+``OUT/metrics.jsonl.partial`` as it goes. The rank's part is
+:func:`~graphwire.fullgraph.job.serve_rank`'s, with this loop.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import Any
 
+from graphwire.comm.base import Transport
 from graphwire.comm.context import WorkerContext
-from graphwire.comm.dist import TorchTransport
 from graphwire.fullgraph.checkpoint import CheckpointConfig
-from graphwire.fullgraph.job import (
-    EpochStream,
-    RankReport,
-    RunLog,
-    gather_reports,
-    rank_report,
-)
+from graphwire.fullgraph.job import EpochStream, RankReport, RunLog, serve_rank
 from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
-from graphwire.partition.format import load_part
+from graphwire.partition.local import LocalPart
 from graphwire.training import EpochRecord, TrainConfig, format_acc
 
 __all__ = ["MinibatchJob", "run_rank"]
@@ -45,32 +39,18 @@ class MinibatchJob:
 
 def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:
     """Run ``job`` as rank ``ctx.rank``; rank 0 returns every rank's report."""
-    start = time.perf_counter()
-    show = _show if job.progress else None
-    transport = TorchTransport.open(ctx)
-    try:
-        part = load_part(job.folder, ctx.rank)
-        with EpochStream(ctx.rank, start, job.log, show) as stream:
-            run = train_minibatch_distributed(
-                part,
-                transport,
-                job.config,
-                job.options,
-                on_epoch=stream,
-                checkpoint=job.checkpoint,
-            )
-        report = rank_report(
-            ctx.rank,
+
+    def train(part: LocalPart, transport: Transport, on_epoch: EpochStream) -> Any:
+        return train_minibatch_distributed(
             part,
-            run.result,
-            run.ledger,
-            run.counters,
-            start,
-            first_epoch=run.first_epoch,
+            transport,
+            job.config,
+            job.options,
+            on_epoch=on_epoch,
+            checkpoint=job.checkpoint,
         )
-        return gather_reports(transport, report)
-    finally:
-        transport.close()
+
+    return serve_rank(ctx, job, train, _show)
 
 
 def _show(record: EpochRecord) -> None:
