@@ -170,6 +170,7 @@ def train_distributed(
     *,
     options: dict[str, Any] | None = None,
     on_epoch: Callable[[EpochRecord], None] | None = None,
+    on_restore: Callable[[list[EpochRecord]], None] | None = None,
     checkpoint: CheckpointConfig | None = None,
 ) -> DistributedResult:
     """Train ``config.model`` on the whole graph, this rank holding ``part``.
@@ -181,6 +182,7 @@ def train_distributed(
         exchange: engine name (``halo``, ``replicate``, ``g3``).
         options: engine options.
         on_epoch: called on every rank with each epoch's record.
+        on_restore: called on every rank with the records a resume restored.
         checkpoint: checkpoint every K epochs and/or resume from the latest.
 
     Returns:
@@ -204,6 +206,8 @@ def train_distributed(
         state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
         if state is not None:
             first = restore_training_state(state, model, optimizer, best, records)
+            if on_restore is not None:
+                on_restore(list(records))
     stopped = False
     for epoch in range(first, config.epochs):
         if stopped:

@@ -13,8 +13,8 @@ watched and a run that dies late leaves the epochs it finished; the report
 written at the end, with every rank's records, replaces that file with
 ``metrics.jsonl``. Every rank stamps its records with the seconds since it
 started (``EpochRecord.time``; an epoch restored from a checkpoint keeps the
-stamp of the process that ran it). A resumed run's stream starts at the
-epoch after its checkpoint.
+stamp of the process that ran it). A resumed run's stream starts with the
+epochs its checkpoint restored.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
             job.exchange,
             options=job.options,
             on_epoch=on_epoch,
+            on_restore=on_epoch.restored,
             checkpoint=job.checkpoint,
         )
 
@@ -174,6 +175,12 @@ class EpochStream:
         self.log.write("epoch", rank=self.rank, **record.as_dict())
         if self.show is not None:
             self.show(record)
+
+    def restored(self, records: list[EpochRecord]) -> None:
+        """Append the records a resume restored, with the stamps they were
+        saved with (not shown: their epochs were shown when they ran)."""
+        for record in records:
+            self.log.write("epoch", rank=self.rank, **record.as_dict())
 
 
 def rank_report(rank: int, part: LocalPart, run: Any, start: float) -> RankReport:

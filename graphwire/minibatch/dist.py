@@ -358,6 +358,7 @@ def train_minibatch_distributed(
     options: FetchOptions | None = None,
     *,
     on_epoch: Callable[[EpochRecord], None] | None = None,
+    on_restore: Callable[[list[EpochRecord]], None] | None = None,
     checkpoint: CheckpointConfig | None = None,
 ) -> MinibatchRun:
     """Train ``config.model`` on sampled mini-batches, this rank owning ``part``.
@@ -368,6 +369,7 @@ def train_minibatch_distributed(
         config: model, optimiser, ``fanouts``, ``batch_size`` (per trainer).
         options: the fetch mode and its settings.
         on_epoch: called on every rank with each epoch's record.
+        on_restore: called on every rank with the records a resume restored.
         checkpoint: checkpoint every K epochs and/or resume from the latest.
 
     Returns:
@@ -382,6 +384,8 @@ def train_minibatch_distributed(
         state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
         if state is not None:
             first, hot_ids = _restore(state, loop, best, records)
+            if on_restore is not None:
+                on_restore(list(records))
     seen: list[tuple[int, int, int]] = []
     try:
         if options.fetch == "rapid" and first < config.epochs:

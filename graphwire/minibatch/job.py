@@ -47,6 +47,7 @@ def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:
             job.config,
             job.options,
             on_epoch=on_epoch,
+            on_restore=on_epoch.restored,
             checkpoint=job.checkpoint,
         )
 

@@ -23,14 +23,22 @@ def train(
     die_at: tuple[int, int] | None = None,
     how: str = "kill",
 ) -> dict[str, Any]:
-    """Train; return what the tests compare (parameters, batches, counters)."""
+    """Train; return what the tests compare (parameters, batches, counters,
+    the epochs a resume restored)."""
     part = load_part(folder, transport.rank)
     if die_at is not None:
         _arm_death(transport.rank, *die_at, how)
+    restored: list[int] = []
     run = train_minibatch_distributed(
-        part, transport, config, options, checkpoint=checkpoint
+        part,
+        transport,
+        config,
+        options,
+        on_restore=lambda records: restored.extend(r.epoch for r in records),
+        checkpoint=checkpoint,
     )
     return {
+        "restored": restored,
         "state": run.result.state_dict,
         "batches": run.batches,
         "counters": run.counters,

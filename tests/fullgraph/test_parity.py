@@ -204,19 +204,30 @@ def test_a_run_resumed_after_an_epoch_without_evaluation_goes_on(tmp_path) -> No
     folder = write_parts(small_graph(), 2, tmp_path, "metis")
     config = replace(config_for("gcn"), epochs=3, eval_every=2)
 
-    def train(transport, epochs, checkpoint):
+    def train(transport, epochs, checkpoint, restored=None):
         part = load_part(folder, transport.rank)
         run = train_distributed(
-            part, transport, replace(config, epochs=epochs), checkpoint=checkpoint
+            part,
+            transport,
+            replace(config, epochs=epochs),
+            on_restore=None
+            if restored is None
+            else lambda records: restored.update({transport.rank: records}),
+            checkpoint=checkpoint,
         )
         return [r.as_dict() for r in run.result.records]
 
     saved = str(tmp_path / "ckpt")
-    run_local(lambda t: train(t, 2, CheckpointConfig(saved, every=1)), 2)
+    first = run_local(lambda t: train(t, 2, CheckpointConfig(saved, every=1)), 2)
+    restored: dict = {}
     resumed = run_local(
-        lambda t: train(t, 3, CheckpointConfig(saved, every=1, resume=True)), 2
+        lambda t: train(t, 3, CheckpointConfig(saved, every=1, resume=True), restored),
+        2,
     )[0]
     whole = run_local(lambda t: train(t, 3, None), 2)[0]
+    # Each rank hands its restored records on (a run's stream writes them).
+    for rank in range(2):
+        assert [r.as_dict() for r in restored[rank]] == first[rank]
     assert [r["val_acc"] is None for r in resumed] == [True, False, False]
     for a, b in zip(resumed, whole, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)

@@ -202,6 +202,7 @@ def test_resume_sees_the_same_batches_and_ends_with_the_same_parameters(
     resume = CheckpointConfig(folder=str(tmp_path / "ckpt"), every=2, resume=True)
     resumed = run_workers(train, 2, parts[2], config, options, resume, timeout_s=120)
     for rank in range(2):
+        assert whole[rank]["restored"] == [] and resumed[rank]["restored"] == [0, 1]
         tail = [b for b in whole[rank]["batches"] if b[0] >= 2]
         assert resumed[rank]["batches"] == tail
         for name, tensor in whole[rank]["state"].items():

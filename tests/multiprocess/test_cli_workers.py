@@ -95,25 +95,42 @@ def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "mode", [["--model", "gcn"], ["--mode", "minibatch", "--batch-size", "400"]]
+    ("mode", "resumed"),
+    [
+        (["--model", "gcn"], False),
+        (["--mode", "minibatch", "--batch-size", "400"], False),
+        (["--model", "gcn"], True),
+        (["--mode", "minibatch", "--batch-size", "400"], True),
+    ],
+    ids=["full-graph", "mini-batch", "full-graph-resumed", "mini-batch-resumed"],
 )
 def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
-    tmp_path: Path, mode: list[str]
+    tmp_path: Path, mode: list[str], resumed: bool
 ) -> None:
     """While a run trains, ``metrics.jsonl.partial`` grows with rank 0's
     epoch records; a worker killed late ends the run with them kept (and no
-    ``metrics.jsonl``, which would look complete)."""
+    new ``metrics.jsonl``, which would look complete). A resumed run's file
+    starts with the epochs its checkpoint restored, with their times, and the
+    finished run's ``metrics.jsonl`` is left as it was."""
     out = tmp_path / "run"
     partial = out / "metrics.jsonl.partial"
     argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC, *mode]
-    argv += ["--workers", "2", "--epochs", "100000", "--quiet"]
-    argv += ["--timeout", "60", "--out", str(out)]
+    argv += ["--workers", "2", "--quiet", "--timeout", "60", "--out", str(out)]
+    earlier: dict[tuple[int, int], float] = {}
+    if resumed:
+        _run([*argv, "--epochs", "2", "--checkpoint-every", "1"])
+        earlier = _epoch_times(out / "metrics.jsonl")
+        finished = (out / "metrics.jsonl").read_bytes()
+        argv += ["--resume", "--checkpoint-every", "1"]
     run = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*argv, "--epochs", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 120
-        while _epoch_lines(partial) < 3:
+        while _epoch_lines(partial) < 3 + 2 * resumed:
             assert run.poll() is None, run.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no epochs streamed in 120 s"
             time.sleep(0.2)
@@ -136,15 +153,21 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
                 run.kill()
                 run.communicate()
     assert run.returncode != 0 and "rank 1" in stderr, stderr[-3000:]
-    assert not (out / "metrics.jsonl").exists()
+    if resumed:
+        assert (out / "metrics.jsonl").read_bytes() == finished
+    else:
+        assert not (out / "metrics.jsonl").exists()
     records = [json.loads(line) for line in partial.open()]
     assert records[0]["kind"] == "config" and records[0]["workers"] == 2
     epochs = records[1:]
-    assert len(epochs) >= 3
+    assert len(epochs) >= 3 + 2 * resumed
     assert {r["kind"] for r in epochs} == {"epoch"}
     assert {r["rank"] for r in epochs} == {0}
     assert [r["epoch"] for r in epochs] == list(range(len(epochs)))
     times = [r["time"] for r in epochs]
+    if resumed:  # restored with the times the first run stamped
+        assert times[:2] == [earlier[0, 0], earlier[1, 0]]
+        times = times[2:]
     assert all(0 < a < b for a, b in zip(times, times[1:], strict=False))
 
 
