@@ -50,17 +50,20 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
 
     ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
     world = ctx.world_size if ctx is not None else int(args.workers)
+    leader = ctx is None or ctx.rank == 0
     checkpoint = _checkpoint(args, out, config)
+    resuming = False
     if checkpoint is not None and checkpoint.resume:
         # Refuse a resume with other settings before any work; say so when
         # there is nothing to resume (a job script may always pass --resume).
-        if check_resume(checkpoint, world) is None and (ctx is None or ctx.rank == 0):
+        resuming = check_resume(checkpoint, world) is not None
+        if not resuming and leader:
             print(
                 f"--resume: no checkpoint in {checkpoint.folder} yet; "
                 "starting at epoch 0",
                 file=sys.stderr,
             )
-    folder = _partitioned_folder(args, world, out, leader=ctx is None or ctx.rank == 0)
+    folder = _partitioned_folder(args, world, out, leader, resuming)
     log = RunLog(str(out), _header(args, config, world))
     job: Any
     if args.mode == "minibatch":
@@ -138,14 +141,24 @@ def _fetch_options(args: argparse.Namespace) -> Any:
 
 
 def _partitioned_folder(
-    args: argparse.Namespace, world: int, out: Path, leader: bool
+    args: argparse.Namespace, world: int, out: Path, leader: bool, resuming: bool
 ) -> Path:
+    """The parts the workers load: ``--dataset`` when it is partitioned;
+    else ``OUT/partitions``, as they are when the run resumes from a
+    checkpoint (whose settings name the same dataset), or written anew by
+    the leader (a run that never reached a checkpoint, or another dataset's
+    parts left in the folder, is split again)."""
     given = Path(args.dataset)
     if (given / "meta.json").exists() and (given / "part_0").exists():
         _parts_meta(given, world, "--dataset")
         return given
     folder = out / "partitions"
-    if args.resume and (folder / "meta.json").exists():
+    if resuming:
+        if not (folder / "meta.json").exists():
+            raise ValueError(
+                f"--resume: {folder} is gone; the checkpoints hold state for "
+                "the parts the run trained on, so they cannot be resumed on new ones"
+            )
         return _resumed_folder(args, world, folder)
     if not leader:
         return folder  # rank 0 writes it; run_rank waits at the rendezvous

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -83,12 +84,13 @@ def saved_epochs(folder: str | os.PathLike[str]) -> list[int]:
 def save_checkpoint(
     config: CheckpointConfig, epoch: int, rank: int, state: dict[str, Any]
 ) -> None:
-    """Write this rank's ``state`` for ``epoch`` (atomic: temp file, rename)."""
+    """Write this rank's ``state`` for ``epoch`` (atomic: temp file, rename),
+    stamped with ``rank`` and ``epoch`` (a resume checks both)."""
     where = _epoch_dir(Path(config.folder), epoch)
     where.mkdir(parents=True, exist_ok=True)
     final = where / f"rank{rank}.pt"
     partial = where / f".rank{rank}.pt.partial"
-    torch.save(state, partial)
+    torch.save({**state, "epoch": epoch, "rank": rank}, partial)
     os.replace(partial, final)
 
 
@@ -184,7 +186,9 @@ def load_checkpoint(
 
     Raises:
         ValueError: as :func:`check_resume`, or ``latest.json`` names an
-            epoch whose file is missing.
+            epoch whose file is missing, unreadable (truncated, not written
+            by torch, or holding more than tensors and plain values), or
+            written for another epoch or rank (a file copied in).
     """
     epoch = check_resume(config, world_size)
     if epoch is None:
@@ -192,5 +196,21 @@ def load_checkpoint(
     path = _epoch_dir(Path(config.folder), epoch) / f"rank{rank}.pt"
     if not path.exists():
         raise ValueError(f"{path}: missing (latest.json names epoch {epoch})")
-    state: dict[str, Any] = torch.load(path, weights_only=True)
-    return state
+    try:
+        state = torch.load(path, weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{path}: not a readable checkpoint: {e}") from None
+    missing = _STATE_KEYS - set(state) if isinstance(state, dict) else _STATE_KEYS
+    if missing:
+        raise ValueError(f"{path}: not a checkpoint (no {', '.join(sorted(missing))})")
+    if state["epoch"] != epoch or state.get("rank", rank) != rank:
+        raise ValueError(
+            f"{path}: holds the state of rank {state.get('rank', rank)} after "
+            f"epoch {state['epoch']}, not of rank {rank} after epoch {epoch} "
+            "(latest.json); was the checkpoint folder changed by hand?"
+        )
+    return dict(state)
+
+
+# What every training loop's state holds (:func:`save_checkpoint` adds the rank).
+_STATE_KEYS = {"epoch", "model", "optimizer", "rng", "best", "records"}

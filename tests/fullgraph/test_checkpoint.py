@@ -17,6 +17,18 @@ from graphwire.fullgraph.checkpoint import (
 RUN = {"dataset": "planetoid:cora", "model": "gcn", "lr": 0.01, "fanouts": [10, 25]}
 
 
+def _state(epoch: int) -> dict:
+    """A training loop's state after ``epoch``, as far as the files care."""
+    return {
+        "epoch": epoch,
+        "model": {},
+        "optimizer": {},
+        "rng": None,
+        "best": {},
+        "records": [],
+    }
+
+
 def test_a_resume_with_the_same_settings_finds_the_latest_epoch(tmp_path) -> None:
     config = CheckpointConfig(str(tmp_path), every=1, run=RUN)
     assert check_resume(config, 2) is None  # nothing written yet
@@ -91,15 +103,15 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path, keep, left) -> None:
     config = CheckpointConfig(str(tmp_path), every=2, run=RUN, keep=keep)
     for epoch in (0, 2, 4, 6, 8):
         for rank in (0, 1):
-            save_checkpoint(config, epoch, rank, {"epoch": epoch, "rank": rank})
+            save_checkpoint(config, epoch, rank, _state(epoch))
         mark_complete(config, epoch, 2)
         assert saved_epochs(tmp_path)[-1] == epoch
     assert saved_epochs(tmp_path) == left
-    assert load_checkpoint(config, 1, 2) == {"epoch": 8, "rank": 1}
+    assert load_checkpoint(config, 1, 2) == _state(8) | {"rank": 1}
     # A run resumed from epoch 2 that completes epoch 4 removes the folders
     # of later epochs the attempt before it left (it has not got there).
     for rank in (0, 1):
-        save_checkpoint(config, 4, rank, {"epoch": 4, "rank": rank})
+        save_checkpoint(config, 4, rank, _state(4))
     mark_complete(config, 4, 2)
     assert saved_epochs(tmp_path) == ([0, 2, 4] if keep == 0 else [4])
     with pytest.raises(ValueError, match="checkpoints to keep: expected >= 0"):
@@ -127,3 +139,44 @@ def test_a_resume_keeps_the_count_of_checkpoints_the_run_keeps(tmp_path) -> None
     assert fewer.keep == 2
     mark_complete(fewer, 5, 2)
     assert saved_epochs(tmp_path / "out" / "checkpoints") == [3, 5]
+
+
+def test_a_damaged_or_swapped_checkpoint_file_is_refused_naming_it(tmp_path) -> None:
+    """A rank's file that is truncated, not a torch file, not a training
+    state, or another epoch's or rank's (copied in by hand) is an error naming
+    the file, not a torch traceback or ranks resuming at different epochs."""
+    import shutil
+
+    config = CheckpointConfig(str(tmp_path), every=1, run=RUN)
+    for epoch in (2, 3):
+        for rank in (0, 1):
+            save_checkpoint(config, epoch, rank, _state(epoch))
+    mark_complete(CheckpointConfig(str(tmp_path), every=1, run=RUN, keep=0), 3, 2)
+    resume = CheckpointConfig(str(tmp_path), every=1, run=RUN, resume=True)
+    assert load_checkpoint(resume, 1, 2)["epoch"] == 3
+    latest = tmp_path / "epoch000003"
+    shutil.copy(tmp_path / "epoch000002" / "rank1.pt", latest / "rank1.pt")
+    with pytest.raises(
+        ValueError,
+        match=r"rank1.pt: holds the state of rank 1 after"
+        r" epoch 2, not of rank 1 after epoch 3",
+    ):
+        load_checkpoint(resume, 1, 2)
+    shutil.copy(latest / "rank0.pt", latest / "rank1.pt")
+    with pytest.raises(
+        ValueError, match="state of rank 0 after epoch 3, not of rank 1"
+    ):
+        load_checkpoint(resume, 1, 2)
+    whole = (latest / "rank0.pt").read_bytes()
+    for damaged in (whole[: len(whole) // 2], b"", b"not a checkpoint\n"):
+        (latest / "rank1.pt").write_bytes(damaged)
+        with pytest.raises(ValueError, match=r"rank1.pt: not a readable checkpoint"):
+            load_checkpoint(resume, 1, 2)
+    import torch
+
+    torch.save({"epoch": 3}, latest / "rank1.pt")
+    with pytest.raises(ValueError, match=r"rank1.pt: not a checkpoint \(no best, "):
+        load_checkpoint(resume, 1, 2)
+    torch.save([1, 2], latest / "rank1.pt")
+    with pytest.raises(ValueError, match=r"rank1.pt: not a checkpoint"):
+        load_checkpoint(resume, 1, 2)

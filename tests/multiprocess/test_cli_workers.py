@@ -306,6 +306,38 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
     assert "Traceback" not in changed.stderr
 
 
+def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
+    tmp_path: Path,
+) -> None:
+    """``--resume`` with no checkpoint yet is a fresh start: the dataset is
+    split again, not trained on another dataset's parts left in ``OUT``; with
+    a checkpoint, the parts it trained on must still be there."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
+    argv += ["--workers", "2", "--epochs", "2", "--seed", "1", "--quiet"]
+    argv += ["--timeout", "120", "--partition", "random", "--out", str(out)]
+    meta = out / "partitions" / "meta.json"
+    _run([*argv, "--dataset", SPEC])
+    assert json.loads(meta.read_text())["num_nodes"] == 2000
+    other = SPEC.replace("nodes=2000", "nodes=1500")
+    done = subprocess.run(
+        [*argv, "--dataset", other, "--resume"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no checkpoint in" in done.stderr
+    assert json.loads(meta.read_text())["num_nodes"] == 1500
+    _run([*argv, "--dataset", other, "--checkpoint-every", "1"])
+    shutil.rmtree(out / "partitions")
+    gone = subprocess.run(
+        [*argv, "--dataset", other, "--resume", "--epochs", "3"],
+        capture_output=True,
+        text=True,
+    )
+    assert gone.returncode == 2, gone.stderr[-3000:]
+    assert "partitions is gone; the checkpoints hold state" in gone.stderr
+    assert "Traceback" not in gone.stderr
+
+
 def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
     tmp_path: Path,
 ) -> None:
