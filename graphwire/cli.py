@@ -7,6 +7,7 @@ what it needs, runs, prints a table, and writes its outputs atomically.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -86,7 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"{PARTITIONER_NAMES}; with --workers, how the graph is split "
         "(default metis); on one process, also partition and report",
     )
-    train.add_argument("--parts", type=int, default=4, help="parts for --partition")
+    train.add_argument(
+        "--parts",
+        type=int,
+        help="one process: parts for --partition (default 4); distributed: "
+        "one per worker",
+    )
     train.add_argument(
         "--workers",
         type=int,
@@ -216,7 +222,12 @@ def _handler(module: str, function: str) -> Callable[[argparse.Namespace], int]:
 def apply_config(
     parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]
 ) -> argparse.Namespace:
-    """Fill flags not given on the command line from ``--config FILE`` (YAML)."""
+    """Fill flags not given on the command line from ``--config FILE`` (YAML).
+
+    Raises:
+        ValueError: the file cannot be read, is not a YAML mapping, or holds
+            an unknown key or a value its flag would refuse.
+    """
     path = getattr(args, "config", None)
     if not path:
         return args
@@ -224,15 +235,13 @@ def apply_config(
         with open(path) as handle:
             config = yaml.safe_load(handle) or {}
     except OSError as error:
-        raise SystemExit(f"graphwire: --config {path}: {error.strerror}") from error
+        raise ValueError(f"--config {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--config {path}: not a text file (UTF-8)") from None
     except yaml.YAMLError as error:
-        raise SystemExit(
-            f"graphwire: --config {path}: not valid YAML: {error}"
-        ) from error
+        raise ValueError(f"--config {path}: not valid YAML: {error}") from None
     if not isinstance(config, dict):
-        raise SystemExit(
-            f"graphwire: --config {path}: expected a mapping of flag: value"
-        )
+        raise ValueError(f"--config {path}: expected a mapping of flag: value")
     given = {
         a.split("=")[0].lstrip("-").replace("-", "_") for a in argv if a[:2] == "--"
     }
@@ -241,7 +250,7 @@ def apply_config(
     for key, value in config.items():
         name = str(key).replace("-", "_")
         if name not in actions or name in ("command", "handler", "config"):
-            raise SystemExit(f"graphwire: --config {path}: unknown key {key!r}")
+            raise ValueError(f"--config {path}: unknown key {key!r}")
         if name in given or value is None:
             continue  # the command line wins; null leaves the default
         if name == "fanouts" and isinstance(value, list):
@@ -249,7 +258,7 @@ def apply_config(
         try:
             value = _flag_value(actions[name], value)
         except ValueError as error:
-            raise SystemExit(f"graphwire: --config {path}: {key}: {error}") from None
+            raise ValueError(f"--config {path}: {key}: {error}") from None
         setattr(args, name, value)
         args.from_config.add(name)
     return args
@@ -292,8 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    args = apply_config(parser, args, argv)
     try:
+        args = apply_config(parser, args, argv)
         code: Any = args.handler(args)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"graphwire: error: {error}", file=sys.stderr)
@@ -316,12 +325,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_folder(out: str | None, prefix: str) -> Path:
-    """``out`` or a fresh ``runs/<prefix>-<timestamp>`` folder."""
-    if out:
-        return Path(out)
-    import time
+    """``out`` or a fresh ``runs/<prefix>-<timestamp>`` folder, checked
+    before any work: a folder or a path where one can be made.
 
-    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    Raises:
+        ValueError: ``out`` (or a folder above it) is a file, or the folder
+            that would hold it cannot be written.
+    """
+    if not out:
+        import time
+
+        return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = Path(out)
+    above = path
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        where = "is" if above == path else f"is under {above}, which is"
+        raise ValueError(f"--out {out}: {where} a file, not a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {above} cannot be written")
+    return path
 
 
 if __name__ == "__main__":

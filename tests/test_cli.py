@@ -48,14 +48,18 @@ def test_bad_dataset_is_a_clear_error(capsys) -> None:
     assert "nodes='x'" in capsys.readouterr().err
 
 
-def test_config_file_keys_must_be_known(tmp_path) -> None:
+def test_config_file_keys_must_be_known(tmp_path, capsys) -> None:
     config = tmp_path / "run.yaml"
     config.write_text("model: gcn\ncolour: blue\n")
-    with pytest.raises(SystemExit, match="unknown key 'colour'"):
-        main(["train", "--config", str(config)])
+    assert main(["train", "--config", str(config)]) == 2
+    assert "unknown key 'colour'" in capsys.readouterr().err
     config.write_text("- not a mapping\n")
-    with pytest.raises(SystemExit, match="expected a mapping"):
-        main(["train", "--config", str(config)])
+    assert main(["train", "--config", str(config)]) == 2
+    assert "expected a mapping" in capsys.readouterr().err
+    config.write_bytes(b"\x00\xff\xfe model: gcn\n")
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"graphwire: error: --config {config}: not a text file (UTF-8)" in err
 
 
 @pytest.mark.parametrize(
@@ -69,13 +73,15 @@ def test_config_file_keys_must_be_known(tmp_path) -> None:
         ("fanouts: {a: 1}\n", "fanouts: expected a single value"),
     ],
 )
-def test_config_file_values_are_checked_as_flags_are(tmp_path, text, error) -> None:
+def test_config_file_values_are_checked_as_flags_are(
+    tmp_path, capsys, text, error
+) -> None:
     """A YAML value goes through its flag's type and choices, so a bad one is
     an error naming the file and key, not a TypeError deep in the run."""
     config = tmp_path / "run.yaml"
     config.write_text(text)
-    with pytest.raises(SystemExit, match=f"--config {config}: {error}"):
-        main(["train", "--config", str(config)])
+    assert main(["train", "--config", str(config)]) == 2
+    assert f"graphwire: error: --config {config}: {error}" in capsys.readouterr().err
 
 
 def test_config_file_values_become_the_flags_types(tmp_path) -> None:
@@ -164,8 +170,40 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
             "--keep-checkpoints: only with --checkpoint-every or --resume",
         ),
         (["--workers", "2", "--checkpoint-every", "0"], "--checkpoint-every: expected"),
-        (["--workers", "2", "--timeout", "0"], "--timeout: expected seconds > 0"),
+        (["--workers", "2", "--timeout", "0"], "--timeout: expected > 0"),
         (["--workers", "2", "--threads", "0"], "--threads: expected >= 1"),
+        (["--workers", "2", "--bin-rows", "0"], "--bin-rows: expected >= 1, got 0"),
+        (["--workers", "2", "--bin-mb", "-1"], "--bin-mb: expected > 0, got -1"),
+        (
+            ["--workers", "2", "--exchange", "halo", "--bin-rows", "5"],
+            "--bin-rows: only with --exchange g3",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--n-hot", "10"],
+            "--n-hot: only with --fetch rapid",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--prefetch", "2"],
+            "--prefetch: only with --fetch rapid",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]
+            + ["--prefetch", "0"],
+            "--prefetch: expected >= 1, got 0",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]
+            + ["--cache-mb", "0"],
+            "--cache-mb: expected > 0, got 0",
+        ),
+        (["--fanouts", "10,25"], "--fanouts: only with --mode minibatch"),
+        (["--workers", "2", "--batch-size", "9"], "--batch-size: only with --mode mi"),
+        (["--parts", "3"], "--parts 3: only with --partition"),
+        (
+            ["--workers", "2", "--parts", "3"],
+            "--parts 3: a distributed run has one part per worker (2)",
+        ),
+        (["--partition", "random", "--parts", "0"], "--parts: expected >= 1, got 0"),
     ],
     ids=repr,
 )
@@ -176,6 +214,27 @@ def test_run_flags_are_refused_before_any_work(tmp_path, capsys, flags, error) -
     assert main([*argv, *flags, "--out", str(tmp_path / "run")]) == 2
     assert error in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_out_folder_that_cannot_be_one_is_refused_before_any_work(
+    tmp_path, capsys
+) -> None:
+    """``--out`` naming a file, or a path under one, and a rapid run's
+    ``--presample-dir`` naming a file, are errors up front, not an OSError
+    traceback after the data was read."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    argv = ["train", "--dataset", str(tmp_path / "missing"), "--quiet"]
+    for out, said in ((afile, "is a file"), (afile / "sub", f"is under {afile}")):
+        assert main([*argv, "--out", str(out)]) == 2
+        assert f"--out {out}: {said}" in capsys.readouterr().err
+    rapid = ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]
+    flags = [*rapid, "--presample-dir", str(afile), "--out", str(tmp_path / "run")]
+    assert main([*argv, *flags]) == 2
+    assert f"--presample-dir {afile}: exists and is not a folder" in (
+        capsys.readouterr().err
+    )
+    assert afile.read_text() == "keep me\n" and not (tmp_path / "run").exists()
 
 
 def test_under_torchrun_workers_must_match_its_world(
@@ -211,6 +270,10 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     assert meta["num_parts"] == 3
     owned = sum(load_part(out, p).num_owned for p in range(3))
     assert owned == 3000
+    # One process cannot train it: the error says how.
+    assert main(["train", "--dataset", str(out), "--quiet"]) == 2
+    said = "a partitioned graph (3 parts); train it with --workers 3"
+    assert said in capsys.readouterr().err
     # An unknown method is a clear error, not a traceback.
     assert main(["partition", "--dataset", SMALL, "--method", "spectral"]) == 2
     assert "unknown partition method 'spectral'" in capsys.readouterr().err

@@ -103,10 +103,6 @@ def run(args: argparse.Namespace) -> int:
     from graphwire.commands.train_dist import run_distributed
 
     if int(args.workers) > 1 or under_torchrun():
-        _check_distributed_flags(args)
-        for name, value in DISTRIBUTED_DEFAULTS.items():
-            if getattr(args, name) is None:
-                setattr(args, name, value)
         if under_torchrun() and not args.out:
             raise ValueError("under torchrun, --out is required (one folder per run)")
         world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.workers
@@ -115,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
                 f"--workers {args.workers}: torchrun started {world} workers "
                 "(--nnodes x --nproc-per-node); leave --workers out under torchrun"
             )
+        _check_distributed_flags(args, int(world))
+        for name, value in DISTRIBUTED_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
         out = run_folder(args.out, f"train-{args.model}-{args.exchange}")
         return run_distributed(args, config, out)
     if int(args.workers) < 1:
@@ -125,6 +125,12 @@ def run(args: argparse.Namespace) -> int:
         "only for distributed runs (--workers N with N >= 2, or torchrun); "
         "--workers 1 trains in this process",
     )
+    if args.parts is not None and not args.partition:
+        raise ValueError(
+            f"--parts {args.parts}: only with --partition (a distributed run "
+            "has one part per worker)"
+        )
+    _refuse_partitioned(args.dataset)
     out = run_folder(args.out, f"train-{args.model}")
     if args.threads:
         import torch
@@ -145,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             from graphwire.commands.partition import partition_and_report
 
             stats = partition_and_report(
-                graph, args.partition, int(args.parts), int(args.seed), args.quiet
+                graph, args.partition, args.parts or 4, int(args.seed), args.quiet
             )
             partition_fields = stats
             log.write("partition", **stats)
@@ -172,13 +178,41 @@ def _refuse(args: argparse.Namespace, flags: dict[str, str], why: str) -> None:
         raise ValueError(f"{' / '.join(given)}: {why}")
 
 
-def _check_distributed_flags(args: argparse.Namespace) -> None:
-    """Flags of the other mode, and ``--keep-checkpoints`` with nothing to
-    keep, are refused rather than ignored."""
+def _refuse_partitioned(dataset: str) -> None:
+    """A partitioned folder is trained by one worker per part, not here."""
+    from pathlib import Path
+
+    folder = Path(dataset)
+    if (folder / "meta.json").is_file() and (folder / "part_0").is_dir():
+        from graphwire.partition.format import load_partition_meta
+
+        parts = load_partition_meta(folder)["num_parts"]
+        raise ValueError(
+            f"--dataset {dataset}: a partitioned graph ({parts} parts); train it "
+            f"with --workers {parts} (or under torchrun), or give the graph "
+            "it was split from"
+        )
+
+
+def _check_distributed_flags(args: argparse.Namespace, world: int) -> None:
+    """Flags of the other mode (or of the other fetch), ``--keep-checkpoints``
+    with nothing to keep and ``--parts`` other than one per worker are
+    refused rather than ignored."""
     if args.mode == "minibatch":
         _refuse(args, EXCHANGE_FLAGS, "only with --mode fullgraph")
+        if args.fetch != "rapid":
+            rapid = {k: v for k, v in FETCH_FLAGS.items() if k != "fetch"}
+            _refuse(args, rapid, "only with --fetch rapid")
     else:
         _refuse(args, FETCH_FLAGS, "only with --mode minibatch")
+        if args.exchange not in (None, "g3"):  # (None: the default, g3)
+            g3 = {k: v for k, v in EXCHANGE_FLAGS.items() if k != "exchange"}
+            _refuse(args, g3, "only with --exchange g3")
+    if args.parts is not None and args.parts != world:
+        raise ValueError(
+            f"--parts {args.parts}: a distributed run has one part per worker "
+            f"({world}); leave --parts out"
+        )
     if not (args.checkpoint_every or args.resume):
         _refuse(
             args,
@@ -187,20 +221,37 @@ def _check_distributed_flags(args: argparse.Namespace) -> None:
         )
 
 
+# Numeric flags of how a run goes: attribute -> (flag, least value, whether
+# the least value itself is refused).
+_LOWER_BOUNDS = {
+    "checkpoint_every": ("--checkpoint-every", 1, False),
+    "keep_checkpoints": ("--keep-checkpoints", 0, False),
+    "timeout": ("--timeout", 0, True),
+    "threads": ("--threads", 1, False),
+    "parts": ("--parts", 1, False),
+    "bin_rows": ("--bin-rows", 1, False),
+    "bin_mb": ("--bin-mb", 0, True),
+    "n_hot": ("--n-hot", 0, False),
+    "cache_mb": ("--cache-mb", 0, True),
+    "prefetch": ("--prefetch", 1, False),
+}
+
+
 def _check_run_flags(args: argparse.Namespace) -> None:
-    """Flags of how the run goes, checked before any data is read or split."""
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise ValueError(
-            f"--checkpoint-every: expected >= 1, got {args.checkpoint_every}"
+    """Flags of how the run goes, checked before any data is read or split:
+    each within its bounds (:data:`_LOWER_BOUNDS`), and the mini-batch
+    settings only in mini-batch mode."""
+    for name, (flag, least, strict) in _LOWER_BOUNDS.items():
+        value = getattr(args, name)
+        if value is not None and not (value > least or (value == least and not strict)):
+            bound = f"> {least}" if strict else f">= {least}"
+            raise ValueError(f"{flag}: expected {bound}, got {value}")
+    if args.mode != "minibatch":
+        _refuse(
+            args,
+            {"fanouts": "--fanouts", "batch_size": "--batch-size"},
+            "only with --mode minibatch",
         )
-    if args.keep_checkpoints is not None and args.keep_checkpoints < 0:
-        raise ValueError(
-            f"--keep-checkpoints: expected >= 0, got {args.keep_checkpoints}"
-        )
-    if args.timeout is not None and not args.timeout > 0:
-        raise ValueError(f"--timeout: expected seconds > 0, got {args.timeout}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads: expected >= 1, got {args.threads}")
 
 
 def _train(

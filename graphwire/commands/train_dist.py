@@ -63,17 +63,20 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
                 "starting at epoch 0",
                 file=sys.stderr,
             )
+    # The settings' own checks, before the graph is read or split.
+    minibatch = args.mode == "minibatch"
+    options: Any = _fetch_options(args) if minibatch else _engine_options(args)
     folder = _partitioned_folder(args, world, out, leader, resuming)
     log = RunLog(str(out), _header(args, config, world))
     job: Any
-    if args.mode == "minibatch":
+    if minibatch:
         from graphwire.minibatch.job import MinibatchJob
         from graphwire.minibatch.job import run_rank as run_minibatch_rank
 
         job = MinibatchJob(
             folder=str(folder),
             config=config,
-            options=_fetch_options(args),
+            options=options,
             checkpoint=checkpoint,
             progress=not args.quiet,
             log=log,
@@ -84,7 +87,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
             folder=str(folder),
             config=config,
             exchange=args.exchange,
-            options=_engine_options(args),
+            options=options,
             checkpoint=checkpoint,
             progress=not args.quiet,
             log=log,
@@ -102,7 +105,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         )
         reports = results[0]
         assert reports is not None
-    if args.mode == "minibatch":
+    if minibatch:
         from graphwire.commands.report_minibatch import report_minibatch
 
         report_minibatch(log, reports)
@@ -129,8 +132,9 @@ def _header(
 def _fetch_options(args: argparse.Namespace) -> Any:
     from graphwire.minibatch.dist import FetchOptions
 
-    if args.fetch != "rapid" and (args.n_hot is not None or args.presample_dir):
-        raise ValueError("--n-hot / --presample-dir: only with --fetch rapid")
+    where = args.presample_dir
+    if where and Path(where).exists() and not Path(where).is_dir():
+        raise ValueError(f"--presample-dir {where}: exists and is not a folder")
     return FetchOptions(
         fetch=args.fetch,
         n_hot=args.n_hot,
@@ -198,26 +202,19 @@ def _resumed_folder(args: argparse.Namespace, world: int, folder: Path) -> Path:
 
 
 def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of G3's engine that the flags give (``train`` has refused
+    them with another exchange, and checked their bounds)."""
     options: dict[str, Any] = {}
-    if args.exchange == "g3":
-        if args.g3_mode:
-            options["mode"] = args.g3_mode
-        if args.g3_sync:
-            options["sync"] = args.g3_sync
-        if args.g3_order:
-            options["order"] = args.g3_order
-        if args.bin_rows is not None:  # 0 and below: the engine refuses them
-            options["bin_rows"] = int(args.bin_rows)
-        if args.bin_mb is not None:
-            options["bin_mb"] = float(args.bin_mb)
-    elif any(
-        getattr(args, name) is not None
-        for name in ("g3_mode", "g3_sync", "g3_order", "bin_rows", "bin_mb")
-    ):
-        raise ValueError(
-            "--g3-mode / --g3-sync / --g3-order / --bin-rows / --bin-mb: only with "
-            "--exchange g3"
-        )
+    if args.g3_mode:
+        options["mode"] = args.g3_mode
+    if args.g3_sync:
+        options["sync"] = args.g3_sync
+    if args.g3_order:
+        options["order"] = args.g3_order
+    if args.bin_rows is not None:
+        options["bin_rows"] = int(args.bin_rows)
+    if args.bin_mb is not None:
+        options["bin_mb"] = float(args.bin_mb)
     return options
 
 
