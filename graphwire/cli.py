@@ -297,8 +297,25 @@ def _flag_value(action: argparse.Action, value: Any) -> Any:
     return value
 
 
+def _fanouts_joined(argv: list[str]) -> list[str]:
+    """``--fanouts -1,5`` as ``--fanouts=-1,5``: argparse takes a value that
+    starts with ``-`` (and is not one number) for a flag; -1 is "all"."""
+    joined: list[str] = []
+    for arg in argv:
+        if (
+            joined
+            and joined[-1] == "--fanouts"
+            and arg[:1] == "-"
+            and arg[1:2].isdigit()
+        ):
+            joined[-1] = f"--fanouts={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _fanouts_joined(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -146,7 +146,7 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
     val = [r["val_acc"] for r in records if r["kind"] == "epoch"]
     assert [v is None for v in val] == [True, False, False]  # 1, then the last
     assert main([*argv, "--eval-every", "0", "--out", str(tmp_path / "x")]) == 2
-    assert "eval_every: expected an integer >= 1" in capsys.readouterr().err
+    assert "--eval-every: expected an integer >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -204,6 +204,12 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
             "--parts 3: a distributed run has one part per worker (2)",
         ),
         (["--partition", "random", "--parts", "0"], "--parts: expected >= 1, got 0"),
+        (["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
+        (["--eval-every", "0"], "--eval-every: expected an integer >= 1, got 0"),
+        (
+            ["--mode", "minibatch", "--layers", "3", "--fanouts", "-1,5"],
+            "--fanouts: expected one per layer (--layers 3), got [-1, 5]",
+        ),
     ],
     ids=repr,
 )

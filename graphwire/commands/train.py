@@ -93,7 +93,12 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
             raise ValueError(
                 f"--fanouts: expected comma-separated integers, got {args.fanouts!r}"
             ) from error
-    return TrainConfig(**fields)
+    try:
+        return TrainConfig(**fields)
+    except ValueError as error:  # named by the field; say the flag
+        field, _, why = str(error).partition(": ")
+        flag = "--layers" if field == "num_layers" else "--" + field.replace("_", "-")
+        raise ValueError(f"{flag}: {why.replace('num_layers=', '--layers ')}") from None
 
 
 def run(args: argparse.Namespace) -> int:

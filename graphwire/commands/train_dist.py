@@ -56,11 +56,18 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
     if checkpoint is not None and checkpoint.resume:
         # Refuse a resume with other settings before any work; say so when
         # there is nothing to resume (a job script may always pass --resume).
-        resuming = check_resume(checkpoint, world) is not None
+        saved = check_resume(checkpoint, world)
+        resuming = saved is not None
         if not resuming and leader:
             print(
                 f"--resume: no checkpoint in {checkpoint.folder} yet; "
                 "starting at epoch 0",
+                file=sys.stderr,
+            )
+        elif saved is not None and saved + 1 >= config.epochs and leader:
+            print(
+                f"--resume: the checkpoint is of epoch {saved}, so --epochs "
+                f"{config.epochs} leaves nothing to train; reporting the run so far",
                 file=sys.stderr,
             )
     # The settings' own checks, before the graph is read or split.

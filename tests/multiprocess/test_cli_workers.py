@@ -310,8 +310,9 @@ def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
     tmp_path: Path,
 ) -> None:
     """``--resume`` with no checkpoint yet is a fresh start: the dataset is
-    split again, not trained on another dataset's parts left in ``OUT``; with
-    a checkpoint, the parts it trained on must still be there."""
+    split again, not trained on another dataset's parts left in ``OUT``; one
+    with nothing left to train says so; with a checkpoint, the parts it
+    trained on must still be there."""
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
     argv += ["--workers", "2", "--epochs", "2", "--seed", "1", "--quiet"]
@@ -327,6 +328,13 @@ def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
     assert "no checkpoint in" in done.stderr
     assert json.loads(meta.read_text())["num_nodes"] == 1500
     _run([*argv, "--dataset", other, "--checkpoint-every", "1"])
+    again = subprocess.run(
+        [*argv, "--dataset", other, "--resume"], capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = "the checkpoint is of epoch 1, so --epochs 2 leaves nothing to train"
+    assert said in " ".join(again.stderr.split())
+    assert _summary(again.stdout)["epochs"] == "2"
     shutil.rmtree(out / "partitions")
     gone = subprocess.run(
         [*argv, "--dataset", other, "--resume", "--epochs", "3"],
