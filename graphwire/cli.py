@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     info = data_commands.add_parser("info", help="print a dataset's statistics")
     _dataset_flag(info)
     info.set_defaults(handler=_handler("graphwire.commands.data", "info"))
+    check = data_commands.add_parser(
+        "verify", help="check a partitioned folder's files against their checksums"
+    )
+    check.add_argument("--dataset", required=True, help="a partitioned folder")
+    check.set_defaults(handler=_handler("graphwire.commands.data", "verify"))
 
     part = commands.add_parser(
         "partition", help="partition a graph and write its parts"

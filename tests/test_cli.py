@@ -276,6 +276,18 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     assert meta["num_parts"] == 3
     owned = sum(load_part(out, p).num_owned for p in range(3))
     assert owned == 3000
+    # `data verify` checks every byte against meta.json's sums.
+    assert main(["data", "verify", "--dataset", str(out)]) == 0
+    assert "all 3 parts match their checksums" in capsys.readouterr().out
+    features = out / "part_2" / "x.npy"
+    data = bytearray(features.read_bytes())
+    data[-1] ^= 0xFF  # one bit pattern of one feature: sizes still agree
+    features.write_bytes(bytes(data))
+    assert load_part(out, 2).num_owned > 0  # loading does not read every byte
+    assert main(["data", "verify", "--dataset", str(out)]) == 2
+    assert f"{features}: checksum mismatch" in capsys.readouterr().err
+    assert main(["data", "verify", "--dataset", SMALL]) == 2
+    assert "not a partitioned folder" in capsys.readouterr().err
     # One process cannot train it: the error says how.
     assert main(["train", "--dataset", str(out), "--quiet"]) == 2
     said = "a partitioned graph (3 parts); train it with --workers 3"
