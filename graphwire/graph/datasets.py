@@ -75,7 +75,10 @@ def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
                 f"dataset {spec_name}: option {key}={text!r} is not a "
                 f"{type(default).__name__}"
             ) from error
-    return config_type(**kwargs)
+    try:
+        return config_type(**kwargs)
+    except ValueError as error:  # the config names the option and its value
+        raise ValueError(f"dataset {spec_name}: {error}") from error
 
 
 def _synthetic(target: str, options: dict[str, str]) -> Graph:

@@ -29,6 +29,11 @@ def test_synthetic_spec_options_are_typed() -> None:
         ("synthetic:products?nodes=1.5", "nodes='1.5' is not a int"),
         ("synthetic:products?colour=red", "unknown option"),
         ("synthetic:cube", "unknown generator"),
+        (
+            "synthetic:products?nodes=100&classes=1",
+            "dataset synthetic:products: classes: need at least 2, got 1",
+        ),
+        ("synthetic:rmat?classes=1", "dataset synthetic:rmat: classes: must be 0"),
         ("/no/such/folder", "not a graphwire graph folder"),
     ],
 )
