@@ -216,6 +216,47 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     assert "unknown partition method 'spectral'" in capsys.readouterr().err
 
 
+TINY = "synthetic:products?nodes=300&degree=4&features=4&classes=3&seed=1"
+
+
+def test_partition_refuses_to_destroy_its_input(tmp_path, capsys) -> None:
+    """--out may not be the input folder, hold it or lie in it, even with
+    --overwrite; the input is left as it was."""
+    source = tmp_path / "g"
+    assert main(["data", "generate", "--dataset", TINY, "--out", str(source)]) == 0
+    before = sorted(p.name for p in source.iterdir())
+    argv = ["partition", "--dataset", str(source), "--parts", "2", "--overwrite"]
+    for out, said in [
+        (source, "holds the input"),
+        (tmp_path, "holds the input"),
+        (source / "parts", "lies inside the input"),
+    ]:
+        capsys.readouterr()
+        assert main([*argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"graphwire: error: --out {out}: {said}"), err
+        assert sorted(p.name for p in source.iterdir()) == before
+    assert main(["data", "info", "--dataset", str(source)]) == 0
+
+
+def test_partition_overwrites_only_graphwire_folders(tmp_path, capsys) -> None:
+    argv = ["partition", "--dataset", TINY, "--parts", "2", "--out"]
+    kept = tmp_path / "afile"
+    kept.write_text("keep me")
+    assert main([*argv, str(kept), "--overwrite"]) == 2
+    assert "afile: not a folder, refusing to replace it" in capsys.readouterr().err
+    assert kept.read_text() == "keep me"
+    # An existing folder is refused before the partition is computed.
+    out = tmp_path / "parts"
+    assert main([*argv, str(out)]) == 0
+    capsys.readouterr()
+    assert main([*argv, str(out)]) == 2
+    done = capsys.readouterr()
+    assert "already exists (pass --overwrite to replace it)" in done.err
+    assert "partition: " not in done.out  # no table: nothing was computed
+    assert main([*argv, str(out), "--overwrite"]) == 0
+
+
 def test_partition_help_names_every_registered_partitioner(capsys) -> None:
     for command in ("partition", "train"):
         with pytest.raises(SystemExit):

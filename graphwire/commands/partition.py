@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphwire.commands.common import console, load_with_status, print_table, step
+from graphwire.commands.common import (
+    check_out,
+    console,
+    load_with_status,
+    print_table,
+    step,
+)
 from graphwire.graph.graph import Graph
 from graphwire.partition import PartitionStats, get_partitioner, write_partitioned
 from graphwire.partition.base import Partition
@@ -18,6 +24,8 @@ from graphwire.partition.stats import PER_PART
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_out(args.out, args.dataset, args.overwrite)
     graph = load_with_status(args.dataset)
     partition, stats, _ = _partition(
         graph, args.method, int(args.parts), int(args.seed)

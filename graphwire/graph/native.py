@@ -62,6 +62,8 @@ def save_graph(
 
     Raises:
         FileExistsError: ``folder`` exists and ``overwrite`` is false.
+        ValueError: ``folder`` exists and is not a graphwire folder (a file, or
+            a folder without a graphwire ``meta.json``): it is never replaced.
     """
     folder = Path(folder)
     with atomic_dir(folder, overwrite=overwrite) as tmp:

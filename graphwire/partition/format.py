@@ -42,7 +42,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphwire.fsutil import atomic_dir, save_npy, sha256_file, write_json
+from graphwire.fsutil import (
+    atomic_dir,
+    check_replaceable,
+    save_npy,
+    sha256_file,
+    write_json,
+)
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
 from graphwire.graph.labels import check_labels
@@ -95,11 +101,13 @@ def write_partitioned(
         ``folder`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: ``partition`` does not match ``graph``.
+        ValueError: ``partition`` does not match ``graph``; or ``folder``
+            exists and is not a graphwire folder (never replaced).
         FileExistsError: ``folder`` exists and ``overwrite`` is false.
     """
     partition.check_graph(graph)
     folder = Path(folder)
+    check_replaceable(folder, overwrite)  # before the work, not after it
     if stats is None:
         stats = PartitionStats.compute(graph, partition)
     elif stats.num_parts != partition.num_parts or stats.num_edges != graph.num_edges:
