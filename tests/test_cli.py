@@ -17,6 +17,7 @@ from graphwire.partition import (
     load_part,
     load_partition_meta,
 )
+from graphwire.partition.locality import RefineResult
 
 SMALL = "synthetic:products?nodes=3000&degree=8&features=16&classes=4&seed=1"
 
@@ -285,6 +286,40 @@ def test_locality_partition_reports_what_the_refinement_did(tmp_path, capsys) ->
     assert {k: logged[f"refine_{k}"] for k in summary if k != "seconds"} == {
         k: v for k, v in summary.items() if k != "seconds"
     }
+
+
+def _refinement(halo: tuple[int, ...], cut_before: int, cut_after: int):
+    return RefineResult(
+        halo_before=halo,
+        halo_after=halo,
+        degree_sum_before=(4,) * len(halo),
+        degree_sum_after=(4,) * len(halo),
+        edge_cut_before=cut_before,
+        edge_cut_after=cut_after,
+        num_swaps=0,
+        num_rejected=0,
+        stop_reason="converged",
+        seconds=0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("result", "said"),
+    [
+        # --parts 1: no halo, no cut; not "0 -> 0 (-100.0%)".
+        (_refinement((0,), 0, 0), "halo max/min 1.000 -> 1.000, edge cut 0 -> 0, "),
+        # A tiny graph with a part that reads no other: not "inf -> inf".
+        (
+            _refinement((0, 3), 4, 5),
+            "halo max/min n/a -> n/a (n/a: a part with no halo), edge cut 4 -> 5 "
+            "(+25.0%), ",
+        ),
+        (_refinement((2, 3), 4, 2), "halo max/min 1.500 -> 1.500, edge cut 4 -> 2 ("),
+    ],
+    ids=["one part", "a part without halo", "usual"],
+)
+def test_refinement_line_says_only_true_numbers(result, said: str) -> None:
+    assert said in refinement_line(result)
 
 
 # A launcher's worker running the CLI, with a thread that never ends: a normal
