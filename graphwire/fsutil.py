@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "atomic_dir",
     "atomic_file",
+    "check_replaceable",
     "save_npy",
     "sha256_file",
     "write_json",
@@ -35,13 +36,11 @@ def atomic_dir(
     """Yield a temporary folder that becomes ``target`` when the block succeeds.
 
     On any exception the temporary folder is removed and ``target`` is untouched.
-    With ``overwrite`` an existing ``target`` is replaced; without it, it is an error.
+    With ``overwrite`` an existing ``target`` is replaced if
+    :func:`check_replaceable` allows it; without it, it is an error.
     """
     target = Path(target)
-    if target.exists() and not overwrite:
-        raise FileExistsError(
-            f"{target}: already exists (pass overwrite to replace it)"
-        )
+    check_replaceable(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(
         tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -58,6 +57,49 @@ def atomic_dir(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_replaceable(target: str | os.PathLike[str], overwrite: bool) -> None:
+    """Refuse to replace ``target`` unless asked to and it is graphwire's own.
+
+    A missing ``target`` is fine. An existing one may be replaced only with
+    ``overwrite``, and only when it is an empty folder or a folder whose
+    ``meta.json`` names a graphwire format (``"format": "graphwire.*"``): a
+    regular file or someone else's folder is never deleted.
+
+    Raises:
+        FileExistsError: ``target`` exists and ``overwrite`` is false.
+        ValueError: ``target`` exists but is not graphwire output.
+    """
+    target = Path(target)
+    if not (target.exists() or target.is_symlink()):
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"{target}: already exists (pass overwrite to replace it)"
+        )
+    if target.is_symlink():
+        found = "a symbolic link"
+    elif not target.is_dir():
+        found = "not a folder"
+    elif next(target.iterdir(), None) is not None and not _is_graphwire_folder(target):
+        found = "a folder without a graphwire meta.json"
+    else:
+        return
+    raise ValueError(
+        f"{target}: {found}, refusing to replace it (overwrite replaces only "
+        "folders graphwire wrote)"
+    )
+
+
+def _is_graphwire_folder(folder: Path) -> bool:
+    try:
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and str(meta.get("format", "")).startswith(
+        "graphwire."
+    )
 
 
 @contextmanager

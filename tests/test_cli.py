@@ -17,6 +17,7 @@ from graphwire.partition import (
     load_part,
     load_partition_meta,
 )
+from graphwire.partition.locality import RefineResult
 
 SMALL = "synthetic:products?nodes=3000&degree=8&features=16&classes=4&seed=1"
 
@@ -297,6 +298,47 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     assert "unknown partition method 'spectral'" in capsys.readouterr().err
 
 
+TINY = "synthetic:products?nodes=300&degree=4&features=4&classes=3&seed=1"
+
+
+def test_partition_refuses_to_destroy_its_input(tmp_path, capsys) -> None:
+    """--out may not be the input folder, hold it or lie in it, even with
+    --overwrite; the input is left as it was."""
+    source = tmp_path / "g"
+    assert main(["data", "generate", "--dataset", TINY, "--out", str(source)]) == 0
+    before = sorted(p.name for p in source.iterdir())
+    argv = ["partition", "--dataset", str(source), "--parts", "2", "--overwrite"]
+    for out, said in [
+        (source, "holds the input"),
+        (tmp_path, "holds the input"),
+        (source / "parts", "lies inside the input"),
+    ]:
+        capsys.readouterr()
+        assert main([*argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"graphwire: error: --out {out}: {said}"), err
+        assert sorted(p.name for p in source.iterdir()) == before
+    assert main(["data", "info", "--dataset", str(source)]) == 0
+
+
+def test_partition_overwrites_only_graphwire_folders(tmp_path, capsys) -> None:
+    argv = ["partition", "--dataset", TINY, "--parts", "2", "--out"]
+    kept = tmp_path / "afile"
+    kept.write_text("keep me")
+    assert main([*argv, str(kept), "--overwrite"]) == 2
+    assert "afile: not a folder, refusing to replace it" in capsys.readouterr().err
+    assert kept.read_text() == "keep me"
+    # An existing folder is refused before the partition is computed.
+    out = tmp_path / "parts"
+    assert main([*argv, str(out)]) == 0
+    capsys.readouterr()
+    assert main([*argv, str(out)]) == 2
+    done = capsys.readouterr()
+    assert "already exists (pass --overwrite to replace it)" in done.err
+    assert "partition: " not in done.out  # no table: nothing was computed
+    assert main([*argv, str(out), "--overwrite"]) == 0
+
+
 def test_partition_help_names_every_registered_partitioner(capsys) -> None:
     for command in ("partition", "train"):
         with pytest.raises(SystemExit):
@@ -325,6 +367,40 @@ def test_locality_partition_reports_what_the_refinement_did(tmp_path, capsys) ->
     assert {k: logged[f"refine_{k}"] for k in summary if k != "seconds"} == {
         k: v for k, v in summary.items() if k != "seconds"
     }
+
+
+def _refinement(halo: tuple[int, ...], cut_before: int, cut_after: int):
+    return RefineResult(
+        halo_before=halo,
+        halo_after=halo,
+        degree_sum_before=(4,) * len(halo),
+        degree_sum_after=(4,) * len(halo),
+        edge_cut_before=cut_before,
+        edge_cut_after=cut_after,
+        num_swaps=0,
+        num_rejected=0,
+        stop_reason="converged",
+        seconds=0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("result", "said"),
+    [
+        # --parts 1: no halo, no cut; not "0 -> 0 (-100.0%)".
+        (_refinement((0,), 0, 0), "halo max/min 1.000 -> 1.000, edge cut 0 -> 0, "),
+        # A tiny graph with a part that reads no other: not "inf -> inf".
+        (
+            _refinement((0, 3), 4, 5),
+            "halo max/min n/a -> n/a (n/a: a part with no halo), edge cut 4 -> 5 "
+            "(+25.0%), ",
+        ),
+        (_refinement((2, 3), 4, 2), "halo max/min 1.500 -> 1.500, edge cut 4 -> 2 ("),
+    ],
+    ids=["one part", "a part without halo", "usual"],
+)
+def test_refinement_line_says_only_true_numbers(result, said: str) -> None:
+    assert said in refinement_line(result)
 
 
 # A launcher's worker running the CLI, with a thread that never ends: a normal

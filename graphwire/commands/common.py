@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -17,7 +18,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from graphwire.graph.datasets import load_dataset
+from graphwire.fsutil import check_replaceable
+from graphwire.graph.datasets import load_dataset, spec_paths
 from graphwire.graph.graph import Graph
 
 console = Console(highlight=False)
@@ -65,6 +67,37 @@ def epoch_progress(total: int, quiet: bool = False) -> Progress:
         disable=quiet,
         transient=False,
     )
+
+
+def check_out(out: str, dataset: str, overwrite: bool) -> None:
+    """Refuse an ``--out`` that would destroy the input or something not ours.
+
+    Run before any work, so a refusal costs nothing. ``out`` may not be the
+    input ``dataset`` reads, contain it, or lie inside it; an existing ``out``
+    needs ``--overwrite`` and must be a folder graphwire wrote.
+
+    Raises:
+        ValueError: ``out`` overlaps the input, or is not graphwire's to replace.
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+    """
+    target = Path(out).resolve()
+    for source in spec_paths(dataset):
+        source = source.resolve()
+        if target == source or target in source.parents:
+            raise ValueError(
+                f"--out {out}: holds the input of --dataset {dataset}, refusing "
+                "to replace it; write the output somewhere else"
+            )
+        if source in target.parents:
+            raise ValueError(
+                f"--out {out}: lies inside the input of --dataset {dataset}; "
+                "write the output somewhere else"
+            )
+    if Path(out).exists() and not overwrite:
+        raise FileExistsError(
+            f"--out {out}: already exists (pass --overwrite to replace it)"
+        )
+    check_replaceable(out, overwrite)
 
 
 def load_with_status(spec: str, quiet: bool = False) -> Graph:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from graphwire.commands.common import (
+    check_out,
     console,
     graph_rows,
     load_with_status,
@@ -16,6 +17,7 @@ from graphwire.commands.common import (
 def generate(args: argparse.Namespace) -> int:
     from graphwire.graph.native import save_graph
 
+    check_out(args.out, args.dataset, args.overwrite)
     graph = load_with_status(args.dataset)
     with step(f"writing {args.out}"):
         save_graph(graph, args.out, overwrite=args.overwrite)

@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphwire.commands.common import console, load_with_status, print_table, step
+from graphwire.commands.common import (
+    check_out,
+    console,
+    load_with_status,
+    print_table,
+    step,
+)
 from graphwire.graph.graph import Graph
 from graphwire.partition import PartitionStats, get_partitioner, write_partitioned
 from graphwire.partition.base import Partition
@@ -18,6 +24,8 @@ from graphwire.partition.stats import PER_PART
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out:
+        check_out(args.out, args.dataset, args.overwrite)
     graph = load_with_status(args.dataset)
     partition, stats, _ = _partition(
         graph, args.method, int(args.parts), int(args.seed)
@@ -77,13 +85,22 @@ def _partition(
 
 def refinement_line(result: RefineResult) -> str:
     """What G3's refinement did, in one line: halo balance and edge cut
-    before and after, swaps, why it stopped."""
+    before and after, swaps, why it stopped.
+
+    A halo max/min with a part that has no halo is "n/a" (not inf), and the
+    cut's change in percent is left out when the cut was 0 before.
+    """
+    halo = [_halo_balance(h) for h in (result.halo_before, result.halo_after)]
+    why = " (n/a: a part with no halo)" if "n/a" in halo else ""
+    growth = f" ({100 * result.cut_growth:+.1f}%)" if result.edge_cut_before else ""
     return (
-        f"locality refinement: halo max/min "
-        f"{result.max_min(result.halo_before):.3f} -> "
-        f"{result.max_min(result.halo_after):.3f}, edge cut "
-        f"{result.edge_cut_before:,} -> {result.edge_cut_after:,} "
-        f"({100 * result.cut_growth:+.1f}%), {result.num_swaps:,} swaps "
-        f"({result.num_rejected:,} rejected), stopped: {result.stop_reason}, "
-        f"{result.seconds:.1f}s"
+        f"locality refinement: halo max/min {halo[0]} -> {halo[1]}{why}, edge cut "
+        f"{result.edge_cut_before:,} -> {result.edge_cut_after:,}{growth}, "
+        f"{result.num_swaps:,} swaps ({result.num_rejected:,} rejected), "
+        f"stopped: {result.stop_reason}, {result.seconds:.1f}s"
     )
+
+
+def _halo_balance(halo: tuple[int, ...]) -> str:
+    ratio = RefineResult.max_min(halo)
+    return "n/a" if ratio == float("inf") else f"{ratio:.3f}"

@@ -28,7 +28,7 @@ from graphwire.graph.synthetic import (
     rmat_graph,
 )
 
-__all__ = ["DEFAULT_SPEC", "load_dataset", "parse_spec"]
+__all__ = ["DEFAULT_SPEC", "load_dataset", "parse_spec", "spec_paths"]
 
 DEFAULT_SPEC = (
     "synthetic:products?nodes=100000&degree=20&features=100&classes=47&seed=0"
@@ -46,6 +46,20 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, str]]:
     target, _, query = rest.partition("?")
     options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=False))
     return scheme, target, options
+
+
+def spec_paths(spec: str) -> list[Path]:
+    """The files or folders a spec reads (none for a synthetic graph).
+
+    A planetoid spec ``PATH/cora`` reads ``PATH/ind.cora.*``, so its path is
+    ``PATH``; every other scheme reads the path it names.
+    """
+    scheme, target, _ = parse_spec(spec)
+    if scheme == "synthetic":
+        return []
+    if scheme == "planetoid":
+        return [Path(target).parent]
+    return [Path(target)]
 
 
 def load_dataset(spec: str) -> Graph:
@@ -75,7 +89,10 @@ def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
                 f"dataset {spec_name}: option {key}={text!r} is not a "
                 f"{type(default).__name__}"
             ) from error
-    return config_type(**kwargs)
+    try:
+        return config_type(**kwargs)
+    except ValueError as error:  # the config names the option and its value
+        raise ValueError(f"dataset {spec_name}: {error}") from error
 
 
 def _synthetic(target: str, options: dict[str, str]) -> Graph:

@@ -32,6 +32,7 @@ import numpy as np
 from graphwire.fsutil import atomic_file
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph, GraphError
+from graphwire.graph.labels import check_labels
 
 __all__ = ["load_edgelist", "load_npz", "read_table", "save_npz"]
 
@@ -125,9 +126,13 @@ def load_edgelist(
 def load_npz(path: str | os.PathLike[str]) -> Graph:
     """Load a graph from an ``.npz`` archive (see module doc; no pickles).
 
+    Labels span ``max(y) + 1`` classes; ``-1`` marks an unlabelled node, allowed
+    only outside the train/val/test splits.
+
     Raises:
         DatasetError: Missing, truncated or corrupt archive; missing or unknown
-            arrays; wrong dtypes or shapes; node IDs out of range.
+            arrays; wrong dtypes or shapes; node IDs out of range; a label below
+            ``-1``, or ``-1`` on a node in a split.
     """
     path = Path(path)
     arrays = _read_npz(path)
@@ -155,11 +160,19 @@ def load_npz(path: str | os.PathLike[str]) -> Graph:
     num_nodes = _npz_num_nodes(path, arrays)
     num_nodes = _check_ids(path, "edge", src, dst, num_nodes)
     try:
-        return Graph.from_edge_index(
+        graph = Graph.from_edge_index(
             src, dst, num_nodes=num_nodes, name=_stem(path), **arrays
         )
     except GraphError as error:
         raise DatasetError(path, f"array {error}") from error
+    if graph.y is not None:
+        splits = {
+            name: split.numpy()
+            for name in ("train_idx", "val_idx", "test_idx")
+            if (split := getattr(graph, name)) is not None
+        }
+        check_labels(path, graph.y.numpy(), splits)
+    return graph
 
 
 def save_npz(graph: Graph, path: str | os.PathLike[str]) -> Path:

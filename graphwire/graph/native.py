@@ -11,6 +11,10 @@ A graph folder holds::
                   "num_edges", "num_features", "num_classes",
                   "arrays": {name: {"dtype", "shape", "sha256"}}}
 
+``num_features`` must match x's width and ``num_classes`` the largest label + 1;
+a label of ``-1`` (unlabelled) is allowed only on a node in no split (see
+:mod:`graphwire.graph.labels`).
+
 The folder is written under a temporary name and renamed into place, so a reader
 never sees half of one. Loading memory-maps every array (no parsing, no copy):
 the returned tensors share the page cache, so several workers on one machine
@@ -31,6 +35,7 @@ import torch
 from graphwire.fsutil import atomic_dir, save_npy, sha256_file, write_json
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph, GraphError
+from graphwire.graph.labels import check_labels
 
 __all__ = ["FORMAT", "VERSION", "is_graph_folder", "load_graph", "save_graph"]
 
@@ -39,6 +44,7 @@ VERSION = 1
 META = "meta.json"
 _ARRAYS = ("indptr", "indices", "x", "y", "train_idx", "val_idx", "test_idx")
 _REQUIRED = ("indptr", "indices")
+_SPLITS = ("train_idx", "val_idx", "test_idx")
 
 
 def save_graph(
@@ -56,6 +62,8 @@ def save_graph(
 
     Raises:
         FileExistsError: ``folder`` exists and ``overwrite`` is false.
+        ValueError: ``folder`` exists and is not a graphwire folder (a file, or
+            a folder without a graphwire ``meta.json``): it is never replaced.
     """
     folder = Path(folder)
     with atomic_dir(folder, overwrite=overwrite) as tmp:
@@ -105,7 +113,10 @@ def load_graph(
         DatasetError: ``meta.json`` is missing, not JSON, of another format or
             version, or malformed; an array file is missing, truncated, corrupt,
             of another dtype/shape than ``meta.json`` says, or (with ``verify``)
-            fails its checksum; or the arrays do not form a valid graph.
+            fails its checksum; ``meta.json``'s counts disagree with the arrays
+            (``num_classes`` must be the largest label + 1); a label lies
+            outside ``[0, num_classes)`` (``-1``, unlabelled, is allowed on a
+            node in no split); or the arrays do not form a valid graph.
     """
     folder = Path(folder)
     meta = read_meta(folder)
@@ -122,9 +133,28 @@ def load_graph(
                 meta_path, f"{field} is {meta[field]} but the arrays hold {found}"
             )
     try:
-        return Graph(**_as_tensors(arrays), name=str(meta["name"]))
+        graph = Graph(**_as_tensors(arrays), name=str(meta["name"]))
     except GraphError as error:
         raise DatasetError(folder, f"arrays do not form a graph: {error}") from error
+    if meta.get("num_features", graph.num_features) != graph.num_features:
+        raise DatasetError(
+            meta_path,
+            f"num_features is {meta['num_features']} but the arrays hold "
+            f"{graph.num_features} feature columns",
+        )
+    spanned = 0
+    if "y" in arrays:  # shapes and split IDs are valid: Graph checked them
+        splits = {name: arrays[name] for name in _SPLITS if name in arrays}
+        spanned = check_labels(
+            folder / "y.npy", arrays["y"], splits, meta.get("num_classes")
+        )
+    if meta.get("num_classes", spanned) != spanned:
+        raise DatasetError(
+            meta_path,
+            f"num_classes is {meta['num_classes']} but the labels span {spanned} "
+            "(num_classes must be the largest label + 1)",
+        )
+    return graph
 
 
 def is_graph_folder(path: str | os.PathLike[str]) -> bool:
@@ -174,6 +204,12 @@ def read_meta(folder: Path) -> dict[str, Any]:
             raise DatasetError(
                 path,
                 f"field {field!r} must be a {kind.__name__}, found {meta.get(field)!r}",
+            )
+    for field in ("num_features", "num_classes"):
+        value = meta.get(field, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise DatasetError(
+                path, f"field {field!r} must be an int >= 0, found {value!r}"
             )
     arrays = meta["arrays"]
     unknown = sorted(set(arrays) - set(_ARRAYS))

@@ -54,8 +54,12 @@ class ProductsConfig:
             raise ValueError(f"nodes: need at least 2, got {self.nodes}")
         if not 0 < self.degree < self.nodes:
             raise ValueError(f"degree: must be in (0, nodes), got {self.degree}")
-        if self.features < 0 or self.classes < 1:
-            raise ValueError("features must be >= 0 and classes >= 1")
+        if self.features < 0:
+            raise ValueError(f"features: must be >= 0, got {self.features}")
+        if self.classes < 2:
+            # One class makes every prediction right: a test_acc of 1.0 that
+            # measures nothing.
+            raise ValueError(f"classes: need at least 2, got {self.classes}")
         if not 0.0 <= self.homophily <= 1.0:
             raise ValueError(f"homophily: must be in [0, 1], got {self.homophily}")
         if self.exponent <= 1.0:
@@ -86,6 +90,12 @@ class RmatConfig:
             raise ValueError(f"edge_factor: must be >= 1, got {self.edge_factor}")
         if min(self.a, self.b, self.c) < 0 or self.a + self.b + self.c >= 1.0:
             raise ValueError("a, b, c must be >= 0 with a + b + c < 1")
+        if self.features < 0:
+            raise ValueError(f"features: must be >= 0, got {self.features}")
+        if self.classes < 0 or self.classes == 1:
+            raise ValueError(
+                f"classes: must be 0 (no labels) or at least 2, got {self.classes}"
+            )
 
 
 def products_graph(config: ProductsConfig | None = None) -> Graph:

@@ -42,9 +42,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphwire.fsutil import atomic_dir, save_npy, sha256_file, write_json
+from graphwire.fsutil import (
+    atomic_dir,
+    check_replaceable,
+    save_npy,
+    sha256_file,
+    write_json,
+)
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
+from graphwire.graph.labels import check_labels
 from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
 from graphwire.partition.local import LocalPart
@@ -65,6 +72,7 @@ META = "meta.json"
 _REQUIRED = ("orig_nid", "indptr", "indices", "halo_nid")
 _OPTIONAL = ("x", "y", "train_local", "val_local", "test_local")
 _SPLITS = ("train", "val", "test")
+_SPLIT_ARRAYS = tuple(f"{split}_local" for split in _SPLITS)
 
 
 def part_folder(folder: str | os.PathLike[str], part_id: int) -> Path:
@@ -93,11 +101,13 @@ def write_partitioned(
         ``folder`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: ``partition`` does not match ``graph``.
+        ValueError: ``partition`` does not match ``graph``; or ``folder``
+            exists and is not a graphwire folder (never replaced).
         FileExistsError: ``folder`` exists and ``overwrite`` is false.
     """
     partition.check_graph(graph)
     folder = Path(folder)
+    check_replaceable(folder, overwrite)  # before the work, not after it
     if stats is None:
         stats = PartitionStats.compute(graph, partition)
     elif stats.num_parts != partition.num_parts or stats.num_edges != graph.num_edges:
@@ -210,9 +220,12 @@ def load_part(
     Raises:
         ValueError: ``part_id`` is out of range.
         DatasetError: ``meta.json`` is missing, malformed, of another format or
-            version; one of the part's files is missing, truncated, of another
-            dtype or shape than ``meta.json`` says, holds out-of-range IDs, or
-            (with ``verify``) fails its checksum.
+            version, or its counts disagree (``num_edges`` with the parts'
+            in-edges, ``num_features`` with any part's x width); one of the
+            part's files is missing, truncated, of another dtype or shape than
+            ``meta.json`` says, holds out-of-range IDs or labels (a label must
+            lie in ``[0, num_classes)``; ``-1``, unlabelled, only on a node in
+            no split), or (with ``verify``) fails its checksum.
     """
     folder = Path(folder)
     meta = load_partition_meta(folder)
@@ -232,6 +245,9 @@ def load_part(
     offsets = torch.tensor(meta["offsets"], dtype=torch.int64)
     num_owned = int(offsets[part_id + 1] - offsets[part_id])
     _check_part(where, arrays, num_owned, meta["num_nodes"])
+    if "y" in arrays:  # after _check_part: the split rows are in range
+        splits = {n: arrays[n] for n in _SPLIT_ARRAYS if n in arrays}
+        check_labels(where / "y.npy", arrays["y"], splits, meta["num_classes"])
     tensors = _as_tensors(arrays)
     return LocalPart(
         part_id=part_id,
@@ -250,7 +266,8 @@ def load_part(
 
 
 def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check ``folder/meta.json`` (format, version, field types, offsets).
+    """Read and check ``folder/meta.json`` (format, version, field types, offsets,
+    and every part's counts and x width against the graph-wide fields).
 
     Raises:
         DatasetError: naming ``meta.json`` and the field that is wrong.
@@ -283,6 +300,8 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
         ("name", str),
         ("num_nodes", int),
         ("num_edges", int),
+        ("num_features", int),
+        ("num_classes", int),
         ("num_parts", int),
         ("method", str),
         ("params", dict),
@@ -312,8 +331,21 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise DatasetError(
             path, f"parts lists {len(meta['parts'])} entries, num_parts is {num_parts}"
         )
+    for field in ("num_nodes", "num_edges", "num_features", "num_classes"):
+        if meta[field] < 0:
+            raise DatasetError(
+                path, f"field {field!r} must be >= 0, found {meta[field]}"
+            )
     for part_id, entry in enumerate(meta["parts"]):
         _check_part_entry(path, part_id, entry)
+        _check_part_counts(path, part_id, entry, meta)
+    num_in_edges = sum(entry["num_in_edges"] for entry in meta["parts"])
+    if num_in_edges != meta["num_edges"]:
+        raise DatasetError(
+            path,
+            f"num_edges is {meta['num_edges']}, but the parts store "
+            f"{num_in_edges} in-edges (the sum of parts[*].num_in_edges)",
+        )
     return meta
 
 
@@ -321,6 +353,12 @@ def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
     where = f"parts[{part_id}]"
     if not isinstance(entry, dict) or not isinstance(entry.get("arrays"), dict):
         raise DatasetError(path, f"{where} must be an object with an 'arrays' object")
+    for name in ("num_owned", "num_halo", "num_in_edges"):
+        value = entry.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise DatasetError(
+                path, f"{where}.{name} must be an int >= 0, found {value!r}"
+            )
     arrays = entry["arrays"]
     missing = [n for n in _REQUIRED if n not in arrays]
     unknown = sorted(set(arrays) - set(_REQUIRED) - set(_OPTIONAL))
@@ -341,6 +379,47 @@ def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
                 f"{where}.arrays.{name} must be {{'dtype': str, 'shape': [int, "
                 f"...], 'sha256': str}}, found {spec!r}",
             )
+
+
+def _check_part_counts(
+    path: Path, part_id: int, entry: dict[str, Any], meta: dict[str, Any]
+) -> None:
+    """A part's counts and array shapes agree with the graph-wide fields.
+
+    Checked from ``meta.json`` alone, for every part, so every rank refuses a
+    folder with one bad part alike (a part whose x is narrower than the others'
+    would otherwise abort the first collective); each file's own shape is then
+    checked against its entry when the part loads.
+    """
+    where = f"parts[{part_id}]"
+    arrays = entry["arrays"]
+    owned = meta["offsets"][part_id + 1] - meta["offsets"][part_id]
+    indices_shape = arrays["indices"]["shape"]
+    halo_shape = arrays["halo_nid"]["shape"]
+    for name, agrees, found in (
+        ("num_owned", entry["num_owned"] == owned, f"the offsets give {owned}"),
+        (
+            "num_in_edges",
+            [entry["num_in_edges"]] == indices_shape,
+            f"arrays.indices has shape {indices_shape}",
+        ),
+        (
+            "num_halo",
+            [entry["num_halo"]] == halo_shape,
+            f"arrays.halo_nid has shape {halo_shape}",
+        ),
+    ):
+        if not agrees:
+            raise DatasetError(path, f"{where}.{name} is {entry[name]}, but {found}")
+    width = arrays["x"]["shape"][1:] if "x" in arrays else [0]
+    if width != [meta["num_features"]]:
+        raise DatasetError(
+            path,
+            f"{where}.arrays.x has shape {arrays['x']['shape']}, but num_features "
+            f"is {meta['num_features']}"
+            if "x" in arrays
+            else f"{where} has no x, but num_features is {meta['num_features']}",
+        )
 
 
 # numpy parses .npy headers with ast.literal_eval, which CPython 3.11 cannot run

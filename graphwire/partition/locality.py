@@ -301,12 +301,15 @@ class RefineResult:
 
     @property
     def cut_growth(self) -> float:
-        """Relative edge-cut change, after / before - 1."""
-        return self.edge_cut_after / max(self.edge_cut_before, 1) - 1.0
+        """Relative edge-cut change, after / before - 1 (0.0 for a cut that
+        stays 0, inf for one that grows from 0)."""
+        if self.edge_cut_before == 0:
+            return 0.0 if self.edge_cut_after == 0 else float("inf")
+        return self.edge_cut_after / self.edge_cut_before - 1.0
 
     def summary(self) -> dict[str, Any]:
         """Flat numbers for logs (JSON's: a halo max/min over an empty halo,
-        inf, is None)."""
+        or a cut growth from 0, inf, is None)."""
         return {
             "halo_max_min_before": _json_ratio(self.max_min(self.halo_before)),
             "halo_max_min_after": _json_ratio(self.max_min(self.halo_after)),
@@ -315,7 +318,7 @@ class RefineResult:
             "degree_max_mean_after": round(_max_mean(self.degree_sum_after), 4),
             "edge_cut_before": self.edge_cut_before,
             "edge_cut_after": self.edge_cut_after,
-            "cut_growth": round(self.cut_growth, 4),
+            "cut_growth": _json_ratio(self.cut_growth),
             "num_swaps": self.num_swaps,
             "num_rejected": self.num_rejected,
             "stop_reason": self.stop_reason,

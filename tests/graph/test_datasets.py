@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from graphwire.graph.datasets import load_dataset, parse_spec
+from graphwire.graph.datasets import load_dataset, parse_spec, spec_paths
 
 
 def test_parse_spec() -> None:
@@ -15,6 +17,13 @@ def test_parse_spec() -> None:
     )
     assert parse_spec("planetoid:/data/cora") == ("planetoid", "/data/cora", {})
     assert parse_spec("/some/folder") == ("folder", "/some/folder", {})
+
+
+def test_spec_paths_name_what_a_spec_reads() -> None:
+    assert spec_paths("synthetic:rmat?scale=5") == []
+    assert spec_paths("planetoid:/data/cora") == [Path("/data")]  # ind.cora.*
+    assert spec_paths("npz:/data/g.npz") == [Path("/data/g.npz")]
+    assert spec_paths("/data/g") == [Path("/data/g")]
 
 
 def test_synthetic_spec_options_are_typed() -> None:
@@ -29,6 +38,11 @@ def test_synthetic_spec_options_are_typed() -> None:
         ("synthetic:products?nodes=1.5", "nodes='1.5' is not a int"),
         ("synthetic:products?colour=red", "unknown option"),
         ("synthetic:cube", "unknown generator"),
+        (
+            "synthetic:products?nodes=100&classes=1",
+            "dataset synthetic:products: classes: need at least 2, got 1",
+        ),
+        ("synthetic:rmat?classes=1", "dataset synthetic:rmat: classes: must be 0"),
         ("/no/such/folder", "not a graphwire graph folder"),
     ],
 )

@@ -126,6 +126,11 @@ BAD_NPZ: list[tuple[str, Callable[[Path], object], str]] = [
     ("x shape", _npz(x=np.zeros(3)), "x: expected shape"),
     ("split", _npz(test_idx=np.array([7])), r"test_idx: node IDs must lie in \[0, 3\)"),
     ("y float", _npz(y=np.array([0.5, 1, 0])), "y: expected an integer dtype"),
+    (
+        "unlabelled split node",
+        _npz(y=np.array([0, -1, 1]), train_idx=np.array([0, 1])),
+        "row 1 is in train_idx but has label -1",
+    ),
 ]
 
 
@@ -140,6 +145,12 @@ def test_bad_npz_is_named(
     with pytest.raises(DatasetError, match=message) as info:
         load_npz(path)
     assert info.value.path == str(path)
+
+
+def test_npz_unlabelled_node_outside_the_splits_loads(tmp_path: Path) -> None:
+    path = tmp_path / "g.npz"
+    _npz(y=np.array([0, -1, 1]), train_idx=np.array([0, 2]))(path)
+    assert load_npz(path).num_classes == 2
 
 
 def test_corrupt_fixture_really_corrupts(tmp_path: Path) -> None:

@@ -237,6 +237,36 @@ BAD_FOLDERS: list[tuple[str, Callable[[Path], object], str, str]] = [
         "x.npy",
         r"holds float32 \[5, 3\], but meta.json says float32 \[5, 2\]",
     ),
+    (
+        "feature count",
+        edit_meta(lambda m: m.update(num_features=3)),
+        "meta.json",
+        "num_features is 3 but the arrays hold 2 feature columns",
+    ),
+    (
+        "class count type",
+        edit_meta(lambda m: m.update(num_classes="3")),
+        "meta.json",
+        "field 'num_classes' must be an int >= 0, found '3'",
+    ),
+    (
+        "label above num_classes",
+        resave("y", np.array([0, 1, 2, 9, 1])),
+        "y.npy",
+        r"label 9 at row 3 is out of range: meta.json says num_classes=3",
+    ),
+    (
+        "class count above the labels",
+        edit_meta(lambda m: m.update(num_classes=4)),
+        "meta.json",
+        "num_classes is 4 but the labels span 3",
+    ),
+    (
+        "unlabelled training node",
+        resave("y", np.array([0, -1, 2, 0, 1])),
+        "y.npy",
+        "row 1 is in train_idx but has label -1",
+    ),
 ]
 
 
@@ -253,6 +283,16 @@ def test_bad_folder_is_named(
     with pytest.raises(DatasetError, match=message) as info:
         load_graph(saved, mmap=mmap)
     assert info.value.path == str(saved / file)
+
+
+def test_unlabelled_nodes_outside_the_splits_load(tmp_path: Path) -> None:
+    """-1 (OGB's unlabelled) is fine on a node no loss or metric reads."""
+    graph = small_graph()
+    y = graph.y.clone()
+    y[2] = -1
+    folder = save_graph(graph.replace(y=y, val_idx=None), tmp_path / "g")
+    loaded = load_graph(folder)
+    assert torch.equal(loaded.y, y) and loaded.num_classes == 2
 
 
 def test_checksum_is_checked_only_when_asked(saved: Path) -> None:

@@ -86,10 +86,13 @@ def test_rmat_structure_and_options() -> None:
         dict(homophily=1.5),
         dict(exponent=1.0),
         dict(train_fraction=0.6, val_fraction=0.5),
+        dict(classes=1),
+        dict(classes=0),
+        dict(features=-1),
     ],
 )
 def test_products_rejects_bad_config(bad) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=next(iter(bad))):  # names the option
         ProductsConfig(**bad)
 
 
@@ -98,3 +101,9 @@ def test_rmat_rejects_bad_config() -> None:
         RmatConfig(scale=0)
     with pytest.raises(ValueError):
         RmatConfig(a=0.5, b=0.3, c=0.3)
+    # classes=0 means "no labels"; one class would train to a meaningless 1.0.
+    for classes in (1, -1):
+        with pytest.raises(ValueError, match="classes: must be 0 .* or at least 2"):
+            RmatConfig(classes=classes)
+    with pytest.raises(ValueError, match="features: must be >= 0"):
+        RmatConfig(features=-1)

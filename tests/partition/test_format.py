@@ -275,6 +275,8 @@ def test_missing_and_corrupt_meta(tmp_path: Path) -> None:
         ({"offsets": [0, 5, 3, 40]}, "offsets must be 4 non-decreasing ints"),
         ({"offsets": [0, 10, 20]}, "offsets must be 4"),
         ({"parts": []}, "parts lists 0 entries, num_parts is 3"),
+        ({"num_classes": "40"}, "field 'num_classes' must be a int"),
+        ({"num_features": -1}, "field 'num_features' must be >= 0, found -1"),
     ],
 )
 def test_bad_meta_fields(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
@@ -346,12 +348,90 @@ def test_out_of_range_ids_are_refused_at_load(
     rewriting it would leave it) fails at load, naming the file, without
     ``verify``: not deep in training as an IndexError."""
     folder = write_example(tmp_path)
-    path = folder / "part_0" / f"{name}.npy"
-    values = np.load(path)
+    values = np.load(folder / "part_0" / f"{name}.npy")
     damage(values)
+    replace_array(folder, 0, name, values)
+    with pytest.raises(DatasetError, match=rf"part_0/{name}.npy: {error}"):
+        load_part(folder, 0)
+
+
+def replace_array(folder: Path, part_id: int, name: str, values: np.ndarray) -> None:
+    """Rewrite one array of a part with its meta.json entry to match, as a tool
+    rewriting it would leave it: only the graph-wide checks can object."""
+    path = folder / f"part_{part_id}" / f"{name}.npy"
     np.save(path, values)
     meta = json.loads((folder / "meta.json").read_text())
-    meta["parts"][0]["arrays"][name]["sha256"] = fmt.sha256_file(path)
+    meta["parts"][part_id]["arrays"][name].update(
+        shape=list(values.shape), sha256=fmt.sha256_file(path)
+    )
     (folder / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(DatasetError, match=rf"part_0/{name}.npy: {error}"):
+
+
+def test_labels_are_checked_against_num_classes_and_splits(tmp_path: Path) -> None:
+    """Labels past num_classes, or -1 on a split node, fail at load naming the
+    part's y.npy: not as torch's "Target 9 is out of bounds" in training."""
+    folder = write_example(tmp_path)  # y[i] = i over 40 nodes: num_classes 40
+    y = np.load(folder / "part_0" / "y.npy")
+    train_local = np.load(folder / "part_0" / "train_local.npy")
+    unlabelled = y.copy()
+    unlabelled[train_local[0]] = -1
+    replace_array(folder, 0, "y", unlabelled)
+    with pytest.raises(
+        DatasetError, match=rf"part_0/y.npy: row {train_local[0]} is in train_local"
+    ):
+        load_part(folder, 0)
+    too_high = y.copy()
+    too_high[1] = 40
+    replace_array(folder, 0, "y", too_high)
+    with pytest.raises(
+        DatasetError, match=r"part_0/y.npy: label 40 at row 1 is out of range"
+    ):
+        load_part(folder, 0)
+    replace_array(folder, 0, "y", y)
+    edit_meta(folder, num_classes=int(y.max()))
+    with pytest.raises(DatasetError, match=rf"meta.json says num_classes={y.max()}"):
+        load_part(folder, 0)
+
+
+def test_unlabelled_nodes_outside_the_splits_load(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    y = np.load(folder / "part_0" / "y.npy")
+    in_split = np.zeros(y.shape[0], dtype=bool)
+    for split in ("train", "val"):  # the example graph has no test split
+        in_split[np.load(folder / "part_0" / f"{split}_local.npy")] = True
+    assert not in_split.all()
+    y[~in_split] = -1
+    replace_array(folder, 0, "y", y)
+    assert torch.equal(load_part(folder, 0).y, torch.from_numpy(y))
+
+
+def test_a_part_narrower_than_num_features_is_refused_by_every_part(
+    tmp_path: Path,
+) -> None:
+    """One part's x with fewer columns would abort the first collective (gloo
+    SIGABRT); meta.json names it, and every rank refuses alike."""
+    folder = write_example(tmp_path)
+    x = np.load(folder / "part_1" / "x.npy")
+    replace_array(folder, 1, "x", x[:, :1].copy())
+    for part_id in range(3):
+        with pytest.raises(
+            DatasetError,
+            match=r"meta.json: parts\[1\].arrays.x has shape \[\d+, 1\], but "
+            r"num_features is 2",
+        ):
+            load_part(folder, part_id)
+
+
+def test_edge_counts_must_agree(tmp_path: Path) -> None:
+    folder = write_example(tmp_path)
+    edit_meta(folder, num_edges=159)
+    with pytest.raises(
+        DatasetError, match="num_edges is 159, but the parts store 160 in-edges"
+    ):
+        load_part(folder, 0)
+    edit_meta(folder, num_edges=160)
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["parts"][2]["num_in_edges"] += 1
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match=r"parts\[2\].num_in_edges is \d+, but"):
         load_part(folder, 0)

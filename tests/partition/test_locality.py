@@ -236,3 +236,28 @@ def test_refine_summary_is_strict_json_when_a_part_has_no_halo() -> None:
     summary = json.loads(json.dumps(result.summary(), allow_nan=False))
     assert summary["halo_max_min_before"] is None  # inf
     assert summary["halo_max_min_after"] == pytest.approx(4 / 3, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("cut_after", "growth", "logged"), [(0, 0.0, 0.0), (2, float("inf"), None)]
+)
+def test_cut_growth_from_a_zero_cut(
+    cut_after: int, growth: float, logged: float | None
+) -> None:
+    """One part has no cut: it stays 0 (no change, not -100%), or grows from
+    0 (inf, None in the JSON summary)."""
+    result = RefineResult(
+        halo_before=(0,),
+        halo_after=(0,),
+        degree_sum_before=(5,),
+        degree_sum_after=(5,),
+        edge_cut_before=0,
+        edge_cut_after=cut_after,
+        num_swaps=0,
+        num_rejected=0,
+        stop_reason="converged",
+        seconds=0.0,
+    )
+    assert result.cut_growth == growth
+    summary = json.loads(json.dumps(result.summary(), allow_nan=False))
+    assert summary["cut_growth"] == logged

@@ -1,0 +1,58 @@
+"""Atomic output: what an overwrite may replace, and that a refusal deletes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphwire.fsutil import atomic_dir, check_replaceable
+
+
+def graphwire_folder(path: Path) -> Path:
+    path.mkdir()
+    (path / "meta.json").write_text(json.dumps({"format": "graphwire.graph"}))
+    return path
+
+
+def test_missing_empty_and_graphwire_targets_may_be_replaced(tmp_path: Path) -> None:
+    check_replaceable(tmp_path / "new", overwrite=False)
+    (tmp_path / "empty").mkdir()
+    check_replaceable(tmp_path / "empty", overwrite=True)
+    check_replaceable(graphwire_folder(tmp_path / "g"), overwrite=True)
+    with pytest.raises(FileExistsError, match="g: already exists"):
+        check_replaceable(tmp_path / "g", overwrite=False)
+
+
+@pytest.mark.parametrize(
+    ("make", "found"),
+    [
+        (lambda p: p.write_text("keep me"), "not a folder"),
+        (lambda p: (p.mkdir(), (p / "notes.txt").write_text("keep me")), "without"),
+        (
+            lambda p: (p.mkdir(), (p / "meta.json").write_text('{"format": "x"}')),
+            "without a graphwire meta.json",
+        ),
+        (lambda p: p.symlink_to(graphwire_folder(p.with_name("real"))), "symbolic"),
+    ],
+    ids=["file", "foreign folder", "foreign meta", "symlink"],
+)
+def test_overwrite_never_deletes_what_graphwire_did_not_write(
+    tmp_path: Path, make, found: str
+) -> None:
+    target = tmp_path / "out"
+    make(target)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(ValueError, match=f"out: .*{found}.*refusing to replace"):
+        with atomic_dir(target, overwrite=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no temp left
+
+
+def test_atomic_dir_replaces_a_graphwire_folder(tmp_path: Path) -> None:
+    target = graphwire_folder(tmp_path / "out")
+    with atomic_dir(target, overwrite=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert [p.name for p in target.iterdir()] == ["new.txt"]
