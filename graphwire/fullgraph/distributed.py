@@ -195,7 +195,10 @@ def train_distributed(
     engine = build_engine(part, transport, config, exchange, options)
     num_classes = int(part.meta.get("num_classes") or 0)
     if num_classes < 1:
-        raise ValueError(f"part {part.part_id}: meta.json has no num_classes")
+        raise ValueError(
+            f"part {part.part_id}: meta.json says num_classes is "
+            f"{num_classes}; training needs labelled classes"
+        )
     model = seeded_model(part.x.shape[1], num_classes, config)
     optimizer = make_optimizer(model, config)
     sizes = _split_sizes(part, transport)

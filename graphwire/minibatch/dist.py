@@ -164,7 +164,10 @@ class _Loop:
             )
         num_classes = int(part.meta.get("num_classes") or 0)
         if num_classes < 1:
-            raise ValueError(f"part {part.part_id}: meta.json has no num_classes")
+            raise ValueError(
+                f"part {part.part_id}: meta.json says num_classes is "
+                f"{num_classes}; training needs labelled classes"
+            )
         assert config.fanouts is not None
         self.part, self.transport, self.config, self.options = (
             part,
