@@ -47,9 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     _dataset_flag(info)
     info.set_defaults(handler=_handler("graphwire.commands.data", "info"))
     check = data_commands.add_parser(
-        "verify", help="check a partitioned folder's files against their checksums"
+        "verify", help="check a graphwire folder's files against their checksums"
     )
-    check.add_argument("--dataset", required=True, help="a partitioned folder")
+    check.add_argument("--dataset", required=True, help="a graph or partitioned folder")
     check.set_defaults(handler=_handler("graphwire.commands.data", "verify"))
 
     part = commands.add_parser(

@@ -42,6 +42,15 @@ def test_data_generate_then_info(tmp_path, capsys) -> None:
     # Refuses to overwrite without --overwrite, and says why.
     assert main(["data", "generate", "--dataset", SMALL, "--out", str(folder)]) == 2
     assert "already exists" in capsys.readouterr().err
+    # `data verify` reads every byte of a graph folder too.
+    assert main(["data", "verify", "--dataset", str(folder)]) == 0
+    assert "every array matches its checksum" in capsys.readouterr().out
+    features = folder / "x.npy"
+    data = bytearray(features.read_bytes())
+    data[-1] ^= 0xFF
+    features.write_bytes(bytes(data))
+    assert main(["data", "verify", "--dataset", str(folder)]) == 2
+    assert f"{features}: checksum mismatch" in capsys.readouterr().err
 
 
 def test_bad_dataset_is_a_clear_error(capsys) -> None:
@@ -198,6 +207,8 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
             "--cache-mb: expected > 0, got 0",
         ),
         (["--fanouts", "10,25"], "--fanouts: only with --mode minibatch"),
+        (["--fanouts", "10"], "--fanouts: only with --mode minibatch"),
+        (["--batch-size", "0"], "--batch-size: only with --mode minibatch"),
         (["--workers", "2", "--batch-size", "9"], "--batch-size: only with --mode mi"),
         (["--parts", "3"], "--parts 3: only with --partition"),
         (
@@ -288,7 +299,7 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     assert main(["data", "verify", "--dataset", str(out)]) == 2
     assert f"{features}: checksum mismatch" in capsys.readouterr().err
     assert main(["data", "verify", "--dataset", SMALL]) == 2
-    assert "not a partitioned folder" in capsys.readouterr().err
+    assert "not a graphwire folder" in capsys.readouterr().err
     # One process cannot train it: the error says how.
     assert main(["train", "--dataset", str(out), "--quiet"]) == 2
     said = "a partitioned graph (3 parts); train it with --workers 3"
@@ -319,6 +330,24 @@ def test_partition_refuses_to_destroy_its_input(tmp_path, capsys) -> None:
         assert err.startswith(f"graphwire: error: --out {out}: {said}"), err
         assert sorted(p.name for p in source.iterdir()) == before
     assert main(["data", "info", "--dataset", str(source)]) == 0
+
+
+def test_a_planetoid_folder_takes_outputs_beside_its_files(
+    tmp_path, capsys, cora_dir
+) -> None:
+    """A planetoid spec reads ``ind.cora.*`` only: an output may be written
+    into its folder, but not over the folder itself."""
+    folder = tmp_path / "planetoid"
+    folder.mkdir()
+    for source in cora_dir.glob("ind.cora.*"):  # linked, not copied
+        (folder / source.name).symlink_to(source)
+    spec = f"planetoid:{folder}/cora"
+    argv = ["data", "generate", "--dataset", spec, "--overwrite", "--out"]
+    assert main([*argv, str(folder / "cora-gw")]) == 0
+    capsys.readouterr()
+    assert main([*argv, str(folder)]) == 2
+    assert f"--out {folder}: holds the input" in capsys.readouterr().err
+    assert len(list(folder.glob("ind.cora.*"))) == 8
 
 
 def test_partition_overwrites_only_graphwire_folders(tmp_path, capsys) -> None:

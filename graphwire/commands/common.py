@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -80,19 +81,20 @@ def check_out(out: str, dataset: str, overwrite: bool) -> None:
         ValueError: ``out`` overlaps the input, or is not graphwire's to replace.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
     """
-    target = Path(out).resolve()
-    for source in spec_paths(dataset):
-        source = source.resolve()
-        if target == source or target in source.parents:
-            raise ValueError(
-                f"--out {out}: holds the input of --dataset {dataset}, refusing "
-                "to replace it; write the output somewhere else"
-            )
-        if source in target.parents:
-            raise ValueError(
-                f"--out {out}: lies inside the input of --dataset {dataset}; "
-                "write the output somewhere else"
-            )
+    # Paths as given (a link is the input's name here) and as resolved.
+    targets = {Path(os.path.abspath(out)), Path(out).resolve()}
+    for given in spec_paths(dataset):
+        for source in {Path(os.path.abspath(given)), given.resolve()}:
+            if any(t == source or t in source.parents for t in targets):
+                raise ValueError(
+                    f"--out {out}: holds the input of --dataset {dataset}, "
+                    "refusing to replace it; write the output somewhere else"
+                )
+            if any(source in t.parents for t in targets):
+                raise ValueError(
+                    f"--out {out}: lies inside the input of --dataset {dataset}; "
+                    "write the output somewhere else"
+                )
     if Path(out).exists() and not overwrite:
         raise FileExistsError(
             f"--out {out}: already exists (pass --overwrite to replace it)"

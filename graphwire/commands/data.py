@@ -33,18 +33,27 @@ def info(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
-    """Check every part of a partitioned folder against the SHA-256 sums its
-    ``meta.json`` records (a loader checks sizes, types and IDs, not bytes:
+    """Check a graphwire folder's files against the SHA-256 sums its
+    ``meta.json`` records: every part of a partitioned folder, or a graph
+    folder's arrays (a loader checks sizes, types and IDs, not every byte:
     this finds a file changed in place)."""
-    from pathlib import Path
+    from graphwire.graph.native import is_graph_folder, load_graph
+    from graphwire.partition.format import (
+        is_partitioned_folder,
+        load_part,
+        load_partition_meta,
+    )
 
-    from graphwire.partition.format import load_part, load_partition_meta
-
-    folder = Path(args.dataset)
-    if not (folder / "meta.json").is_file() or not (folder / "part_0").is_dir():
+    folder = args.dataset
+    if is_graph_folder(folder):
+        with step(f"checking {folder}"):
+            load_graph(folder, verify=True)
+        console.print(f"{folder}: every array matches its checksum", soft_wrap=True)
+        return 0
+    if not is_partitioned_folder(folder):
         raise ValueError(
-            f"--dataset {args.dataset}: not a partitioned folder (from "
-            "graphwire partition); only those record checksums"
+            f"--dataset {folder}: not a graphwire folder (from graphwire data "
+            "generate or partition); only those record checksums"
         )
     parts = load_partition_meta(folder)["num_parts"]
     for part in range(parts):

@@ -95,15 +95,27 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
             ) from error
     try:
         return TrainConfig(**fields)
-    except ValueError as error:  # named by the field; say the flag
-        field, _, why = str(error).partition(": ")
-        flag = "--layers" if field == "num_layers" else "--" + field.replace("_", "-")
-        raise ValueError(f"{flag}: {why.replace('num_layers=', '--layers ')}") from None
+    except ValueError as error:  # "field: why"; say the flag instead
+        field, colon, why = str(error).partition(": ")
+        flag = _FLAG_OF_FIELD.get(field, field)
+        why = why.replace("num_layers=", "--layers ")
+        raise ValueError(f"{flag}{colon}{why}") from None
+
+
+# TrainConfig field -> the flag that sets it, for its errors.
+_FLAG_OF_FIELD = {
+    "num_layers": "--layers",
+    **{field: "--" + flag.replace("_", "-") for flag, field in _OVERRIDES.items()},
+    "fanouts": "--fanouts",
+    "epochs": "--epochs",
+    "seed": "--seed",
+    "model": "--model",
+}
 
 
 def run(args: argparse.Namespace) -> int:
-    config = build_config(args)
     _check_run_flags(args)
+    config = build_config(args)
     from graphwire.comm.context import under_torchrun
     from graphwire.commands.train_dist import run_distributed
 
@@ -185,13 +197,10 @@ def _refuse(args: argparse.Namespace, flags: dict[str, str], why: str) -> None:
 
 def _refuse_partitioned(dataset: str) -> None:
     """A partitioned folder is trained by one worker per part, not here."""
-    from pathlib import Path
+    from graphwire.partition.format import is_partitioned_folder, load_partition_meta
 
-    folder = Path(dataset)
-    if (folder / "meta.json").is_file() and (folder / "part_0").is_dir():
-        from graphwire.partition.format import load_partition_meta
-
-        parts = load_partition_meta(folder)["num_parts"]
+    if is_partitioned_folder(dataset):
+        parts = load_partition_meta(dataset)["num_parts"]
         raise ValueError(
             f"--dataset {dataset}: a partitioned graph ({parts} parts); train it "
             f"with --workers {parts} (or under torchrun), or give the graph "

@@ -159,8 +159,10 @@ def _partitioned_folder(
     checkpoint (whose settings name the same dataset), or written anew by
     the leader (a run that never reached a checkpoint, or another dataset's
     parts left in the folder, is split again)."""
+    from graphwire.partition.format import is_partitioned_folder
+
     given = Path(args.dataset)
-    if (given / "meta.json").exists() and (given / "part_0").exists():
+    if is_partitioned_folder(given):
         _parts_meta(given, world, "--dataset")
         return given
     folder = out / "partitions"

@@ -51,14 +51,16 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, str]]:
 def spec_paths(spec: str) -> list[Path]:
     """The files or folders a spec reads (none for a synthetic graph).
 
-    A planetoid spec ``PATH/cora`` reads ``PATH/ind.cora.*``, so its path is
-    ``PATH``; every other scheme reads the path it names.
+    A planetoid spec ``PATH/cora`` reads the files ``PATH/ind.cora.*`` (so
+    other files may be written beside them); every other scheme reads the
+    path it names.
     """
     scheme, target, _ = parse_spec(spec)
     if scheme == "synthetic":
         return []
     if scheme == "planetoid":
-        return [Path(target).parent]
+        where = Path(target)
+        return sorted(where.parent.glob(f"ind.{where.name}.*"))
     return [Path(target)]
 
 

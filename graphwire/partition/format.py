@@ -60,6 +60,7 @@ from graphwire.partition.stats import PartitionStats
 __all__ = [
     "FORMAT",
     "VERSION",
+    "is_partitioned_folder",
     "load_part",
     "load_partition_meta",
     "part_folder",
@@ -263,6 +264,13 @@ def load_part(
         test_local=tensors.get("test_local"),
         meta={k: v for k, v in meta.items() if k != "parts"},
     )
+
+
+def is_partitioned_folder(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is laid out as :func:`write_partitioned` writes
+    (``meta.json`` beside ``part_0/``), whatever its ``meta.json`` holds
+    (:func:`load_partition_meta` checks that)."""
+    return (Path(path) / META).is_file() and part_folder(path, 0).is_dir()
 
 
 def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:

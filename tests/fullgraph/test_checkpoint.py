@@ -174,6 +174,8 @@ def test_a_damaged_or_swapped_checkpoint_file_is_refused_naming_it(tmp_path) -> 
             load_checkpoint(resume, 1, 2)
     import torch
 
+    torch.save(_state(3), latest / "rank1.pt")  # an older graphwire's: no rank
+    assert load_checkpoint(resume, 1, 2)["epoch"] == 3
     torch.save({"epoch": 3}, latest / "rank1.pt")
     with pytest.raises(ValueError, match=r"rank1.pt: not a checkpoint \(no best, "):
         load_checkpoint(resume, 1, 2)

@@ -19,9 +19,14 @@ def test_parse_spec() -> None:
     assert parse_spec("/some/folder") == ("folder", "/some/folder", {})
 
 
-def test_spec_paths_name_what_a_spec_reads() -> None:
+def test_spec_paths_name_what_a_spec_reads(tmp_path) -> None:
     assert spec_paths("synthetic:rmat?scale=5") == []
-    assert spec_paths("planetoid:/data/cora") == [Path("/data")]  # ind.cora.*
+    for name in ("ind.cora.x", "ind.cora.graph", "ind.citeseer.x", "cora-gw"):
+        (tmp_path / name).write_text("")
+    assert spec_paths(f"planetoid:{tmp_path}/cora") == [
+        tmp_path / "ind.cora.graph",
+        tmp_path / "ind.cora.x",
+    ]
     assert spec_paths("npz:/data/g.npz") == [Path("/data/g.npz")]
     assert spec_paths("/data/g") == [Path("/data/g")]
 
