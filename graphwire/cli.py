@@ -347,17 +347,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_folder(out: str | None, prefix: str) -> Path:
-    """``out`` or a fresh ``runs/<prefix>-<timestamp>`` folder, checked
-    before any work: a folder or a path where one can be made.
+    """``out`` (checked by :func:`check_out_path` before any work) or a
+    fresh ``runs/<prefix>-<timestamp>`` folder."""
+    if not out:
+        import time
+
+        return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_out_path(out)
+    return Path(out)
+
+
+def check_out_path(out: str) -> None:
+    """``--out`` must be a folder or a path where one can be made.
 
     Raises:
         ValueError: ``out`` (or a folder above it) is a file, or the folder
             that would hold it cannot be written.
     """
-    if not out:
-        import time
-
-        return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(out)
     above = path
     while not above.exists() and above != above.parent:
@@ -367,7 +373,6 @@ def run_folder(out: str | None, prefix: str) -> Path:
         raise ValueError(f"--out {out}: {where} a file, not a folder")
     if not os.access(above, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out}: {above} cannot be written")
-    return path
 
 
 if __name__ == "__main__":

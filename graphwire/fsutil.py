@@ -59,13 +59,17 @@ def atomic_dir(
         raise
 
 
-def check_replaceable(target: str | os.PathLike[str], overwrite: bool) -> None:
+def check_replaceable(
+    target: str | os.PathLike[str], overwrite: bool, *, flag: str = "overwrite"
+) -> None:
     """Refuse to replace ``target`` unless asked to and it is graphwire's own.
 
     A missing ``target`` is fine. An existing one may be replaced only with
     ``overwrite``, and only when it is an empty folder or a folder whose
     ``meta.json`` names a graphwire format (``"format": "graphwire.*"``): a
-    regular file or someone else's folder is never deleted.
+    regular file or someone else's folder is never deleted. ``flag`` is how
+    the caller's user asks to overwrite (``--overwrite`` on the command line),
+    named in the errors.
 
     Raises:
         FileExistsError: ``target`` exists and ``overwrite`` is false.
@@ -75,9 +79,7 @@ def check_replaceable(target: str | os.PathLike[str], overwrite: bool) -> None:
     if not (target.exists() or target.is_symlink()):
         return
     if not overwrite:
-        raise FileExistsError(
-            f"{target}: already exists (pass overwrite to replace it)"
-        )
+        raise FileExistsError(f"{target}: already exists (pass {flag} to replace it)")
     if target.is_symlink():
         found = "a symbolic link"
     elif not target.is_dir():
@@ -87,7 +89,7 @@ def check_replaceable(target: str | os.PathLike[str], overwrite: bool) -> None:
     else:
         return
     raise ValueError(
-        f"{target}: {found}, refusing to replace it (overwrite replaces only "
+        f"{target}: {found}, refusing to replace it ({flag} replaces only "
         "folders graphwire wrote)"
     )
 

@@ -19,6 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from graphwire.cli import check_out_path
 from graphwire.fsutil import check_replaceable
 from graphwire.graph.datasets import load_dataset, spec_paths
 from graphwire.graph.graph import Graph
@@ -74,11 +75,13 @@ def check_out(out: str, dataset: str, overwrite: bool) -> None:
     """Refuse an ``--out`` that would destroy the input or something not ours.
 
     Run before any work, so a refusal costs nothing. ``out`` may not be the
-    input ``dataset`` reads, contain it, or lie inside it; an existing ``out``
-    needs ``--overwrite`` and must be a folder graphwire wrote.
+    input ``dataset`` reads, contain it, or lie inside it, nor lie under a
+    file (:func:`~graphwire.cli.check_out_path`); an existing ``out`` needs
+    ``--overwrite`` and must be a folder graphwire wrote.
 
     Raises:
-        ValueError: ``out`` overlaps the input, or is not graphwire's to replace.
+        ValueError: ``out`` overlaps the input, lies under a file, or is not
+            graphwire's to replace.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
     """
     # Paths as given (a link is the input's name here) and as resolved.
@@ -95,11 +98,8 @@ def check_out(out: str, dataset: str, overwrite: bool) -> None:
                     f"--out {out}: lies inside the input of --dataset {dataset}; "
                     "write the output somewhere else"
                 )
-    if Path(out).exists() and not overwrite:
-        raise FileExistsError(
-            f"--out {out}: already exists (pass --overwrite to replace it)"
-        )
-    check_replaceable(out, overwrite)
+    check_replaceable(out, overwrite, flag="--overwrite")
+    check_out_path(out)  # a path under a file, or in a folder not ours to write
 
 
 def load_with_status(spec: str, quiet: bool = False) -> Graph:
