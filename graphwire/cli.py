@@ -238,7 +238,7 @@ def apply_config(
         return args
     try:
         with open(path) as handle:
-            config = yaml.safe_load(handle) or {}
+            config = yaml.load(handle, Loader=_ConfigLoader) or {}
     except OSError as error:
         raise ValueError(f"--config {path}: {error.strerror}") from None
     except UnicodeDecodeError:
@@ -252,10 +252,16 @@ def apply_config(
     }
     actions = _command_actions(parser, args.command)
     args.from_config = set()
+    keys: dict[str, Any] = {}
     for key, value in config.items():
         name = str(key).replace("-", "_")
         if name not in actions or name in ("command", "handler", "config"):
             raise ValueError(f"--config {path}: unknown key {key!r}")
+        if name in keys:
+            raise ValueError(
+                f"--config {path}: keys {keys[name]!r} and {key!r} set the same flag"
+            )
+        keys[name] = key
         if name in given or value is None:
             continue  # the command line wins; null leaves the default
         if name == "fanouts" and isinstance(value, list):
@@ -267,6 +273,29 @@ def apply_config(
         setattr(args, name, value)
         args.from_config.add(name)
     return args
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain
+    YAML keeps the last silently, so an edit lower in a file would win unseen)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                repeated = key in seen
+            except TypeError:  # unhashable: the safe loader's own error follows
+                break
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {key!r} twice",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _command_actions(

@@ -66,6 +66,15 @@ def test_config_file_keys_must_be_known(tmp_path, capsys) -> None:
     config.write_text("- not a mapping\n")
     assert main(["train", "--config", str(config)]) == 2
     assert "expected a mapping" in capsys.readouterr().err
+    config.write_text("model: gcn\nepochs: 3\nmodel: sage\n")
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and "found the key 'model' twice" in err
+    assert "line 3, column 1" in err
+    config.write_text("batch-size: 8\nbatch_size: 16\n")
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "keys 'batch-size' and 'batch_size' set the same flag" in err
     config.write_bytes(b"\x00\xff\xfe model: gcn\n")
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err

@@ -39,12 +39,19 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, str]]:
     """Split ``scheme:target?key=value&...`` into its parts.
 
     A spec without a known scheme is a path (a graphwire-format folder).
+
+    Raises:
+        ValueError: an option is given twice (``nodes=10&nodes=20``).
     """
     scheme, sep, rest = spec.partition(":")
     if not sep or scheme not in _LOADERS:
         return "folder", spec, {}
     target, _, query = rest.partition("?")
-    options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=False))
+    options: dict[str, str] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key in options:
+            raise ValueError(f"dataset {spec!r}: option {key!r} is given twice")
+        options[key] = value
     return scheme, target, options
 
 

@@ -32,7 +32,6 @@ import numpy as np
 from graphwire.fsutil import atomic_file
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph, GraphError
-from graphwire.graph.labels import check_labels
 
 __all__ = ["load_edgelist", "load_npz", "read_table", "save_npz"]
 
@@ -163,15 +162,8 @@ def load_npz(path: str | os.PathLike[str]) -> Graph:
         graph = Graph.from_edge_index(
             src, dst, num_nodes=num_nodes, name=_stem(path), **arrays
         )
-    except GraphError as error:
+    except GraphError as error:  # labels too: -1 is allowed only off the splits
         raise DatasetError(path, f"array {error}") from error
-    if graph.y is not None:
-        splits = {
-            name: split.numpy()
-            for name in ("train_idx", "val_idx", "test_idx")
-            if (split := getattr(graph, name)) is not None
-        }
-        check_labels(path, graph.y.numpy(), splits)
     return graph
 
 

@@ -59,6 +59,34 @@ def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
     return tensor
 
 
+def _check_split(name: str, idx: torch.Tensor, y: torch.Tensor | None) -> None:
+    """Refuse a split that names a node twice or holds an unlabelled node.
+
+    A repeated node would count twice in the loss and the accuracy (a mask, as
+    PyG and DGL store splits, cannot repeat one); an unlabelled node (``y == -1``)
+    would fail inside torch's loss with an ``IndexError``.
+    """
+    if idx.numel() == 0:
+        return
+    ordered = torch.sort(idx).values
+    repeated = ordered[1:] == ordered[:-1]
+    if bool(repeated.any()):
+        node = int(ordered[1:][repeated][0])
+        count = int(repeated.sum())
+        raise GraphError(
+            f"{name}: node {node} is listed more than once ({count} repeated "
+            "entries); a split names each node once"
+        )
+    if y is not None:
+        labels = y[idx]
+        if bool((labels < 0).any()):
+            node = int(idx[labels < 0][0])
+            raise GraphError(
+                f"{name}: node {node} has label -1 (unlabelled); nodes in "
+                "train/val/test need a label in [0, num_classes)"
+            )
+
+
 @dataclass(frozen=True, eq=False)
 class Graph:
     """A directed graph stored as CSR over in-edges, with node data.
@@ -145,6 +173,7 @@ class Graph:
                     f"{split}: node IDs must lie in [0, {num_nodes}), found range "
                     f"[{int(idx.min())}, {int(idx.max())}]"
                 )
+            _check_split(split, idx, self.y)
             set_(self, split, idx)
 
     # ------------------------------------------------------------------ sizes

@@ -44,7 +44,6 @@ VERSION = 1
 META = "meta.json"
 _ARRAYS = ("indptr", "indices", "x", "y", "train_idx", "val_idx", "test_idx")
 _REQUIRED = ("indptr", "indices")
-_SPLITS = ("train_idx", "val_idx", "test_idx")
 
 
 def save_graph(
@@ -143,10 +142,9 @@ def load_graph(
             f"{graph.num_features} feature columns",
         )
     spanned = 0
-    if "y" in arrays:  # shapes and split IDs are valid: Graph checked them
-        splits = {name: arrays[name] for name in _SPLITS if name in arrays}
+    if "y" in arrays:  # shapes, split IDs and split labels: Graph checked them
         spanned = check_labels(
-            folder / "y.npy", arrays["y"], splits, meta.get("num_classes")
+            folder / "y.npy", arrays["y"], {}, meta.get("num_classes")
         )
     if meta.get("num_classes", spanned) != spanned:
         raise DatasetError(

@@ -25,6 +25,7 @@ import numpy as np
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.files import read_table
 from graphwire.graph.graph import Graph, GraphError
+from graphwire.graph.labels import check_labels
 
 __all__ = ["load_ogb"]
 
@@ -50,8 +51,9 @@ def load_ogb(
 
     Raises:
         DatasetError: A file is missing, truncated, not numeric, has the wrong
-            number of columns or rows, or names node IDs out of range; or the
-            split scheme is missing or ambiguous.
+            number of columns or rows, or names node IDs out of range; a split
+            node is unlabelled (``nan``); or the split scheme is missing or
+            ambiguous.
     """
     folder = Path(folder)
     raw = folder / "raw"
@@ -112,6 +114,8 @@ def load_ogb(
         ids = read_table(path, np.int64, 1)[:, 0]
         _check_range(path, ids, num_nodes)
         splits[field] = ids
+    if y is not None:
+        check_labels(label_path, y, splits)  # nan (-1) only on nodes in no split
 
     try:
         graph = Graph.from_edge_index(

@@ -130,7 +130,19 @@ def load_planetoid(
     onehot[:num_train_pool] = ally
     onehot[test_index] = ty
     labels = onehot.argmax(axis=1).astype(np.int64)
-    labels[~onehot.any(axis=1)] = -1
+    unlabelled = np.logical_not(onehot.any(axis=1))
+    labels[unlabelled] = -1
+    for part, split, rows in (
+        ("ally", "training", np.arange(num_train)),
+        ("ally", "validation", np.arange(num_train, val_end)),
+        ("ty", "test", test_index),
+    ):
+        if unlabelled[rows].any():
+            raise DatasetError(
+                paths[part],
+                f"node {int(rows[unlabelled[rows]][0])} is in the {split} split but "
+                "its label row is all zeros (unlabelled)",
+            )
     if normalize_features:
         features = _row_normalize(features)
 

@@ -17,6 +17,8 @@ def test_parse_spec() -> None:
     )
     assert parse_spec("planetoid:/data/cora") == ("planetoid", "/data/cora", {})
     assert parse_spec("/some/folder") == ("folder", "/some/folder", {})
+    with pytest.raises(ValueError, match="option 'nodes' is given twice"):
+        parse_spec("synthetic:products?nodes=10&seed=1&nodes=20")
 
 
 def test_spec_paths_name_what_a_spec_reads(tmp_path) -> None:

@@ -129,7 +129,7 @@ BAD_NPZ: list[tuple[str, Callable[[Path], object], str]] = [
     (
         "unlabelled split node",
         _npz(y=np.array([0, -1, 1]), train_idx=np.array([0, 1])),
-        "row 1 is in train_idx but has label -1",
+        "array train_idx: node 1 has label -1",
     ),
 ]
 

@@ -95,6 +95,14 @@ def test_subgraph_in_edges() -> None:
             dict(indptr=[0, 0, 0], indices=[], x=np.zeros((2, 2, 1))),
             "x: expected shape",
         ),
+        (
+            dict(indptr=[0, 0, 0, 0], indices=[], val_idx=[2, 0, 2, 2]),
+            r"val_idx: node 2 is listed more than once \(2 repeated entries\)",
+        ),
+        (
+            dict(indptr=[0, 0, 0], indices=[], y=[1, -1], test_idx=[0, 1]),
+            r"test_idx: node 1 has label -1 \(unlabelled\)",
+        ),
     ],
 )
 def test_validation_names_the_problem(kwargs, message) -> None:

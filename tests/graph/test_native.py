@@ -264,8 +264,8 @@ BAD_FOLDERS: list[tuple[str, Callable[[Path], object], str, str]] = [
     (
         "unlabelled training node",
         resave("y", np.array([0, -1, 2, 0, 1])),
-        "y.npy",
-        "row 1 is in train_idx but has label -1",
+        "",  # the Graph's own check: the folder, not one file
+        "train_idx: node 1 has label -1",
     ),
 ]
 

@@ -15,7 +15,7 @@ from graphwire.graph.graph import Graph
 from graphwire.graph.ogb import load_ogb
 
 EDGES = [(0, 1), (1, 2), (2, 0), (3, 1), (1, 0), (4, 4)]  # 1->0 reverses 0->1
-NUM_NODES = 6  # node 5 has no edges
+NUM_NODES = 6  # node 5 has no edges, no label (nan) and is in no split
 
 
 def write_gz(path: Path, text: str) -> None:
@@ -38,7 +38,7 @@ def make_ogb(root: Path, schemes: tuple[str, ...] = ("time",)) -> Path:
         "".join("nan\n" if i == 5 else f"{i % 3}\n" for i in range(NUM_NODES)),
     )
     for scheme in schemes:
-        for name, ids in (("train", "0\n1\n2\n"), ("valid", "3\n"), ("test", "5\n4\n")):
+        for name, ids in (("train", "0\n1\n"), ("valid", "3\n"), ("test", "4\n2\n")):
             write_gz(folder / "split" / scheme / f"{name}.csv.gz", ids)
     return folder
 
@@ -55,9 +55,9 @@ def test_contents(tmp_path: Path) -> None:
     assert graph.x is not None
     assert torch.equal(graph.x, torch.stack([nid, nid / 2, -nid], 1))
     assert graph.y is not None and graph.y.tolist() == [0, 1, 2, 0, 1, -1]
-    assert graph.train_idx is not None and graph.train_idx.tolist() == [0, 1, 2]
+    assert graph.train_idx is not None and graph.train_idx.tolist() == [0, 1]
     assert graph.val_idx is not None and graph.val_idx.tolist() == [3]
-    assert graph.test_idx is not None and graph.test_idx.tolist() == [5, 4]
+    assert graph.test_idx is not None and graph.test_idx.tolist() == [4, 2]
     undirected = {(s, d) for s, d in EDGES} | {(d, s) for s, d in EDGES}
     assert edge_set(graph) == sorted(undirected)  # both ways, once each
 
@@ -85,7 +85,7 @@ def test_split_schemes(tmp_path: Path) -> None:
         load_ogb(folder)
     assert info.value.path == str(folder / "split")
     write_gz(folder / "split" / "random" / "test.csv.gz", "1\n")
-    for scheme, test_ids in (("random", [1]), ("time", [5, 4])):
+    for scheme, test_ids in (("random", [1]), ("time", [4, 2])):
         test_idx = load_ogb(folder, scheme=scheme).test_idx
         assert test_idx is not None and test_idx.tolist() == test_ids
     with pytest.raises(DatasetError, match="split/year: missing split scheme"):
@@ -125,6 +125,7 @@ def _truncate(path: Path) -> None:
         ("raw/node-label.csv.gz", "0\n1\n1.5\n0\n0\n0\n", "found 1.5 on data line 3"),
         ("raw/node-label.csv.gz", "0\n1\n-2\n0\n0\n0\n", "non-negative integers"),
         ("raw/node-label.csv.gz", "0,1\n" * 6, "expected 1 columns per line"),
+        ("raw/node-label.csv.gz", "0\n1\n2\nnan\n0\n0\n", "row 3 is in val_idx"),
         ("raw/num-node-list.csv.gz", "6\n7\n", "expected one non-negative node count"),
     ],
 )

@@ -152,6 +152,25 @@ def test_more_training_rows_than_allx_is_named(tmp_path: Path) -> None:
         load_planetoid(tmp_path, "toy")
 
 
+@pytest.mark.parametrize(
+    "part, row, message",
+    [
+        ("ally", 1, "ind.toy.ally: node 1 is in the training split"),
+        ("ally", 4, "ind.toy.ally: node 4 is in the validation split"),
+        ("ty", 2, "ind.toy.ty: node 6 is in the test split"),  # TOY_TEST[2]
+    ],
+)
+def test_an_unlabelled_split_node_is_named(
+    tmp_path: Path, part: str, row: int, message: str
+) -> None:
+    parts = toy_parts()
+    parts[part] = parts[part].copy()
+    parts[part][row] = 0
+    write_planetoid(tmp_path, "toy", **parts)
+    with pytest.raises(DatasetError, match=message):
+        load_planetoid(tmp_path, "toy")
+
+
 # ------------------------------------------------------------ hostile input
 class _RunsCommand:
     def __init__(self, func: Any, arg: str) -> None:
