@@ -220,7 +220,10 @@ class Graph:
 
     @classmethod
     def from_scipy(cls, matrix: Any, **node_data: Any) -> Graph:
-        """Build from a square scipy sparse adjacency ``A`` (``A[src, dst] != 0``)."""
+        """Build from a square scipy sparse adjacency ``A`` (``A[src, dst] != 0``).
+
+        Explicitly stored zeros are not edges; ``matrix`` is left as it was.
+        """
         import scipy.sparse as sp
 
         if not sp.issparse(matrix) or matrix.shape[0] != matrix.shape[1]:
@@ -228,7 +231,9 @@ class Graph:
                 f"scipy matrix: expected a square sparse matrix, found "
                 f"{type(matrix).__name__} of shape {getattr(matrix, 'shape', None)}"
             )
-        in_csr = sp.csr_matrix(matrix.T)  # row = dst
+        # A copy (row = dst): the caller's matrix is neither pruned nor sorted.
+        in_csr = sp.csr_matrix(matrix.T, copy=True)
+        in_csr.eliminate_zeros()
         in_csr.sort_indices()
         return cls(
             indptr=torch.from_numpy(in_csr.indptr.astype(np.int64)),

@@ -74,6 +74,22 @@ def test_from_scipy_and_back() -> None:
     assert (graph.to_scipy() != (adjacency.T != 0).astype(np.float32)).nnz == 0
 
 
+def test_from_scipy_skips_stored_zeros_and_leaves_the_matrix_alone() -> None:
+    """A stored 0 is no edge (``A[src, dst] != 0``); the caller's matrix keeps
+    its entries and their order."""
+    # Column-major storage of 1 -> 0 (stored 0), 2 -> 0 and 0 -> 1, rows unsorted.
+    matrix = sp.csc_matrix(
+        (np.array([1.0, 0.0, 1.0]), np.array([2, 1, 0]), np.array([0, 2, 3, 3])),
+        shape=(3, 3),
+    )
+    matrix.has_sorted_indices = False
+    before = (matrix.data.copy(), matrix.indices.copy())
+    graph = Graph.from_scipy(matrix)
+    assert _edge_multiset(graph) == [(0, 1), (2, 0)]
+    assert np.array_equal(matrix.data, before[0])
+    assert np.array_equal(matrix.indices, before[1])
+
+
 def test_subgraph_in_edges() -> None:
     graph = Graph.from_edge_index([0, 2, 3, 1, 0], [1, 1, 2, 3, 3])
     indptr, sources = graph.subgraph_in_edges(torch.tensor([3, 1]))
