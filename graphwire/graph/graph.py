@@ -243,44 +243,69 @@ class Graph:
 
     @classmethod
     def from_pyg(cls, data: Any) -> Graph:
-        """Build from a ``torch_geometric.data.Data`` (needs PyG only to make one)."""
-        edge_index = data.edge_index
+        """Build from a ``torch_geometric.data.Data`` (needs PyG only to make one).
+
+        Reads ``edge_index`` [2, E], ``x``, ``y`` and the boolean
+        ``train_mask`` / ``val_mask`` / ``test_mask`` [N].
+        """
+        edge_index = getattr(data, "edge_index", None)
+        if (
+            not isinstance(edge_index, torch.Tensor)
+            or edge_index.dim() != 2
+            or edge_index.shape[0] != 2
+        ):
+            found = (
+                f"shape {tuple(edge_index.shape)}"
+                if isinstance(edge_index, torch.Tensor)
+                else repr(edge_index)
+            )
+            hint = (
+                " (adj_t, a SparseTensor, is not read: build the Graph before "
+                "ToSparseTensor)"
+                if getattr(data, "adj_t", None) is not None
+                else ""
+            )
+            raise GraphError(
+                f"pyg data: expected edge_index, a tensor of shape [2, E], found "
+                f"{found}{hint}"
+            )
+        num_nodes = getattr(data, "num_nodes", None)
+        num_nodes = None if num_nodes is None else int(num_nodes)
         node_data: dict[str, Any] = {}
         if getattr(data, "x", None) is not None:
             node_data["x"] = data.x
         if getattr(data, "y", None) is not None:
             node_data["y"] = data.y.view(-1)
-        for mask_name, split in (
-            ("train_mask", "train_idx"),
-            ("val_mask", "val_idx"),
-            ("test_mask", "test_idx"),
-        ):
+        for mask_name, split in _MASKS:
             mask = getattr(data, mask_name, None)
             if mask is not None:
-                node_data[split] = mask.nonzero().view(-1)
+                node_data[split] = _mask_nodes(
+                    mask, f"pyg data: {mask_name}", num_nodes
+                )
         return cls.from_edge_index(
-            edge_index[0], edge_index[1], num_nodes=int(data.num_nodes), **node_data
+            edge_index[0], edge_index[1], num_nodes=num_nodes, **node_data
         )
 
     @classmethod
     def from_dgl(cls, graph: Any) -> Graph:
-        """Build from a homogeneous ``dgl.DGLGraph`` (needs DGL only to make one)."""
+        """Build from a homogeneous ``dgl.DGLGraph`` (needs DGL only to make one).
+
+        Reads ``ndata`` ``feat``, ``label`` and the boolean ``train_mask`` /
+        ``val_mask`` / ``test_mask`` [N].
+        """
         src, dst = graph.edges()
+        num_nodes = int(graph.num_nodes())
         ndata = graph.ndata
         node_data: dict[str, Any] = {}
         for key, target in (("feat", "x"), ("label", "y")):
             if key in ndata:
                 node_data[target] = ndata[key]
-        for key, split in (
-            ("train_mask", "train_idx"),
-            ("val_mask", "val_idx"),
-            ("test_mask", "test_idx"),
-        ):
+        for key, split in _MASKS:
             if key in ndata:
-                node_data[split] = ndata[key].nonzero().view(-1)
-        return cls.from_edge_index(
-            src, dst, num_nodes=int(graph.num_nodes()), **node_data
-        )
+                node_data[split] = _mask_nodes(
+                    ndata[key], f"dgl ndata: {key}", num_nodes
+                )
+        return cls.from_edge_index(src, dst, num_nodes=num_nodes, **node_data)
 
     # -------------------------------------------------------------- accessors
     def edge_index(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -405,6 +430,36 @@ class Graph:
         ) - torch.repeat_interleave(indptr[:-1], counts)
         sources = self.indices[torch.repeat_interleave(starts, counts) + offsets]
         return indptr, sources
+
+
+_MASKS = (
+    ("train_mask", "train_idx"),
+    ("val_mask", "val_idx"),
+    ("test_mask", "test_idx"),
+)
+
+
+def _mask_nodes(mask: Any, name: str, num_nodes: int | None) -> torch.Tensor:
+    """int64 [*]: the nodes a mask [num_nodes] of booleans (or 0s and 1s) selects."""
+    mask = torch.as_tensor(mask)
+    is_flags = mask.dtype == torch.bool or (
+        not mask.dtype.is_floating_point
+        and not mask.dtype.is_complex
+        and bool(((mask == 0) | (mask == 1)).all())
+    )
+    length_ok = num_nodes is None or mask.shape[:1] == (num_nodes,)
+    if mask.dim() != 1 or not is_flags or not length_ok:
+        hint = (
+            "; a mask of shape [N, k] holds k alternative splits: pick one "
+            "column first, e.g. mask[:, 0]"
+            if mask.dim() == 2
+            else ""
+        )
+        raise GraphError(
+            f"{name}: expected a boolean mask of shape [num_nodes={num_nodes}], "
+            f"found {mask.dtype} of shape {tuple(mask.shape)}{hint}"
+        )
+    return mask.nonzero().view(-1)
 
 
 def _csr_from_coo(
