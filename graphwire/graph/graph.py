@@ -19,6 +19,7 @@ stay memory-mapped (``torch.from_numpy`` shares their memory).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -38,6 +39,11 @@ def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
         tensor = value
     else:
         array = np.asarray(value)
+        if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+            raise GraphError(
+                f"{name}: expected a numeric array, found {type(value).__name__} "
+                f"of dtype {array.dtype}"
+            )
         if not array.flags.writeable:
             # Read-only (memory-mapped) arrays are shared as they are; torch warns
             # about non-writable memory, but Graph never writes into its arrays.
@@ -185,7 +191,9 @@ class Graph:
         """Build from parallel source/destination arrays (edge ``src[k] -> dst[k]``).
 
         Edges keep their input order within each destination row (stable sort).
-        Duplicates and self-loops are kept; see :meth:`deduplicate`.
+        Duplicates and self-loops are kept; see :meth:`deduplicate`. Without
+        ``num_nodes`` the graph has ``max(src, dst) + 1`` nodes, so nodes after
+        the last one with an edge need ``num_nodes``.
         """
         src_np = np.asarray(src.numpy() if isinstance(src, torch.Tensor) else src)
         dst_np = np.asarray(dst.numpy() if isinstance(dst, torch.Tensor) else dst)
@@ -203,6 +211,12 @@ class Graph:
         dst_np = dst_np.astype(np.int64, copy=False)
         if num_nodes is None:
             num_nodes = int(max(src_np.max(initial=-1), dst_np.max(initial=-1))) + 1
+            _check_inferred_rows(num_nodes, node_data)
+        elif isinstance(num_nodes, bool) or not hasattr(num_nodes, "__index__"):
+            raise GraphError(f"num_nodes: expected an int, found {num_nodes!r}")
+        num_nodes = operator.index(num_nodes)
+        if num_nodes < 0:
+            raise GraphError(f"num_nodes: must be >= 0, found {num_nodes}")
         if src_np.size:
             low = int(min(src_np.min(), dst_np.min()))
             high = int(max(src_np.max(), dst_np.max()))
@@ -430,6 +444,19 @@ class Graph:
         ) - torch.repeat_interleave(indptr[:-1], counts)
         sources = self.indices[torch.repeat_interleave(starts, counts) + offsets]
         return indptr, sources
+
+
+def _check_inferred_rows(num_nodes: int, node_data: dict[str, Any]) -> None:
+    """Node data longer than the inferred node count means trailing nodes without
+    edges: say so, instead of a bare shape mismatch."""
+    for name in ("x", "y"):
+        shape = np.shape(node_data[name]) if node_data.get(name) is not None else ()
+        if shape and shape[0] > num_nodes:
+            raise GraphError(
+                f"{name}: has {shape[0]} rows, but the edges name only {num_nodes} "
+                f"nodes (num_nodes is inferred as the largest edge ID + 1); pass "
+                f"num_nodes={shape[0]} if the last nodes have no edges"
+            )
 
 
 _MASKS = (

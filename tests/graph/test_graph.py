@@ -185,3 +185,30 @@ def test_edge_index_validation() -> None:
         Graph.from_edge_index([0, -1], [1, 1], num_nodes=2)
     with pytest.raises(GraphError, match="integers"):
         Graph.from_edge_index([0.5], [1.0])
+
+
+@pytest.mark.parametrize(
+    "num_nodes, message",
+    [(-1, "num_nodes: must be >= 0, found -1"), (4.0, "num_nodes: expected an int")],
+)
+def test_from_edge_index_names_a_bad_num_nodes(num_nodes, message) -> None:
+    with pytest.raises(GraphError, match=message):
+        Graph.from_edge_index([0], [1], num_nodes=num_nodes)
+
+
+def test_from_edge_index_takes_numpy_and_torch_counts() -> None:
+    assert Graph.from_edge_index([0], [1], num_nodes=np.int64(4)).num_nodes == 4
+    assert Graph.from_edge_index([0], [1], num_nodes=torch.tensor(4)).num_nodes == 4
+
+
+def test_node_data_longer_than_the_inferred_node_count_says_pass_num_nodes() -> None:
+    """Nodes 2 and 3 have no edges: without num_nodes they cannot be known."""
+    with pytest.raises(GraphError, match=r"x: has 4 rows, .* pass num_nodes=4"):
+        Graph.from_edge_index([0], [1], x=torch.zeros(4, 2))
+    assert Graph.from_edge_index([0], [1], 4, x=torch.zeros(4, 2)).num_nodes == 4
+
+
+@pytest.mark.parametrize("value", [None, ["a", "b"]])
+def test_a_non_numeric_array_is_named(value) -> None:
+    with pytest.raises(GraphError, match="indices: expected a numeric array"):
+        Graph(indptr=[0, 1, 2], indices=value)
