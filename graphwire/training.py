@@ -29,6 +29,7 @@ __all__ = [
     "EpochRecord",
     "TrainConfig",
     "TrainResult",
+    "check_split_sizes",
     "check_trainable",
     "format_acc",
     "make_model",
@@ -159,6 +160,7 @@ class TrainConfig:
 
 
 _ACCURACIES = ("train_acc", "val_acc", "test_acc")  # NaN: not evaluated
+_SPLITS = ("train", "val", "test")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -294,7 +296,25 @@ def check_trainable(graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
             "(features, labels and train/val/test splits)"
         )
     assert graph.x is not None and graph.y is not None
+    check_split_sizes(
+        {split: getattr(graph, f"{split}_idx").numel() for split in _SPLITS},
+        f"graph {graph.name!r}",
+    )
     return graph.x, graph.y
+
+
+def check_split_sizes(sizes: dict[str, int], where: str) -> None:
+    """Raise ``ValueError`` unless every split (``sizes``: nodes per ``train``,
+    ``val``, ``test``) holds a node: without training nodes the loss is NaN,
+    without validation nodes no epoch is better than another, and without test
+    nodes the reported accuracy is a made-up 0."""
+    empty = [f"{split}_idx" for split in _SPLITS if sizes[split] == 0]
+    if empty:
+        raise ValueError(
+            f"{where}: {', '.join(empty)} holds no nodes; training needs training "
+            "nodes for the loss, validation nodes to pick the best epoch and "
+            "test nodes to score it"
+        )
 
 
 def make_model(graph: Graph, config: TrainConfig) -> GNN:
