@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import check_seed
 from graphwire.nn.models import GNN, LAYER_KINDS, build_model
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "EpochRecord",
     "TrainConfig",
     "TrainResult",
+    "check_split_sizes",
     "check_trainable",
     "format_acc",
     "make_model",
@@ -116,17 +119,29 @@ class TrainConfig:
         for name in ("hidden", "dropout", "attn_dropout", "lr", "weight_decay"):
             if getattr(self, name) is None:
                 setattr(self, name, defaults[name])
-        if self.fanouts is None:
-            self.fanouts = [10] * (self.num_layers - 1) + [25]
+        if self.fanouts is None:  # a bad num_layers is named by _validate
+            layers = self.num_layers if _is_int(self.num_layers) else 1
+            self.fanouts = [10] * (layers - 1) + [25]
+        if isinstance(self.fanouts, str):  # list() would split it into characters
+            raise ValueError(
+                f"fanouts: expected a list of ints, one per layer, got {self.fanouts!r}"
+            )
         self.fanouts = list(self.fanouts)
         self._validate()
 
     def _validate(self) -> None:
+        # numpy numbers are taken and stored as plain ones (as_dict is JSON).
         positive = ("hidden", "num_layers", "epochs", "heads", "out_heads")
         for name in (*positive, "batch_size", "eval_every"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+            setattr(self, name, int(value))
+        for name in ("dropout", "attn_dropout", "lr", "weight_decay"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name}: expected a number, got {value!r}")
+            setattr(self, name, float(value))
         for name in ("dropout", "attn_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -136,18 +151,24 @@ class TrainConfig:
             raise ValueError(f"lr: expected a finite value > 0, got {self.lr!r}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay: expected >= 0, got {self.weight_decay!r}")
-        if self.patience is not None and self.patience < 1:
-            raise ValueError(f"patience: expected >= 1 or None, got {self.patience}")
+        if self.patience is not None:
+            if not _is_int(self.patience) or self.patience < 1:
+                raise ValueError(
+                    f"patience: expected an integer >= 1 or None, got {self.patience!r}"
+                )
+            self.patience = int(self.patience)
+        self.seed = check_seed(self.seed)
         assert self.fanouts is not None
         if len(self.fanouts) != self.num_layers:
             raise ValueError(
                 f"fanouts: expected one per layer (num_layers={self.num_layers}), "
                 f"got {self.fanouts}"
             )
-        if any(f == 0 or f < -1 for f in self.fanouts):
+        if any(not _is_int(f) or f == 0 or f < -1 for f in self.fanouts):
             raise ValueError(
                 f"fanouts: expected positive ints or -1 (all), got {self.fanouts}"
             )
+        self.fanouts = [int(f) for f in self.fanouts]
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -158,7 +179,13 @@ class TrainConfig:
         return (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
 
 
+def _is_int(value: Any) -> bool:
+    """An int or a numpy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 _ACCURACIES = ("train_acc", "val_acc", "test_acc")  # NaN: not evaluated
+_SPLITS = ("train", "val", "test")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -294,7 +321,25 @@ def check_trainable(graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
             "(features, labels and train/val/test splits)"
         )
     assert graph.x is not None and graph.y is not None
+    check_split_sizes(
+        {split: getattr(graph, f"{split}_idx").numel() for split in _SPLITS},
+        f"graph {graph.name!r}",
+    )
     return graph.x, graph.y
+
+
+def check_split_sizes(sizes: dict[str, int], where: str) -> None:
+    """Raise ``ValueError`` unless every split (``sizes``: nodes per ``train``,
+    ``val``, ``test``) holds a node: without training nodes the loss is NaN,
+    without validation nodes no epoch is better than another, and without test
+    nodes the reported accuracy is a made-up 0."""
+    empty = [f"{split}_idx" for split in _SPLITS if sizes[split] == 0]
+    if empty:
+        raise ValueError(
+            f"{where}: {', '.join(empty)} holds no nodes; training needs training "
+            "nodes for the loss, validation nodes to pick the best epoch and "
+            "test nodes to score it"
+        )
 
 
 def make_model(graph: Graph, config: TrainConfig) -> GNN:

@@ -96,7 +96,8 @@ class TorchTransport(Transport):
             check_splits: see the class docstring.
 
         Raises:
-            TransportError: the rendezvous failed or timed out.
+            TransportError: the rendezvous failed or timed out, or the
+                backend is NCCL and this rank's GPU is not there.
         """
         if dist.is_initialized():
             if (dist.get_rank(), dist.get_world_size()) != (ctx.rank, ctx.world_size):
@@ -107,6 +108,12 @@ class TorchTransport(Transport):
                 )
             return cls(ctx, check_splits=check_splits, owns_group=False)
         if ctx.backend == "nccl":
+            if ctx.local_rank >= torch.cuda.device_count():
+                raise TransportError(
+                    f"rank {ctx.rank}: backend 'nccl' needs GPU cuda:"
+                    f"{ctx.local_rank}, but this process sees "
+                    f"{torch.cuda.device_count()} CUDA device(s); use 'gloo' on CPU"
+                )
             torch.cuda.set_device(ctx.device)
         try:
             dist.init_process_group(

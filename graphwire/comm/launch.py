@@ -142,6 +142,8 @@ def launch_local(
         WorkerFailed: a child raised, exited non-zero, was killed, or the run
             took longer than ``run_timeout_s``. No child outlives this call.
         TypeError: ``fn`` or ``args`` cannot be pickled.
+        ValueError: an argument is out of range, or the backend is NCCL with
+            fewer GPUs than ranks.
     """
     if world_size < 1:
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
@@ -159,6 +161,13 @@ def launch_local(
             f"function), got {fn!r}: {error}"
         ) from error
     backend = backend if backend is not None else default_backend()
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        # Rank r drives cuda:r; without it each child would fail in set_device.
+        raise ValueError(
+            f"backend: 'nccl' needs one GPU per rank, but {world_size} ranks "
+            f"were asked for and {torch.cuda.device_count()} CUDA device(s) are "
+            "visible; use 'gloo' on CPU"
+        )
     port = free_port()
     scratch = tempfile.mkdtemp(prefix="graphwire-run-")
     env = {**_loopback_env(), "TMPDIR": scratch}

@@ -52,6 +52,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_split_sizes,
     make_model_for,
     make_optimizer,
 )
@@ -192,16 +193,16 @@ def train_distributed(
         raise ValueError(
             f"part {part.part_id}: training needs features, labels and splits"
         )
-    engine = build_engine(part, transport, config, exchange, options)
     num_classes = int(part.meta.get("num_classes") or 0)
     if num_classes < 1:
         raise ValueError(
             f"part {part.part_id}: meta.json says num_classes is "
             f"{num_classes}; training needs labelled classes"
         )
+    sizes = _split_sizes(part, transport)  # first: it checks no split is empty
+    engine = build_engine(part, transport, config, exchange, options)
     model = seeded_model(part.x.shape[1], num_classes, config)
     optimizer = make_optimizer(model, config)
-    sizes = _split_sizes(part, transport)
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
     first = 0
@@ -279,9 +280,14 @@ def train_distributed(
 
 
 def _split_sizes(part: LocalPart, transport: Transport) -> dict[str, int]:
+    """Collective: the nodes of each split over all parts; every rank raises
+    ``ValueError`` alike when one is empty (:func:`check_split_sizes`)."""
     local = torch.tensor([_split(part, s).numel() for s in SPLITS], dtype=torch.float64)
     total = transport.all_reduce_sum(local, "sync.metrics")
-    return {s: int(v) for s, v in zip(SPLITS, total.tolist(), strict=True)}
+    sizes = {s: int(v) for s, v in zip(SPLITS, total.tolist(), strict=True)}
+    name = part.meta.get("name", "graph")
+    check_split_sizes(sizes, f"graph {name!r} (all {transport.world_size} parts)")
+    return sizes
 
 
 def _split(part: LocalPart, split: str) -> torch.Tensor:

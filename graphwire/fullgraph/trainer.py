@@ -45,6 +45,9 @@ def train_fullgraph(
 ) -> TrainResult:
     """Train ``config.model`` on the whole graph with Adam.
 
+    torch's default generator is seeded with ``config.seed`` for the run; the
+    caller's generator state is put back after it.
+
     Args:
         graph: with features ``x`` float32 [N, F], labels ``y`` int64 [N] and
             train/val/test index splits.
@@ -55,6 +58,15 @@ def train_fullgraph(
     Returns:
         Accuracies at the best-validation epoch, per-epoch records, weights.
     """
+    with torch.random.fork_rng(devices=[]):  # the caller's generator state
+        return _train(graph, config, on_epoch)
+
+
+def _train(
+    graph: Graph,
+    config: TrainConfig,
+    on_epoch: Callable[[EpochRecord], None] | None,
+) -> TrainResult:
     x, y = check_trainable(graph)
     torch.manual_seed(config.seed)  # initialisation (dropout masks are hashed)
     mg = LAYER_KINDS[config.model].full_graph(graph)

@@ -15,6 +15,7 @@ to it as keyword arguments (typed from the loader's config where one exists).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,15 @@ def spec_paths(spec: str) -> list[Path]:
     return [Path(target)]
 
 
-def load_dataset(spec: str) -> Graph:
-    """Load or generate the graph a spec names (see module doc)."""
+def load_dataset(spec: str | os.PathLike[str]) -> Graph:
+    """Load or generate the graph a spec names (see module doc); a path object
+    reads as its string does (a folder in graphwire's format)."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise TypeError(
+            f"dataset: expected a spec string or a path, found {type(spec).__name__}"
+        )
     scheme, target, options = parse_spec(spec)
     return _LOADERS[scheme](target, options)
 
@@ -129,6 +137,10 @@ def _planetoid(target: str, options: dict[str, str]) -> Graph:
 def _ogb(target: str, options: dict[str, str]) -> Graph:
     from graphwire.graph.ogb import load_ogb
 
+    known = ["scheme", "symmetrize"]  # load_ogb's options
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"dataset ogb: unknown option(s) {unknown}; known: {known}")
     return load_ogb(target, **options)
 
 
@@ -142,11 +154,19 @@ def _npz(target: str, options: dict[str, str]) -> Graph:
 def _edgelist(target: str, options: dict[str, str]) -> Graph:
     from graphwire.graph.files import load_edgelist
 
-    num_nodes = options.pop("num_nodes", None)
+    text = options.pop("num_nodes", None)
     _no_options(options, "edgelist")
-    return load_edgelist(
-        target, num_nodes=None if num_nodes is None else int(num_nodes)
-    )
+    num_nodes = None
+    if text is not None:
+        try:
+            num_nodes = int(text)
+        except ValueError:
+            num_nodes = -1
+        if num_nodes < 0:
+            raise ValueError(
+                f"dataset edgelist: option num_nodes={text!r} is not an int >= 0"
+            )
+    return load_edgelist(target, num_nodes=num_nodes)
 
 
 def _folder(target: str, options: dict[str, str]) -> Graph:

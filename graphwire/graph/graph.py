@@ -19,6 +19,7 @@ stay memory-mapped (``torch.from_numpy`` shares their memory).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -38,6 +39,11 @@ def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
         tensor = value
     else:
         array = np.asarray(value)
+        if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+            raise GraphError(
+                f"{name}: expected a numeric array, found {type(value).__name__} "
+                f"of dtype {array.dtype}"
+            )
         if not array.flags.writeable:
             # Read-only (memory-mapped) arrays are shared as they are; torch warns
             # about non-writable memory, but Graph never writes into its arrays.
@@ -214,7 +220,9 @@ class Graph:
         """Build from parallel source/destination arrays (edge ``src[k] -> dst[k]``).
 
         Edges keep their input order within each destination row (stable sort).
-        Duplicates and self-loops are kept; see :meth:`deduplicate`.
+        Duplicates and self-loops are kept; see :meth:`deduplicate`. Without
+        ``num_nodes`` the graph has ``max(src, dst) + 1`` nodes, so nodes after
+        the last one with an edge need ``num_nodes``.
         """
         src_np = np.asarray(src.numpy() if isinstance(src, torch.Tensor) else src)
         dst_np = np.asarray(dst.numpy() if isinstance(dst, torch.Tensor) else dst)
@@ -232,6 +240,12 @@ class Graph:
         dst_np = dst_np.astype(np.int64, copy=False)
         if num_nodes is None:
             num_nodes = int(max(src_np.max(initial=-1), dst_np.max(initial=-1))) + 1
+            _check_inferred_rows(num_nodes, node_data)
+        elif isinstance(num_nodes, bool) or not hasattr(num_nodes, "__index__"):
+            raise GraphError(f"num_nodes: expected an int, found {num_nodes!r}")
+        num_nodes = operator.index(num_nodes)
+        if num_nodes < 0:
+            raise GraphError(f"num_nodes: must be >= 0, found {num_nodes}")
         if src_np.size:
             low = int(min(src_np.min(), dst_np.min()))
             high = int(max(src_np.max(), dst_np.max()))
@@ -249,7 +263,10 @@ class Graph:
 
     @classmethod
     def from_scipy(cls, matrix: Any, **node_data: Any) -> Graph:
-        """Build from a square scipy sparse adjacency ``A`` (``A[src, dst] != 0``)."""
+        """Build from a square scipy sparse adjacency ``A`` (``A[src, dst] != 0``).
+
+        Explicitly stored zeros are not edges; ``matrix`` is left as it was.
+        """
         import scipy.sparse as sp
 
         if not sp.issparse(matrix) or matrix.shape[0] != matrix.shape[1]:
@@ -257,7 +274,9 @@ class Graph:
                 f"scipy matrix: expected a square sparse matrix, found "
                 f"{type(matrix).__name__} of shape {getattr(matrix, 'shape', None)}"
             )
-        in_csr = sp.csr_matrix(matrix.T)  # row = dst
+        # A copy (row = dst): the caller's matrix is neither pruned nor sorted.
+        in_csr = sp.csr_matrix(matrix.T, copy=True)
+        in_csr.eliminate_zeros()
         in_csr.sort_indices()
         return cls(
             indptr=torch.from_numpy(in_csr.indptr.astype(np.int64)),
@@ -267,44 +286,69 @@ class Graph:
 
     @classmethod
     def from_pyg(cls, data: Any) -> Graph:
-        """Build from a ``torch_geometric.data.Data`` (needs PyG only to make one)."""
-        edge_index = data.edge_index
+        """Build from a ``torch_geometric.data.Data`` (needs PyG only to make one).
+
+        Reads ``edge_index`` [2, E], ``x``, ``y`` and the boolean
+        ``train_mask`` / ``val_mask`` / ``test_mask`` [N].
+        """
+        edge_index = getattr(data, "edge_index", None)
+        if (
+            not isinstance(edge_index, torch.Tensor)
+            or edge_index.dim() != 2
+            or edge_index.shape[0] != 2
+        ):
+            found = (
+                f"shape {tuple(edge_index.shape)}"
+                if isinstance(edge_index, torch.Tensor)
+                else repr(edge_index)
+            )
+            hint = (
+                " (adj_t, a SparseTensor, is not read: build the Graph before "
+                "ToSparseTensor)"
+                if getattr(data, "adj_t", None) is not None
+                else ""
+            )
+            raise GraphError(
+                f"pyg data: expected edge_index, a tensor of shape [2, E], found "
+                f"{found}{hint}"
+            )
+        num_nodes = getattr(data, "num_nodes", None)
+        num_nodes = None if num_nodes is None else int(num_nodes)
         node_data: dict[str, Any] = {}
         if getattr(data, "x", None) is not None:
             node_data["x"] = data.x
         if getattr(data, "y", None) is not None:
             node_data["y"] = data.y.view(-1)
-        for mask_name, split in (
-            ("train_mask", "train_idx"),
-            ("val_mask", "val_idx"),
-            ("test_mask", "test_idx"),
-        ):
+        for mask_name, split in _MASKS:
             mask = getattr(data, mask_name, None)
             if mask is not None:
-                node_data[split] = mask.nonzero().view(-1)
+                node_data[split] = _mask_nodes(
+                    mask, f"pyg data: {mask_name}", num_nodes
+                )
         return cls.from_edge_index(
-            edge_index[0], edge_index[1], num_nodes=int(data.num_nodes), **node_data
+            edge_index[0], edge_index[1], num_nodes=num_nodes, **node_data
         )
 
     @classmethod
     def from_dgl(cls, graph: Any) -> Graph:
-        """Build from a homogeneous ``dgl.DGLGraph`` (needs DGL only to make one)."""
+        """Build from a homogeneous ``dgl.DGLGraph`` (needs DGL only to make one).
+
+        Reads ``ndata`` ``feat``, ``label`` and the boolean ``train_mask`` /
+        ``val_mask`` / ``test_mask`` [N].
+        """
         src, dst = graph.edges()
+        num_nodes = int(graph.num_nodes())
         ndata = graph.ndata
         node_data: dict[str, Any] = {}
         for key, target in (("feat", "x"), ("label", "y")):
             if key in ndata:
                 node_data[target] = ndata[key]
-        for key, split in (
-            ("train_mask", "train_idx"),
-            ("val_mask", "val_idx"),
-            ("test_mask", "test_idx"),
-        ):
+        for key, split in _MASKS:
             if key in ndata:
-                node_data[split] = ndata[key].nonzero().view(-1)
-        return cls.from_edge_index(
-            src, dst, num_nodes=int(graph.num_nodes()), **node_data
-        )
+                node_data[split] = _mask_nodes(
+                    ndata[key], f"dgl ndata: {key}", num_nodes
+                )
+        return cls.from_edge_index(src, dst, num_nodes=num_nodes, **node_data)
 
     # -------------------------------------------------------------- accessors
     def edge_index(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -429,6 +473,49 @@ class Graph:
         ) - torch.repeat_interleave(indptr[:-1], counts)
         sources = self.indices[torch.repeat_interleave(starts, counts) + offsets]
         return indptr, sources
+
+
+def _check_inferred_rows(num_nodes: int, node_data: dict[str, Any]) -> None:
+    """Node data longer than the inferred node count means trailing nodes without
+    edges: say so, instead of a bare shape mismatch."""
+    for name in ("x", "y"):
+        shape = np.shape(node_data[name]) if node_data.get(name) is not None else ()
+        if shape and shape[0] > num_nodes:
+            raise GraphError(
+                f"{name}: has {shape[0]} rows, but the edges name only {num_nodes} "
+                f"nodes (num_nodes is inferred as the largest edge ID + 1); pass "
+                f"num_nodes={shape[0]} if the last nodes have no edges"
+            )
+
+
+_MASKS = (
+    ("train_mask", "train_idx"),
+    ("val_mask", "val_idx"),
+    ("test_mask", "test_idx"),
+)
+
+
+def _mask_nodes(mask: Any, name: str, num_nodes: int | None) -> torch.Tensor:
+    """int64 [*]: the nodes a mask [num_nodes] of booleans (or 0s and 1s) selects."""
+    mask = torch.as_tensor(mask)
+    is_flags = mask.dtype == torch.bool or (
+        not mask.dtype.is_floating_point
+        and not mask.dtype.is_complex
+        and bool(((mask == 0) | (mask == 1)).all())
+    )
+    length_ok = num_nodes is None or mask.shape[:1] == (num_nodes,)
+    if mask.dim() != 1 or not is_flags or not length_ok:
+        hint = (
+            "; a mask of shape [N, k] holds k alternative splits: pick one "
+            "column first, e.g. mask[:, 0]"
+            if mask.dim() == 2
+            else ""
+        )
+        raise GraphError(
+            f"{name}: expected a boolean mask of shape [num_nodes={num_nodes}], "
+            f"found {mask.dtype} of shape {tuple(mask.shape)}{hint}"
+        )
+    return mask.nonzero().view(-1)
 
 
 def _csr_from_coo(

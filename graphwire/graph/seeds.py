@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-__all__ = ["derive_seed"]
+import numbers
+from typing import Any
+
+__all__ = ["check_seed", "derive_seed"]
 
 _MASK64 = (1 << 64) - 1
+_SEED_LIMIT = 1 << 63  # torch, numpy and derive_seed all take it as it is
+
+
+def check_seed(seed: Any, name: str = "seed") -> int:
+    """``seed`` as a plain int in ``[0, 2**63)`` (numpy integers accepted).
+
+    Raises:
+        ValueError: naming ``name``, for a seed of another type or out of range
+            (which torch or numpy would refuse only later, deep inside).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"{name}: expected an int in [0, 2**63), got {seed!r}")
+    if not 0 <= int(seed) < _SEED_LIMIT:
+        raise ValueError(f"{name}: expected an int in [0, 2**63), got {seed}")
+    return int(seed)
 
 
 def derive_seed(*parts: int) -> int:

@@ -176,6 +176,8 @@ class _Loop:
             options,
         )
         self.rank, self.world = transport.rank, transport.world_size
+        # First, before any service starts: it checks no split is empty.
+        self.sizes = _split_sizes(part, transport)
         kind = LAYER_KINDS[config.model]
         self.sampler = DistNeighborSampler(
             owned_csr(part, transport, kind), part.book, transport, config.fanouts
@@ -190,7 +192,6 @@ class _Loop:
         self.steps = steps_per_epoch(shares, config.batch_size)
         self.model = seeded_model(part.x.shape[1], num_classes, config)
         self.optimizer = make_optimizer(self.model, config)
-        self.sizes = _split_sizes(part, transport)
         # Evaluation only: no backward, so no loss rows to plan returns for.
         self.eval_engine = build_engine(
             part, transport, config, "halo", {"loss_rows": None}

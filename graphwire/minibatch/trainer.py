@@ -53,6 +53,9 @@ def train_minibatch(
 ) -> TrainResult:
     """Train ``config.model`` on sampled mini-batches with Adam.
 
+    torch's default generator is seeded with ``config.seed`` for the run; the
+    caller's generator state is put back after it.
+
     Args:
         graph: with features ``x`` float32 [N, F], labels ``y`` int64 [N] and
             train/val/test index splits.
@@ -63,6 +66,15 @@ def train_minibatch(
     Returns:
         Accuracies at the best-validation epoch, per-epoch records, weights.
     """
+    with torch.random.fork_rng(devices=[]):  # the caller's generator state
+        return _train(graph, config, on_epoch)
+
+
+def _train(
+    graph: Graph,
+    config: TrainConfig,
+    on_epoch: Callable[[EpochRecord], None] | None,
+) -> TrainResult:
     x, y = check_trainable(graph)
     assert config.fanouts is not None and graph.train_idx is not None
     torch.manual_seed(config.seed)  # initialisation and dropout

@@ -61,11 +61,13 @@ class GATConv(ProjectsToOutput, nn.Module):
         self.concat = concat
         self.negative_slope = negative_slope
         self.attn_dropout = attn_dropout
-        self.lin = nn.Linear(in_dim, heads * out_dim, bias=False)
-        self.att_src = nn.Parameter(torch.empty(heads, out_dim))
-        self.att_dst = nn.Parameter(torch.empty(heads, out_dim))
+        # float32 as Graph.x is, whatever torch's default dtype.
+        f32 = torch.float32
+        self.lin = nn.Linear(in_dim, heads * out_dim, bias=False, dtype=f32)
+        self.att_src = nn.Parameter(torch.empty(heads, out_dim, dtype=f32))
+        self.att_dst = nn.Parameter(torch.empty(heads, out_dim, dtype=f32))
         width = heads * out_dim if concat else out_dim
-        self.bias = nn.Parameter(torch.empty(width)) if bias else None
+        self.bias = nn.Parameter(torch.empty(width, dtype=f32)) if bias else None
         self.reset_parameters()
 
     @property

@@ -36,8 +36,10 @@ class GCNConv(ProjectsToOutput, nn.Module):
         super().__init__()
         self.in_dim = in_dim
         self.out_dim = out_dim
-        self.weight = nn.Parameter(torch.empty(in_dim, out_dim))
-        self.bias = nn.Parameter(torch.empty(out_dim)) if bias else None
+        # float32 as Graph.x is, whatever torch's default dtype.
+        f32 = torch.float32
+        self.weight = nn.Parameter(torch.empty(in_dim, out_dim, dtype=f32))
+        self.bias = nn.Parameter(torch.empty(out_dim, dtype=f32)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -31,9 +31,11 @@ class SAGEConv(ProjectsToOutput, nn.Module):
         super().__init__()
         self.in_dim = in_dim
         self.out_dim = out_dim
-        self.lin_self = nn.Linear(in_dim, out_dim, bias=False)
-        self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False)
-        self.bias = nn.Parameter(torch.empty(out_dim)) if bias else None
+        # float32 as Graph.x is, whatever torch's default dtype.
+        f32 = torch.float32
+        self.lin_self = nn.Linear(in_dim, out_dim, bias=False, dtype=f32)
+        self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False, dtype=f32)
+        self.bias = nn.Parameter(torch.empty(out_dim, dtype=f32)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -13,6 +13,7 @@ Shapes (N nodes, P parts):
 from __future__ import annotations
 
 import json
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import check_seed
 
 __all__ = [
     "PARTITIONERS",
@@ -70,8 +72,9 @@ class Partition:
                 f"assignment: expected integer part IDs, found {assignment.dtype}"
             )
         assignment = assignment.to(torch.int64)
-        if isinstance(self.num_parts, bool) or not isinstance(self.num_parts, int):
+        if not _is_int(self.num_parts):
             raise ValueError(f"num_parts: expected an int, found {self.num_parts!r}")
+        object.__setattr__(self, "num_parts", int(self.num_parts))
         if self.num_parts < 1:
             raise ValueError(f"num_parts: must be >= 1, found {self.num_parts}")
         if assignment.numel():
@@ -119,7 +122,7 @@ class Partition:
 
 def check_num_parts(graph: Graph, num_parts: int) -> None:
     """Raise ``ValueError`` unless ``1 <= num_parts <= graph.num_nodes``."""
-    if isinstance(num_parts, bool) or not isinstance(num_parts, int):
+    if not _is_int(num_parts):
         raise ValueError(f"num_parts: expected an int, found {num_parts!r}")
     if num_parts < 1:
         raise ValueError(f"num_parts: must be >= 1, found {num_parts}")
@@ -128,6 +131,11 @@ def check_num_parts(graph: Graph, num_parts: int) -> None:
             f"num_parts: must be <= the number of nodes ({graph.num_nodes}) of "
             f"graph {graph.name!r}, found {num_parts}"
         )
+
+
+def _is_int(value: Any) -> bool:
+    """An int or a numpy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def unique_sorted(values: np.ndarray) -> np.ndarray:
@@ -189,15 +197,17 @@ class Partitioner(ABC):
             A :class:`Partition` whose params are this partitioner's plus the seed.
 
         Raises:
-            ValueError: ``num_parts`` is out of range.
+            ValueError: ``num_parts`` is out of range, or ``seed`` is not an int
+                in ``[0, 2**63)``.
         """
         check_num_parts(graph, num_parts)
+        num_parts, seed = int(num_parts), check_seed(seed)
         assignment = self.assign(graph, num_parts, seed)
         return Partition(
             assignment=torch.from_numpy(np.ascontiguousarray(assignment, np.int64)),
             num_parts=num_parts,
             method=self.name,
-            params={**self.params(), "seed": int(seed)},
+            params={**self.params(), "seed": seed},
         )
 
     @abstractmethod

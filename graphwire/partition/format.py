@@ -33,6 +33,7 @@ the one part's files, never another part's.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import threading
 import warnings
@@ -231,8 +232,9 @@ def load_part(
     folder = Path(folder)
     meta = load_partition_meta(folder)
     num_parts = meta["num_parts"]
-    if isinstance(part_id, bool) or not isinstance(part_id, int):
+    if isinstance(part_id, bool) or not isinstance(part_id, numbers.Integral):
         raise ValueError(f"part_id: expected an int, found {part_id!r}")
+    part_id = int(part_id)
     if not 0 <= part_id < num_parts:
         raise ValueError(
             f"part_id: {folder} has {num_parts} parts, found part_id={part_id}"

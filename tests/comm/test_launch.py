@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from graphwire.comm.launch import WorkerFailed, free_port, launch_local
 from graphwire.testing import run_workers
@@ -164,6 +165,15 @@ def test_invalid_arguments() -> None:
         launch_local(sleep_forever, 1, timeout_s=0)
     with pytest.raises(ValueError, match="run_timeout_s"):
         launch_local(sleep_forever, 1, run_timeout_s=-1)
+
+
+def test_nccl_without_a_gpu_per_rank_fails_before_spawning() -> None:
+    """Each child failed in torch.cuda.set_device (on a CPU-only torch:
+    "module 'torch._C' has no attribute '_cuda_setDevice'")."""
+    ranks = torch.cuda.device_count() + 1
+    with pytest.raises(ValueError, match=f"'nccl' needs one GPU per rank, but {ranks}"):
+        run_workers(sleep_forever, ranks, backend="nccl")
+    assert _worker_children() == []
 
 
 def test_free_port_is_a_loopback_port() -> None:

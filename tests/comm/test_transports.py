@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from graphwire.comm.base import _chunk_bounds, encode_object
+from graphwire.comm.base import TransportError, _chunk_bounds, encode_object
+from graphwire.comm.context import WorkerContext
+from graphwire.comm.dist import TorchTransport
+from graphwire.comm.launch import LOOPBACK, free_port
 from graphwire.comm.ledger import merge
 from graphwire.comm.local import run_local
 from graphwire.testing import run_workers
@@ -152,3 +155,12 @@ def test_split_mismatch_raises_on_every_rank(suite: Any) -> None:
         assert out["mismatch"] is not None, f"rank {rank} did not raise"
         assert f"rank {rank} (a2a.bad)" in out["mismatch"]
         assert wrong in out["mismatch"]
+
+
+def test_nccl_without_this_ranks_gpu_is_named() -> None:
+    """Opening failed inside torch.cuda.set_device; no process group starts."""
+    missing = torch.cuda.device_count()  # cuda:<count> never exists
+    ctx = WorkerContext(0, 1, missing, LOOPBACK, free_port(), "nccl", timeout_s=5)
+    with pytest.raises(TransportError, match=f"needs GPU cuda:{missing}, but"):
+        TorchTransport.open(ctx)
+    assert not torch.distributed.is_initialized()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from graphwire.training import MODEL_DEFAULTS, TrainConfig
@@ -40,11 +43,38 @@ def test_explicit_values_win_and_fanouts_follow_depth() -> None:
         ({"fanouts": [10]}, "fanouts"),
         ({"fanouts": [10, 0]}, "fanouts"),
         ({"hidden": 2.5}, "hidden"),
+        # each of these was taken, to fail later inside torch or the sampler
+        ({"seed": -1}, r"seed: expected an int in \[0, 2\*\*63\)"),
+        ({"seed": 2**64}, "seed: expected an int"),
+        ({"seed": None}, "seed: expected an int"),
+        ({"seed": 1.5}, "seed: expected an int"),
+        ({"fanouts": [10, 2.5]}, "fanouts: expected positive ints"),
+        ({"fanouts": "10,25"}, "fanouts: expected a list of ints"),
+        ({"patience": 1.5}, "patience: expected an integer"),
+        ({"dropout": "0.5"}, "dropout: expected a number"),
+        ({"lr": "0.01"}, "lr: expected a number"),
+        ({"num_layers": 2.0}, "num_layers: expected an integer"),
     ],
 )
 def test_bad_values_raise_value_error(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TrainConfig(**fields)
+
+
+def test_numpy_numbers_are_taken_as_plain_ones() -> None:
+    """A sweep over ``np.arange`` values is a config like any other; as_dict
+    stays JSON."""
+    config = TrainConfig(
+        hidden=np.int64(16),
+        epochs=np.int32(3),
+        dropout=np.float32(0.25),
+        seed=np.uint8(7),
+        fanouts=list(np.array([5, -1])),
+        patience=np.int64(2),
+    )
+    assert json.loads(json.dumps(config.as_dict())) == config.as_dict()
+    assert (config.hidden, config.epochs, config.dropout) == (16, 3, 0.25)
+    assert (config.seed, config.fanouts, config.patience) == (7, [5, -1], 2)
 
 
 def test_config_rejects_unknown_fields() -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from graphwire.graph.datasets import load_dataset, parse_spec, spec_paths
+from graphwire.graph.graph import Graph
+from graphwire.graph.native import save_graph
 
 
 def test_parse_spec() -> None:
@@ -56,3 +58,26 @@ def test_synthetic_spec_options_are_typed() -> None:
 def test_bad_specs_are_named(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_dataset(spec)
+
+
+def test_a_path_object_loads_like_its_string(tmp_path: Path) -> None:
+    """``load_dataset(Path(...))`` failed with "'PosixPath' object has no
+    attribute 'partition'"."""
+    folder = save_graph(Graph.from_edge_index([0, 1], [1, 2]), tmp_path / "g")
+    assert load_dataset(folder).num_edges == 2
+    with pytest.raises(TypeError, match="expected a spec string or a path, found"):
+        load_dataset(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("edgelist:{dir}/e.txt?num_nodes=ten", r"num_nodes='ten' is not an int >= 0"),
+        ("edgelist:{dir}/e.txt?num_nodes=-3", r"num_nodes='-3' is not an int >= 0"),
+        ("ogb:{dir}?split=time", r"ogb: unknown option\(s\) \['split'\]; known"),
+    ],
+)
+def test_a_bad_option_is_named(tmp_path: Path, spec: str, message: str) -> None:
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n")
+    with pytest.raises(ValueError, match=message):
+        load_dataset(spec.format(dir=tmp_path))

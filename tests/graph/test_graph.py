@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -74,6 +76,80 @@ def test_from_scipy_and_back() -> None:
     assert (graph.to_scipy() != (adjacency.T != 0).astype(np.float32)).nnz == 0
 
 
+def test_from_scipy_skips_stored_zeros_and_leaves_the_matrix_alone() -> None:
+    """A stored 0 is no edge (``A[src, dst] != 0``); the caller's matrix keeps
+    its entries and their order."""
+    # Column-major storage of 1 -> 0 (stored 0), 2 -> 0 and 0 -> 1, rows unsorted.
+    matrix = sp.csc_matrix(
+        (np.array([1.0, 0.0, 1.0]), np.array([2, 1, 0]), np.array([0, 2, 3, 3])),
+        shape=(3, 3),
+    )
+    matrix.has_sorted_indices = False
+    before = (matrix.data.copy(), matrix.indices.copy())
+    graph = Graph.from_scipy(matrix)
+    assert _edge_multiset(graph) == [(0, 1), (2, 0)]
+    assert np.array_equal(matrix.data, before[0])
+    assert np.array_equal(matrix.indices, before[1])
+
+
+def _pyg_data(**fields):
+    """A stand-in for ``torch_geometric.data.Data`` (PyG is not a dependency)."""
+    fields.setdefault("edge_index", torch.tensor([[0, 1, 2], [1, 2, 0]]))
+    fields.setdefault("num_nodes", 3)
+    return SimpleNamespace(**fields)
+
+
+class _DglGraph:
+    """A stand-in for a homogeneous ``dgl.DGLGraph``."""
+
+    def __init__(self, src, dst, num_nodes: int, **ndata) -> None:
+        self._edges, self._num_nodes, self.ndata = (src, dst), num_nodes, ndata
+
+    def edges(self):
+        return self._edges
+
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+
+def test_from_pyg_and_from_dgl_read_masks_as_splits() -> None:
+    mask = torch.tensor([True, False, True])
+    graph = Graph.from_pyg(_pyg_data(y=torch.tensor([[0], [1], [0]]), val_mask=mask))
+    assert graph.val_idx.tolist() == [0, 2] and graph.y.tolist() == [0, 1, 0]
+    ring = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])
+    graph = Graph.from_dgl(_DglGraph(*ring, 3, train_mask=mask))
+    assert graph.train_idx.tolist() == [0, 2] and graph.num_edges == 3
+
+
+@pytest.mark.parametrize(
+    "mask, message",
+    [
+        # geom-gcn style: 10 alternative splits side by side
+        (torch.zeros(3, 10, dtype=torch.bool), r"shape \(3, 10\); .* mask\[:, 0\]"),
+        (torch.tensor([0, 2]), "found torch.int64 of shape"),  # indices, no mask
+        (torch.tensor([True, False]), r"\[num_nodes=3\], found torch.bool of"),
+    ],
+)
+def test_from_pyg_and_from_dgl_name_a_mask_that_is_not_one(mask, message) -> None:
+    with pytest.raises(GraphError, match=f"pyg data: test_mask: .*{message}"):
+        Graph.from_pyg(_pyg_data(test_mask=mask))
+    ring = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])
+    with pytest.raises(GraphError, match=f"dgl ndata: test_mask: .*{message}"):
+        Graph.from_dgl(_DglGraph(*ring, 3, test_mask=mask))
+
+
+@pytest.mark.parametrize(
+    "edge_index, found",
+    [
+        (torch.tensor([[0, 1], [1, 2], [2, 0]]), r"shape \(3, 2\)"),  # [E, 2]
+        (None, "None"),
+    ],
+)
+def test_from_pyg_refuses_an_edge_index_that_is_not_2_by_e(edge_index, found) -> None:
+    with pytest.raises(GraphError, match=f"edge_index, a tensor of shape .* {found}"):
+        Graph.from_pyg(_pyg_data(edge_index=edge_index))
+
+
 def test_subgraph_in_edges() -> None:
     graph = Graph.from_edge_index([0, 2, 3, 1, 0], [1, 1, 2, 3, 3])
     indptr, sources = graph.subgraph_in_edges(torch.tensor([3, 1]))
@@ -117,3 +193,30 @@ def test_edge_index_validation() -> None:
         Graph.from_edge_index([0, -1], [1, 1], num_nodes=2)
     with pytest.raises(GraphError, match="integers"):
         Graph.from_edge_index([0.5], [1.0])
+
+
+@pytest.mark.parametrize(
+    "num_nodes, message",
+    [(-1, "num_nodes: must be >= 0, found -1"), (4.0, "num_nodes: expected an int")],
+)
+def test_from_edge_index_names_a_bad_num_nodes(num_nodes, message) -> None:
+    with pytest.raises(GraphError, match=message):
+        Graph.from_edge_index([0], [1], num_nodes=num_nodes)
+
+
+def test_from_edge_index_takes_numpy_and_torch_counts() -> None:
+    assert Graph.from_edge_index([0], [1], num_nodes=np.int64(4)).num_nodes == 4
+    assert Graph.from_edge_index([0], [1], num_nodes=torch.tensor(4)).num_nodes == 4
+
+
+def test_node_data_longer_than_the_inferred_node_count_says_pass_num_nodes() -> None:
+    """Nodes 2 and 3 have no edges: without num_nodes they cannot be known."""
+    with pytest.raises(GraphError, match=r"x: has 4 rows, .* pass num_nodes=4"):
+        Graph.from_edge_index([0], [1], x=torch.zeros(4, 2))
+    assert Graph.from_edge_index([0], [1], 4, x=torch.zeros(4, 2)).num_nodes == 4
+
+
+@pytest.mark.parametrize("value", [None, ["a", "b"]])
+def test_a_non_numeric_array_is_named(value) -> None:
+    with pytest.raises(GraphError, match="indices: expected a numeric array"):
+        Graph(indptr=[0, 1, 2], indices=value)

@@ -207,3 +207,16 @@ def test_resume_sees_the_same_batches_and_ends_with_the_same_parameters(
         assert resumed[rank]["batches"] == tail
         for name, tensor in whole[rank]["state"].items():
             assert torch.equal(tensor, resumed[rank]["state"][name]), name
+
+
+def test_a_split_empty_on_every_part_is_refused_before_serving(
+    tmp_path: Path,
+) -> None:
+    """Without training nodes every loss was NaN; the check runs before the
+    sampling and feature services start, so no rank is left serving."""
+    graph = _graph(300)
+    no_train = graph.replace(train_idx=torch.empty(0, dtype=torch.int64))
+    partition = get_partitioner("random").partition(no_train, 2, seed=0)
+    folder = str(write_partitioned(no_train, partition, tmp_path / "no-train"))
+    with pytest.raises(ValueError, match=r"\(all 2 parts\): train_idx holds no"):
+        run_local(lambda t: train(t, folder, _config(), FetchOptions()), 2)

@@ -34,6 +34,25 @@ def test_output_shape_and_backward(kind: str, num_layers: int) -> None:
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize("kind", sorted(LAYER_KINDS))
+def test_parameters_are_float32_under_a_float64_default(kind: str) -> None:
+    """Graph features are float32: a caller's ``set_default_dtype(float64)``
+    must not give float64 weights (a dtype mismatch deep in the forward), nor
+    other initial values."""
+    torch.manual_seed(0)
+    expected = build_model(kind, 6, 4, 3, heads=2).state_dict()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = build_model(kind, 6, 4, 3, heads=2)
+    finally:
+        torch.set_default_dtype(previous)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    assert model([_ring()] * 2, torch.randn(10, 6)).dtype == torch.float32
+
+
 def test_gat_hidden_layers_concatenate_heads() -> None:
     model = build_model("gat", 6, 4, 3, num_layers=3, heads=5, out_heads=2)
     first, middle, last = model.layers

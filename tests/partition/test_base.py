@@ -97,6 +97,26 @@ def test_num_parts_must_be_int() -> None:
         check_num_parts(path_graph(5), True)
 
 
+def test_numpy_counts_and_seeds_are_taken() -> None:
+    """``for k in np.arange(...)`` was refused: expected an int, found np.int64."""
+    part = get_partitioner("random").partition(
+        path_graph(6), np.int64(3), seed=np.int64(2)
+    )
+    assert part.num_parts == 3 and type(part.num_parts) is int
+    assert part.params["seed"] == 2 and type(part.params["seed"]) is int
+    explicit = Partition(assignment=[0, 1], num_parts=np.int64(2))
+    assert type(explicit.num_parts) is int
+
+
+@pytest.mark.parametrize("method", ["random", "metis"])
+@pytest.mark.parametrize("seed", [-1, 2**64, None])
+def test_a_bad_seed_is_named_before_partitioning(method: str, seed) -> None:
+    """random failed inside numpy on -1, metis took it; None failed after the
+    work in int(seed); 2**64 was recorded in meta.json as it was."""
+    with pytest.raises(ValueError, match=r"seed: expected an int in \[0, 2\*\*63\)"):
+        get_partitioner(method).partition(path_graph(5), 2, seed=seed)
+
+
 @pytest.mark.parametrize("method", ["random", "chunk", "metis"])
 def test_partition_records_method_and_seed(method: str) -> None:
     part = get_partitioner(method).partition(path_graph(10), 3, seed=7)

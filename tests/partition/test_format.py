@@ -186,6 +186,15 @@ def test_arrays_are_memory_mapped(tmp_path: Path) -> None:
     assert read.orig_nid.tolist() == [0, 1, 2]  # a copy in memory
 
 
+def test_a_numpy_part_id_is_taken(tmp_path: Path) -> None:
+    """``for rank in np.arange(num_parts)`` was refused: expected an int."""
+    graph = Graph.from_edge_index([0, 1, 2], [1, 2, 0], num_nodes=3)
+    partition = Partition(torch.tensor([0, 1, 1]), 2)
+    folder = write_partitioned(graph, partition, tmp_path / "parts")
+    part = load_part(folder, np.int64(1))
+    assert part.part_id == 1 and type(part.part_id) is int
+
+
 def write_example(tmp_path: Path, num_parts: int = 3) -> Path:
     rng = np.random.default_rng(1)
     graph = make_graph(40, rng.integers(0, 40, 160), rng.integers(0, 40, 160), rng)

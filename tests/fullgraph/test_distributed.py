@@ -1,0 +1,39 @@
+"""train_distributed's checks before its first epoch (in-process ranks)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphwire.comm.base import Transport
+from graphwire.comm.local import run_local
+from graphwire.fullgraph.distributed import train_distributed
+from graphwire.graph.graph import Graph
+from graphwire.partition import Partition, load_part, write_partitioned
+from graphwire.training import TrainConfig
+
+
+def _train(transport: Transport, folder: str) -> None:
+    part = load_part(folder, transport.rank)
+    train_distributed(part, transport, TrainConfig(model="gcn", epochs=1), "halo")
+
+
+def test_a_split_empty_on_every_part_is_refused_by_every_rank(
+    tmp_path: Path,
+) -> None:
+    """Part 0 holds the only validation node of one graph; the other graph
+    has none at all, so its run would pick the first epoch as the best."""
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    graph = Graph.from_edge_index(
+        [0, 1, 2], [1, 2, 3], 4, x=x, y=y, train_idx=[1, 3], val_idx=[0], test_idx=[2]
+    )
+    halves = Partition(assignment=torch.tensor([0, 0, 1, 1]), num_parts=2)
+    folder = write_partitioned(graph, halves, tmp_path / "ok")
+    run_local(functools.partial(_train, folder=str(folder)), 2)
+    no_val = graph.replace(val_idx=torch.empty(0, dtype=torch.int64))
+    folder = write_partitioned(no_val, halves, tmp_path / "no-val")
+    with pytest.raises(ValueError, match=r"\(all 2 parts\): val_idx holds no nodes"):
+        run_local(functools.partial(_train, folder=str(folder)), 2)
