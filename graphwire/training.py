@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
-from graphwire.graph.seeds import check_seed
+from graphwire.graph.seeds import check_seed, is_int
 from graphwire.nn.models import GNN, LAYER_KINDS, build_model
 
 __all__ = [
@@ -92,6 +92,11 @@ class TrainConfig:
             DGL): ``[10, 25]`` takes 25 neighbours of each seed, then 10 of each
             of those. None: ``[10] * (num_layers - 1) + [25]``.
         batch_size: mini-batch seeds per step.
+
+    The model's defaults are filled in when the config is made, so
+    ``dataclasses.replace(config, model="gat")`` keeps the old model's hidden
+    width, dropout and learning rate: make a new ``TrainConfig`` to switch
+    models.
     """
 
     model: str = "sage"
@@ -120,7 +125,7 @@ class TrainConfig:
             if getattr(self, name) is None:
                 setattr(self, name, defaults[name])
         if self.fanouts is None:  # a bad num_layers is named by _validate
-            layers = self.num_layers if _is_int(self.num_layers) else 1
+            layers = self.num_layers if is_int(self.num_layers) else 1
             self.fanouts = [10] * (layers - 1) + [25]
         if isinstance(self.fanouts, str):  # list() would split it into characters
             raise ValueError(
@@ -134,7 +139,7 @@ class TrainConfig:
         positive = ("hidden", "num_layers", "epochs", "heads", "out_heads")
         for name in (*positive, "batch_size", "eval_every"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
             setattr(self, name, int(value))
         for name in ("dropout", "attn_dropout", "lr", "weight_decay"):
@@ -152,7 +157,7 @@ class TrainConfig:
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay: expected >= 0, got {self.weight_decay!r}")
         if self.patience is not None:
-            if not _is_int(self.patience) or self.patience < 1:
+            if not is_int(self.patience) or self.patience < 1:
                 raise ValueError(
                     f"patience: expected an integer >= 1 or None, got {self.patience!r}"
                 )
@@ -164,7 +169,7 @@ class TrainConfig:
                 f"fanouts: expected one per layer (num_layers={self.num_layers}), "
                 f"got {self.fanouts}"
             )
-        if any(not _is_int(f) or f == 0 or f < -1 for f in self.fanouts):
+        if any(not is_int(f) or f == 0 or f < -1 for f in self.fanouts):
             raise ValueError(
                 f"fanouts: expected positive ints or -1 (all), got {self.fanouts}"
             )
@@ -177,11 +182,6 @@ class TrainConfig:
         """Whether epoch ``epoch`` (0-based) ends with an evaluation: every
         ``eval_every``-th epoch, and the last."""
         return (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
-
-
-def _is_int(value: Any) -> bool:
-    """An int or a numpy integer, not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 _ACCURACIES = ("train_acc", "val_acc", "test_acc")  # NaN: not evaluated

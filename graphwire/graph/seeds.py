@@ -1,14 +1,20 @@
-"""`derive_seed`: independent, reproducible seeds mixed from integers."""
+"""`derive_seed`: independent, reproducible seeds mixed from integers; the
+checks that seeds and counts are integers (`check_seed`, `is_int`)."""
 
 from __future__ import annotations
 
 import numbers
 from typing import Any
 
-__all__ = ["check_seed", "derive_seed"]
+__all__ = ["check_seed", "derive_seed", "is_int"]
 
 _MASK64 = (1 << 64) - 1
 _SEED_LIMIT = 1 << 63  # torch, numpy and derive_seed all take it as it is
+
+
+def is_int(value: Any) -> bool:
+    """An int or a numpy integer, not a bool (counts, seeds and IDs accept both)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_seed(seed: Any, name: str = "seed") -> int:
@@ -18,7 +24,7 @@ def check_seed(seed: Any, name: str = "seed") -> int:
         ValueError: naming ``name``, for a seed of another type or out of range
             (which torch or numpy would refuse only later, deep inside).
     """
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
         raise ValueError(f"{name}: expected an int in [0, 2**63), got {seed!r}")
     if not 0 <= int(seed) < _SEED_LIMIT:
         raise ValueError(f"{name}: expected an int in [0, 2**63), got {seed}")

@@ -13,7 +13,6 @@ Shapes (N nodes, P parts):
 from __future__ import annotations
 
 import json
-import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ import numpy as np
 import torch
 
 from graphwire.graph.graph import Graph
-from graphwire.graph.seeds import check_seed
+from graphwire.graph.seeds import check_seed, is_int
 
 __all__ = [
     "PARTITIONERS",
@@ -72,7 +71,7 @@ class Partition:
                 f"assignment: expected integer part IDs, found {assignment.dtype}"
             )
         assignment = assignment.to(torch.int64)
-        if not _is_int(self.num_parts):
+        if not is_int(self.num_parts):
             raise ValueError(f"num_parts: expected an int, found {self.num_parts!r}")
         object.__setattr__(self, "num_parts", int(self.num_parts))
         if self.num_parts < 1:
@@ -122,7 +121,7 @@ class Partition:
 
 def check_num_parts(graph: Graph, num_parts: int) -> None:
     """Raise ``ValueError`` unless ``1 <= num_parts <= graph.num_nodes``."""
-    if not _is_int(num_parts):
+    if not is_int(num_parts):
         raise ValueError(f"num_parts: expected an int, found {num_parts!r}")
     if num_parts < 1:
         raise ValueError(f"num_parts: must be >= 1, found {num_parts}")
@@ -131,11 +130,6 @@ def check_num_parts(graph: Graph, num_parts: int) -> None:
             f"num_parts: must be <= the number of nodes ({graph.num_nodes}) of "
             f"graph {graph.name!r}, found {num_parts}"
         )
-
-
-def _is_int(value: Any) -> bool:
-    """An int or a numpy integer, not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def unique_sorted(values: np.ndarray) -> np.ndarray:

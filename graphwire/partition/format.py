@@ -33,7 +33,6 @@ the one part's files, never another part's.
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import threading
 import warnings
@@ -53,6 +52,7 @@ from graphwire.fsutil import (
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
 from graphwire.graph.labels import check_labels
+from graphwire.graph.seeds import is_int
 from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
 from graphwire.partition.local import LocalPart
@@ -232,7 +232,7 @@ def load_part(
     folder = Path(folder)
     meta = load_partition_meta(folder)
     num_parts = meta["num_parts"]
-    if isinstance(part_id, bool) or not isinstance(part_id, numbers.Integral):
+    if not is_int(part_id):
         raise ValueError(f"part_id: expected an int, found {part_id!r}")
     part_id = int(part_id)
     if not 0 <= part_id < num_parts:
