@@ -7,7 +7,6 @@ what it needs, runs, prints a table, and writes its outputs atomically.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from graphwire.fsutil import check_creatable
 from graphwire.graph.datasets import DEFAULT_SPEC
 
 __all__ = ["main", "build_parser"]
@@ -393,15 +393,7 @@ def check_out_path(out: str) -> None:
         ValueError: ``out`` (or a folder above it) is a file, or the folder
             that would hold it cannot be written.
     """
-    path = Path(out)
-    above = path
-    while not above.exists() and above != above.parent:
-        above = above.parent
-    if not above.is_dir():
-        where = "is" if above == path else f"is under {above}, which is"
-        raise ValueError(f"--out {out}: {where} a file, not a folder")
-    if not os.access(above, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: {above} cannot be written")
+    check_creatable(out, f"--out {out}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "atomic_dir",
     "atomic_file",
+    "check_creatable",
     "check_replaceable",
     "save_npy",
     "sha256_file",
@@ -77,6 +78,7 @@ def check_replaceable(
     """
     target = Path(target)
     if not (target.exists() or target.is_symlink()):
+        check_creatable(target, str(target))
         return
     if not overwrite:
         raise FileExistsError(f"{target}: already exists (pass {flag} to replace it)")
@@ -92,6 +94,28 @@ def check_replaceable(
         f"{target}: {found}, refusing to replace it ({flag} replaces only "
         "folders graphwire wrote)"
     )
+
+
+def check_creatable(target: str | os.PathLike[str], name: str) -> None:
+    """``target`` must be a folder, or a path where one can be made.
+
+    Args:
+        target: the folder to write.
+        name: how errors name it (``--out runs/x`` on the command line).
+
+    Raises:
+        ValueError: ``target`` (or a folder above it) is a file, or the folder
+            that would hold it cannot be written.
+    """
+    path = Path(target)
+    above = path
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        where = "is" if above == path else f"is under {above}, which is"
+        raise ValueError(f"{name}: {where} a file, not a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: {above} cannot be written")
 
 
 def _is_graphwire_folder(folder: Path) -> bool:

@@ -364,7 +364,7 @@ def test_partition_overwrites_only_graphwire_folders(tmp_path, capsys) -> None:
     kept = tmp_path / "afile"
     kept.write_text("keep me")
     assert main([*argv, str(kept), "--overwrite"]) == 2
-    assert "afile: not a folder, refusing to replace it" in capsys.readouterr().err
+    assert f"--out {kept}: is a file, not a folder" in capsys.readouterr().err
     assert main([*argv, str(kept / "sub")]) == 2  # before any work, as train's
     assert f"--out {kept / 'sub'}: is under {kept}" in capsys.readouterr().err
     assert kept.read_text() == "keep me"

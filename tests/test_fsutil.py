@@ -56,3 +56,17 @@ def test_atomic_dir_replaces_a_graphwire_folder(tmp_path: Path) -> None:
         (tmp / "new.txt").write_text("new")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert [p.name for p in target.iterdir()] == ["new.txt"]
+
+
+def test_a_target_under_a_file_is_named_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    """From Python as from the CLI: not pathlib's bare ``[Errno 17]``."""
+    from graphwire.graph.graph import Graph
+    from graphwire.graph.native import save_graph
+
+    (tmp_path / "afile").write_text("keep me")
+    target = tmp_path / "afile" / "deeper" / "g"
+    with pytest.raises(ValueError, match=r"g: is under .*afile, which is a file"):
+        save_graph(Graph(indptr=[0, 0], indices=[]), target)
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]

@@ -98,8 +98,8 @@ def check_out(out: str, dataset: str, overwrite: bool) -> None:
                     f"--out {out}: lies inside the input of --dataset {dataset}; "
                     "write the output somewhere else"
                 )
-    check_replaceable(out, overwrite, flag="--overwrite")
     check_out_path(out)  # a path under a file, or in a folder not ours to write
+    check_replaceable(out, overwrite, flag="--overwrite")
 
 
 def load_with_status(spec: str, quiet: bool = False) -> Graph:

@@ -103,8 +103,8 @@ def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
             kwargs[key] = int(value) if isinstance(default, int) else value
         except ValueError as error:
             raise ValueError(
-                f"dataset {spec_name}: option {key}={text!r} is not a "
-                f"{type(default).__name__}"
+                f"dataset {spec_name}: option {key}={text!r} is not "
+                f"{'an integer' if isinstance(default, int) else 'a number'}"
             ) from error
     try:
         return config_type(**kwargs)

@@ -55,12 +55,21 @@ def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
         else:
             tensor = torch.from_numpy(array)
     if tensor.dtype != dtype:
+        if tensor.dtype.is_complex:
+            raise GraphError(f"{name}: expected real numbers, found {tensor.dtype}")
         if (
             not dtype.is_floating_point
             and tensor.numel() > 0
             and (tensor.dtype.is_floating_point or tensor.dtype == torch.bool)
         ):
-            raise GraphError(f"{name}: expected an integer dtype, found {tensor.dtype}")
+            hint = (
+                "; a boolean mask? pass its node indices, mask.nonzero().view(-1)"
+                if tensor.dtype == torch.bool and name.endswith("_idx")
+                else ""
+            )
+            raise GraphError(
+                f"{name}: expected an integer dtype, found {tensor.dtype}{hint}"
+            )
         tensor = tensor.to(dtype)
     return tensor
 
@@ -141,15 +150,10 @@ class Graph:
                     f"found range [{low}, {high}]"
                 )
         if self.x is not None:
-            x = self.x
-            if not isinstance(x, torch.Tensor):
-                x = _as_tensor(x, torch.float32, "x")
-            if not x.dtype.is_floating_point:
-                raise GraphError(
-                    f"x: expected floating-point features, found {x.dtype}"
-                )
-            if x.dtype != torch.float32:
-                x = x.to(torch.float32)
+            # Integer or boolean features (bag-of-words counts) become float32,
+            # numpy's and torch's alike; a caller's autograd graph is cut off,
+            # so training never writes .grad into the caller's tensor.
+            x = _as_tensor(self.x, torch.float32, "x").detach()
             if x.dim() != 2 or x.shape[0] != num_nodes:
                 raise GraphError(
                     f"x: expected shape [num_nodes={num_nodes}, F], "

@@ -44,7 +44,7 @@ def test_synthetic_spec_options_are_typed() -> None:
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("synthetic:products?nodes=1.5", "nodes='1.5' is not a int"),
+        ("synthetic:products?nodes=1.5", "nodes='1.5' is not an integer"),
         ("synthetic:products?colour=red", "unknown option"),
         ("synthetic:cube", "unknown generator"),
         (

@@ -220,3 +220,27 @@ def test_node_data_longer_than_the_inferred_node_count_says_pass_num_nodes() -> 
 def test_a_non_numeric_array_is_named(value) -> None:
     with pytest.raises(GraphError, match="indices: expected a numeric array"):
         Graph(indptr=[0, 1, 2], indices=value)
+
+
+@pytest.mark.parametrize("wrap", [np.asarray, torch.as_tensor], ids=["numpy", "torch"])
+@pytest.mark.parametrize("values", [[[0, 2], [1, 0]], [[True, False], [False, True]]])
+def test_integer_and_boolean_features_become_float32(wrap, values) -> None:
+    graph = Graph(indptr=[0, 0, 0], indices=[], x=wrap(values))
+    assert graph.x is not None and graph.x.dtype == torch.float32
+    assert graph.x.tolist() == [[float(v) for v in row] for row in values]
+
+
+def test_features_that_require_grad_are_detached() -> None:
+    """Training must not write ``.grad`` into the caller's tensor."""
+    x = torch.ones(2, 3, requires_grad=True)
+    graph = Graph(indptr=[0, 0, 0], indices=[], x=x)
+    assert graph.x is not None and not graph.x.requires_grad
+    assert graph.x.data_ptr() == x.data_ptr()  # the same memory, no copy
+
+
+def test_a_boolean_mask_as_a_split_says_pass_its_indices() -> None:
+    mask = torch.tensor([True, False, True])
+    with pytest.raises(GraphError, match=r"train_idx: .*torch.bool; a boolean mask"):
+        Graph(indptr=[0, 0, 0, 0], indices=[], train_idx=mask)
+    with pytest.raises(GraphError, match="x: expected real numbers"):
+        Graph(indptr=[0, 0], indices=[], x=np.ones((1, 2), np.complex64))
