@@ -36,7 +36,7 @@ class GraphError(ValueError):
 
 def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
-        tensor = value
+        tensor = value.cpu()  # a Graph lives in host memory (a no-op there)
     else:
         array = np.asarray(value)
         if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
@@ -228,8 +228,8 @@ class Graph:
         ``num_nodes`` the graph has ``max(src, dst) + 1`` nodes, so nodes after
         the last one with an edge need ``num_nodes``.
         """
-        src_np = np.asarray(src.numpy() if isinstance(src, torch.Tensor) else src)
-        dst_np = np.asarray(dst.numpy() if isinstance(dst, torch.Tensor) else dst)
+        src_np = np.asarray(src.cpu().numpy() if isinstance(src, torch.Tensor) else src)
+        dst_np = np.asarray(dst.cpu().numpy() if isinstance(dst, torch.Tensor) else dst)
         if src_np.shape != dst_np.shape or src_np.ndim != 1:
             raise GraphError(
                 f"edge index: src and dst must be 1-D arrays of equal length, "
@@ -239,6 +239,10 @@ class Graph:
             if arr.size and not np.issubdtype(arr.dtype, np.integer):
                 raise GraphError(
                     f"edge index: {label} must be integers, found {arr.dtype}"
+                )
+            if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 1 << 63:
+                raise GraphError(  # int64 would wrap it to a negative ID
+                    f"edge index: {label} holds node ID {int(arr.max())}, beyond int64"
                 )
         src_np = src_np.astype(np.int64, copy=False)
         dst_np = dst_np.astype(np.int64, copy=False)

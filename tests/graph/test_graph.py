@@ -244,3 +244,13 @@ def test_a_boolean_mask_as_a_split_says_pass_its_indices() -> None:
         Graph(indptr=[0, 0, 0, 0], indices=[], train_idx=mask)
     with pytest.raises(GraphError, match="x: expected real numbers"):
         Graph(indptr=[0, 0], indices=[], x=np.ones((1, 2), np.complex64))
+
+
+def test_uint64_ids_beyond_int64_are_named_not_wrapped() -> None:
+    src = np.array([0, 2**63 + 5], dtype=np.uint64)
+    with pytest.raises(GraphError, match=f"src holds node ID {2**63 + 5}, beyond"):
+        Graph.from_edge_index(src, np.array([1, 0], dtype=np.uint64))
+    small = Graph.from_edge_index(
+        np.array([0, 1], np.uint64), np.array([1, 0], np.uint64)
+    )
+    assert small.num_edges == 2 and small.indices.dtype == torch.int64
