@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,7 @@ from graphwire.graph.seeds import check_seed, is_int
 from graphwire.nn.models import GNN, LAYER_KINDS, build_model
 
 __all__ = [
+    "keeps_callers_generator",
     "MODEL_DEFAULTS",
     "BestEpoch",
     "EpochRecord",
@@ -306,6 +309,23 @@ class BestEpoch:
             state_dict=copy.deepcopy(model.state_dict()),
             best_state_dict=self.state_dict,
         )
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def keeps_callers_generator(train: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``train`` on a fork of torch's default generator: it may seed it
+    with its config's seed, and the caller's generator state is put back after
+    it (CPU generator; training runs on the host)."""
+
+    @functools.wraps(train)
+    def forked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with torch.random.fork_rng(devices=[]):
+            return train(*args, **kwargs)
+
+    return forked
 
 
 def check_trainable(graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from graphwire.fullgraph.trainer import train_fullgraph
 from graphwire.graph.graph import Graph
-from graphwire.training import check_split_sizes, check_trainable
+from graphwire.graph.planetoid import load_planetoid
+from graphwire.minibatch.trainer import train_minibatch
+from graphwire.training import TrainConfig, check_split_sizes, check_trainable
 
 
 def _graph(**splits: list[int]) -> Graph:
@@ -33,3 +38,29 @@ def test_check_split_sizes_names_every_empty_split() -> None:
     check_split_sizes({"train": 1, "val": 1, "test": 1}, "g")
     with pytest.raises(ValueError, match="g: train_idx, test_idx holds no nodes"):
         check_split_sizes({"train": 0, "val": 3, "test": 0}, "g")
+
+
+@pytest.mark.parametrize(
+    "train, config",
+    [
+        (train_fullgraph, TrainConfig(model="gcn", epochs=1, seed=2, hidden=4)),
+        (
+            train_minibatch,
+            TrainConfig(model="sage", epochs=1, seed=2, hidden=4, fanouts=[2, 3]),
+        ),
+    ],
+    ids=["full-graph", "mini-batch"],
+)
+def test_the_callers_generator_is_left_as_it_was(
+    cora_dir: Path, train, config: TrainConfig
+) -> None:
+    """The run seeds torch's generator; the caller's draws after it are those
+    it would have made without it, and its state does not change the run."""
+    cora = load_planetoid(cora_dir, "cora")
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    one = train(cora, config)
+    assert torch.equal(torch.rand(3), expected)
+    two = train(cora, config)  # the caller's generator is elsewhere now
+    assert [r.loss for r in one.records] == [r.loss for r in two.records]

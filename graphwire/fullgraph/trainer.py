@@ -30,6 +30,7 @@ from graphwire.training import (
     TrainConfig,
     TrainResult,
     check_trainable,
+    keeps_callers_generator,
     make_model,
     make_optimizer,
     split_metrics,
@@ -38,6 +39,7 @@ from graphwire.training import (
 __all__ = ["train_fullgraph"]
 
 
+@keeps_callers_generator
 def train_fullgraph(
     graph: Graph,
     config: TrainConfig,
@@ -58,15 +60,6 @@ def train_fullgraph(
     Returns:
         Accuracies at the best-validation epoch, per-epoch records, weights.
     """
-    with torch.random.fork_rng(devices=[]):  # the caller's generator state
-        return _train(graph, config, on_epoch)
-
-
-def _train(
-    graph: Graph,
-    config: TrainConfig,
-    on_epoch: Callable[[EpochRecord], None] | None,
-) -> TrainResult:
     x, y = check_trainable(graph)
     torch.manual_seed(config.seed)  # initialisation (dropout masks are hashed)
     mg = LAYER_KINDS[config.model].full_graph(graph)

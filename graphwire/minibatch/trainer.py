@@ -38,6 +38,7 @@ from graphwire.training import (
     TrainConfig,
     TrainResult,
     check_trainable,
+    keeps_callers_generator,
     make_model,
     make_optimizer,
     split_metrics,
@@ -46,6 +47,7 @@ from graphwire.training import (
 __all__ = ["train_minibatch"]
 
 
+@keeps_callers_generator
 def train_minibatch(
     graph: Graph,
     config: TrainConfig,
@@ -66,15 +68,6 @@ def train_minibatch(
     Returns:
         Accuracies at the best-validation epoch, per-epoch records, weights.
     """
-    with torch.random.fork_rng(devices=[]):  # the caller's generator state
-        return _train(graph, config, on_epoch)
-
-
-def _train(
-    graph: Graph,
-    config: TrainConfig,
-    on_epoch: Callable[[EpochRecord], None] | None,
-) -> TrainResult:
     x, y = check_trainable(graph)
     assert config.fanouts is not None and graph.train_idx is not None
     torch.manual_seed(config.seed)  # initialisation and dropout
