@@ -28,8 +28,8 @@ from graphwire.graph.seeds import check_seed, is_int
 from graphwire.nn.models import GNN, LAYER_KINDS, build_model
 
 __all__ = [
-    "keeps_callers_generator",
     "MODEL_DEFAULTS",
+    "SPLITS",
     "BestEpoch",
     "EpochRecord",
     "TrainConfig",
@@ -37,6 +37,7 @@ __all__ = [
     "check_split_sizes",
     "check_trainable",
     "format_acc",
+    "keeps_callers_generator",
     "make_model",
     "make_model_for",
     "make_optimizer",
@@ -188,7 +189,7 @@ class TrainConfig:
 
 
 _ACCURACIES = ("train_acc", "val_acc", "test_acc")  # NaN: not evaluated
-_SPLITS = ("train", "val", "test")
+SPLITS = ("train", "val", "test")  # the node splits every loop scores
 
 
 @dataclass(kw_only=True, slots=True)
@@ -342,7 +343,7 @@ def check_trainable(graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
         )
     assert graph.x is not None and graph.y is not None
     check_split_sizes(
-        {split: getattr(graph, f"{split}_idx").numel() for split in _SPLITS},
+        {split: getattr(graph, f"{split}_idx").numel() for split in SPLITS},
         f"graph {graph.name!r}",
     )
     return graph.x, graph.y
@@ -353,7 +354,7 @@ def check_split_sizes(sizes: dict[str, int], where: str) -> None:
     ``val``, ``test``) holds a node: without training nodes the loss is NaN,
     without validation nodes no epoch is better than another, and without test
     nodes the reported accuracy is a made-up 0."""
-    empty = [f"{split}_idx" for split in _SPLITS if sizes[split] == 0]
+    empty = [f"{split}_idx" for split in SPLITS if sizes[split] == 0]
     if empty:
         raise ValueError(
             f"{where}: {', '.join(empty)} holds no nodes; training needs training "

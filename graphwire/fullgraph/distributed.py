@@ -48,6 +48,7 @@ from graphwire.nn.models import GNN, LAYER_KINDS
 from graphwire.partition.local import LocalPart
 from graphwire.runlog import peak_rss_mb
 from graphwire.training import (
+    SPLITS,
     BestEpoch,
     EpochRecord,
     TrainConfig,
@@ -70,8 +71,6 @@ __all__ = [
     "train_distributed",
     "training_state",
 ]
-
-SPLITS = ("train", "val", "test")
 
 
 @dataclass(kw_only=True)

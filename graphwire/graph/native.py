@@ -36,6 +36,7 @@ from graphwire.fsutil import atomic_dir, save_npy, sha256_file, write_json
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph, GraphError
 from graphwire.graph.labels import check_labels
+from graphwire.graph.seeds import is_int
 
 __all__ = ["FORMAT", "VERSION", "is_graph_folder", "load_graph", "save_graph"]
 
@@ -205,7 +206,7 @@ def read_meta(folder: Path) -> dict[str, Any]:
             )
     for field in ("num_features", "num_classes"):
         value = meta.get(field, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value) or value < 0:  # (JSON: a plain int, not a bool)
             raise DatasetError(
                 path, f"field {field!r} must be an int >= 0, found {value!r}"
             )
