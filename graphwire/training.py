@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -71,7 +71,11 @@ MODEL_DEFAULTS: dict[str, dict[str, float | int]] = {
 }
 
 
-@dataclass(kw_only=True, slots=True)
+# TrainConfig is frozen: __post_init__ stores the values it checked with this.
+_set = object.__setattr__
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
 class TrainConfig:
     """What to train and how.
 
@@ -94,9 +98,11 @@ class TrainConfig:
         out_heads: GAT heads (averaged) in the output layer.
         fanouts: mini-batch neighbours per layer, **input layer first** (as
             DGL): ``[10, 25]`` takes 25 neighbours of each seed, then 10 of each
-            of those. None: ``[10] * (num_layers - 1) + [25]``.
+            of those; kept as a tuple. None: ``[10] * (num_layers - 1) + [25]``.
         batch_size: mini-batch seeds per step.
 
+    A config is checked when it is made and is frozen after: change a field
+    with ``dataclasses.replace(config, epochs=50)``, which checks it again.
     The model's defaults are filled in when the config is made, so
     ``dataclasses.replace(config, model="gat")`` keeps the old model's hidden
     width, dropout and learning rate: make a new ``TrainConfig`` to switch
@@ -115,7 +121,7 @@ class TrainConfig:
     seed: int = 0
     heads: int = 8
     out_heads: int = 1
-    fanouts: list[int] | None = field(default=None)
+    fanouts: Sequence[int] | None = None
     batch_size: int = 64
     eval_every: int = 1
 
@@ -127,15 +133,17 @@ class TrainConfig:
         defaults = MODEL_DEFAULTS[self.model]
         for name in ("hidden", "dropout", "attn_dropout", "lr", "weight_decay"):
             if getattr(self, name) is None:
-                setattr(self, name, defaults[name])
-        if self.fanouts is None:  # a bad num_layers is named by _validate
+                _set(self, name, defaults[name])
+        fanouts = self.fanouts
+        if fanouts is None:  # a bad num_layers is named by _validate
             layers = self.num_layers if is_int(self.num_layers) else 1
-            self.fanouts = [10] * (layers - 1) + [25]
-        if isinstance(self.fanouts, str):  # list() would split it into characters
+            fanouts = [10] * (layers - 1) + [25]
+        # list() would split a string into characters
+        if isinstance(fanouts, str) or not isinstance(fanouts, Iterable):
             raise ValueError(
-                f"fanouts: expected a list of ints, one per layer, got {self.fanouts!r}"
+                f"fanouts: expected a list of ints, one per layer, got {fanouts!r}"
             )
-        self.fanouts = list(self.fanouts)
+        _set(self, "fanouts", list(fanouts))
         self._validate()
 
     def _validate(self) -> None:
@@ -145,12 +153,12 @@ class TrainConfig:
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-            setattr(self, name, int(value))
+            _set(self, name, int(value))
         for name in ("dropout", "attn_dropout", "lr", "weight_decay"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"{name}: expected a number, got {value!r}")
-            setattr(self, name, float(value))
+            _set(self, name, float(value))
         for name in ("dropout", "attn_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -165,8 +173,8 @@ class TrainConfig:
                 raise ValueError(
                     f"patience: expected an integer >= 1 or None, got {self.patience!r}"
                 )
-            self.patience = int(self.patience)
-        self.seed = check_seed(self.seed)
+            _set(self, "patience", int(self.patience))
+        _set(self, "seed", check_seed(self.seed))
         assert self.fanouts is not None
         if len(self.fanouts) != self.num_layers:
             raise ValueError(
@@ -177,10 +185,13 @@ class TrainConfig:
             raise ValueError(
                 f"fanouts: expected positive ints or -1 (all), got {self.fanouts}"
             )
-        self.fanouts = [int(f) for f in self.fanouts]
+        _set(self, "fanouts", tuple(int(f) for f in self.fanouts))
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON values (``fanouts`` a list)."""
+        out = dataclasses.asdict(self)
+        out["fanouts"] = list(self.fanouts or ())
+        return out
 
     def evaluates(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (0-based) ends with an evaluation: every

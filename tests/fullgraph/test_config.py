@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -15,14 +17,14 @@ def test_unset_fields_take_the_model_defaults(model: str) -> None:
     config = TrainConfig(model=model)
     for name, value in MODEL_DEFAULTS[model].items():
         assert getattr(config, name) == value
-    assert config.fanouts == [10, 25]
+    assert config.fanouts == (10, 25)
     assert config.as_dict()["hidden"] == MODEL_DEFAULTS[model]["hidden"]
 
 
 def test_explicit_values_win_and_fanouts_follow_depth() -> None:
     config = TrainConfig(model="gcn", hidden=32, lr=0.1, dropout=0.0, num_layers=3)
     assert (config.hidden, config.lr, config.dropout) == (32, 0.1, 0.0)
-    assert config.fanouts == [10, 10, 25]
+    assert config.fanouts == (10, 10, 25)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,7 @@ def test_explicit_values_win_and_fanouts_follow_depth() -> None:
         ({"seed": 1.5}, "seed: expected an int"),
         ({"fanouts": [10, 2.5]}, "fanouts: expected positive ints"),
         ({"fanouts": "10,25"}, "fanouts: expected a list of ints"),
+        ({"fanouts": 25}, "fanouts: expected a list of ints"),
         ({"patience": 1.5}, "patience: expected an integer"),
         ({"dropout": "0.5"}, "dropout: expected a number"),
         ({"lr": "0.01"}, "lr: expected a number"),
@@ -74,7 +77,22 @@ def test_numpy_numbers_are_taken_as_plain_ones() -> None:
     )
     assert json.loads(json.dumps(config.as_dict())) == config.as_dict()
     assert (config.hidden, config.epochs, config.dropout) == (16, 3, 0.25)
-    assert (config.seed, config.fanouts, config.patience) == (7, [5, -1], 2)
+    assert (config.seed, config.fanouts, config.patience) == (7, (5, -1), 2)
+
+
+def test_a_config_is_frozen_and_replace_checks_again() -> None:
+    """A field set after the config was made skipped every check above;
+    ``dataclasses.replace`` makes a new config, checked again."""
+    config = TrainConfig(model="gcn", fanouts=[5, 5])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.epochs = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        config.fanouts[0] = 0  # type: ignore[index]
+    with pytest.raises(ValueError, match="epochs: expected an integer >= 1"):
+        dataclasses.replace(config, epochs=0)
+    assert dataclasses.replace(config, epochs=3).epochs == 3
+    assert config.as_dict()["fanouts"] == [5, 5]  # JSON, as the run log writes it
+    assert pickle.loads(pickle.dumps(config)) == config  # to spawned workers
 
 
 def test_config_rejects_unknown_fields() -> None:
