@@ -74,6 +74,21 @@ def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
     return tensor
 
 
+def _node_ids(value: Any, name: str, num_nodes: int) -> torch.Tensor:
+    """int64 [k]: node IDs (a tensor, array or list) checked against the graph."""
+    idx = _as_tensor(value, torch.int64, name)
+    if idx.dim() != 1:
+        raise GraphError(
+            f"{name}: expected a 1-D index array, found {tuple(idx.shape)}"
+        )
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= num_nodes):
+        raise GraphError(
+            f"{name}: node IDs must lie in [0, {num_nodes}), found range "
+            f"[{int(idx.min())}, {int(idx.max())}]"
+        )
+    return idx
+
+
 def _check_split(name: str, idx: torch.Tensor, y: torch.Tensor | None) -> None:
     """Refuse a split that names a node twice or holds an unlabelled node.
 
@@ -173,16 +188,7 @@ class Graph:
             value = getattr(self, split)
             if value is None:
                 continue
-            idx = _as_tensor(value, torch.int64, split)
-            if idx.dim() != 1:
-                raise GraphError(
-                    f"{split}: expected a 1-D index array, found {tuple(idx.shape)}"
-                )
-            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= num_nodes):
-                raise GraphError(
-                    f"{split}: node IDs must lie in [0, {num_nodes}), found range "
-                    f"[{int(idx.min())}, {int(idx.max())}]"
-                )
+            idx = _node_ids(value, split, num_nodes)
             _check_split(split, idx, self.y)
             set_(self, split, idx)
 
@@ -468,10 +474,10 @@ class Graph:
         src, dst = self.edge_index()
         return (out_deg[src] * in_deg[dst]).rsqrt()
 
-    def subgraph_in_edges(
-        self, nodes: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """CSR rows of ``nodes`` as ``(indptr [k + 1], sources [*])``, global IDs."""
+    def subgraph_in_edges(self, nodes: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """CSR rows of ``nodes`` (IDs: a tensor, array or list) as
+        ``(indptr [k + 1], sources [*])``, global IDs."""
+        nodes = _node_ids(nodes, "nodes", self.num_nodes)
         counts = self.in_degrees()[nodes]
         indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=indptr[1:])

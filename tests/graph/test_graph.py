@@ -150,11 +150,30 @@ def test_from_pyg_refuses_an_edge_index_that_is_not_2_by_e(edge_index, found) ->
         Graph.from_pyg(_pyg_data(edge_index=edge_index))
 
 
-def test_subgraph_in_edges() -> None:
+@pytest.mark.parametrize(
+    "nodes", [torch.tensor([3, 1]), [3, 1], np.array([3, 1], dtype=np.int32)]
+)
+def test_subgraph_in_edges(nodes) -> None:
     graph = Graph.from_edge_index([0, 2, 3, 1, 0], [1, 1, 2, 3, 3])
-    indptr, sources = graph.subgraph_in_edges(torch.tensor([3, 1]))
+    indptr, sources = graph.subgraph_in_edges(nodes)
     assert indptr.tolist() == [0, 2, 4]
     assert sources.tolist() == [1, 0, 0, 2]
+
+
+@pytest.mark.parametrize(
+    "nodes, message",
+    [
+        # each failed inside torch (an IndexError, or a mask read as IDs)
+        ([3, 4], r"nodes: node IDs must lie in \[0, 4\), found range \[3, 4\]"),
+        ([-1], r"nodes: node IDs must lie in \[0, 4\)"),
+        (torch.tensor([True, False, True, True]), "nodes: expected an integer dtype"),
+        (torch.tensor([[3, 1]]), r"nodes: expected a 1-D index array, found \(1, 2\)"),
+    ],
+)
+def test_subgraph_in_edges_names_bad_node_ids(nodes, message) -> None:
+    graph = Graph.from_edge_index([0, 2, 3, 1, 0], [1, 1, 2, 3, 3])
+    with pytest.raises(GraphError, match=message):
+        graph.subgraph_in_edges(nodes)
 
 
 @pytest.mark.parametrize(
