@@ -41,3 +41,26 @@ def test_ratio_lines_quote_the_claim_for_their_partitioner(capsys) -> None:
     assert "Fig. 4" in lines["remote bytes on-demand / rapid (metis)"]
     assert ratios["seeds/s rapid / on-demand (random)"] == pytest.approx(2.0)
     assert ratios["remote rows on-demand / rapid (metis)"] == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--fanouts", "a,b"], "--fanouts: expected integers separated by commas"),
+        (["--fanouts", "0,5"], "--fanouts: each must be >= 1 or -1 (all)"),
+        (["--sampler-batches", "0"], "--sampler-batches: expected an integer >= 1"),
+        (["--rate-mbit", "-1"], "--rate-mbit: expected a number > 0, or 0 for"),
+        (["--workers", "1"], "--workers: expected an integer >= 2, got 1"),
+    ],
+)
+def test_bad_flag_is_refused_before_any_work(
+    argv: list[str], message: str, capsys, monkeypatch
+) -> None:
+    def no_work(*args: object) -> int:
+        raise AssertionError("the benchmark started")
+
+    monkeypatch.setattr(bench_minibatch, "in_work_folder", no_work)
+    with pytest.raises(SystemExit) as exit_:
+        bench_minibatch.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
