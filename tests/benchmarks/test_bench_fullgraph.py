@@ -4,6 +4,7 @@ the flag, and --quick leaves the sizes the command line gives."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -47,3 +48,27 @@ def test_quick_keeps_the_sizes_given(monkeypatch) -> None:
     assert (seen[0].nodes, seen[0].epochs, seen[0].rounds) == (20_000, 5, 1)
     assert bench_fullgraph.main([]) == 0
     assert (seen[1].nodes, seen[1].epochs, seen[1].rounds) == (200_000, 6, 2)
+
+
+def _runs(epoch_s: float) -> list[bench_fullgraph.Result]:
+    zero = {f.name: 0 for f in dataclasses.fields(bench_fullgraph.Result)}
+    return [bench_fullgraph.Result(**{**zero, "epoch_s": epoch_s, "steady_s": 1})]
+
+
+def test_ratio_lines_say_which_way_and_quote_the_paper(capsys) -> None:
+    results = {
+        "halo (metis)": _runs(2.0),
+        "g3 (metis)": _runs(1.0),
+        "g3 (locality)": _runs(0.8),
+    }
+    bench_fullgraph._print_ratios(results)
+    out = capsys.readouterr().out
+    assert "A / B: A's median epoch time over B's (below 1: A is faster)" in out
+    (g3_halo,) = [line for line in out.splitlines() if line.startswith("g3 / halo")]
+    assert " 0.50x " in g3_halo and g3_halo.endswith("MET")
+    assert "paper, Fig. 11: G3 1.08-2.24x faster" in g3_halo
+    (locality,) = [line for line in out.splitlines() if line.startswith("locality")]
+    assert (
+        " 0.80x " in locality
+        and "paper, Fig. 16: G3's partition up to 4.3x" in locality
+    )
