@@ -27,12 +27,12 @@ of the whole run, the first cache fill before epoch 0 included, / epochs),
 cache hit rate and test accuracy; from the epoch records the fallbacks, the
 time split (mean over ranks per epoch) and the distributed sampler's edges/s
 per worker (on-demand runs: sampled edges / sample time); and the qdisc's byte
-counter over the run. Rapid's presampling time is a rank counter
-(``presample_s``) that the CLI does not write out, so it is not reported by
-itself: "outside s" (the run's wall time minus every epoch's slowest-rank
-training and evaluation time) holds it, with process start, loading, set-up
-and the first cache fill, for both modes. A configuration that fails or hangs
-is reported with its command and error; the others still run.
+counter over the run. Rapid's presampling time (the summary's
+``presample_s``, slowest rank) is printed under the table with the cache's
+size; "outside s" (the run's wall time minus every epoch's slowest-rank
+training and evaluation time) holds it too, with process start, loading,
+set-up and the first cache fill, for both modes. A configuration that fails
+or hangs is reported with its command and error; the others still run.
 """
 
 from __future__ import annotations
