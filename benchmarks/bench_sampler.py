@@ -3,9 +3,7 @@
 python benchmarks/bench_sampler.py [--nodes 1000000]
 """
 
-from graphwire.cli import main
+from graphwire.commands.bench import script_main
 
 if __name__ == "__main__":
-    import sys
-
-    raise SystemExit(main(["bench", "sampler", *sys.argv[1:]]))
+    raise SystemExit(script_main("sampler"))

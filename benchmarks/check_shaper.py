@@ -12,16 +12,49 @@ from __future__ import annotations
 
 import argparse
 
-from graphwire.testing.netns import ShapedNetwork, netns_available, tcp_stream
+from graphwire.testing.netns import (
+    MIN_BURST_KB,
+    ShapeConfig,
+    ShapedNetwork,
+    netns_available,
+    tcp_stream,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", type=float, nargs="+", default=[1000.0, 200.0])
-    parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--burst-kb", type=int, default=256)
-    parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=[1000.0, 200.0],
+        help="shaped rates to check, Mbit/s, each > 0 (default 1000 200)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=1.0,
+        help="how long each stream sends, > 0 (default 1)",
+    )
+    parser.add_argument(
+        "--burst-kb",
+        type=int,
+        default=256,
+        help=f"tbf bucket depth in KiB, at least {MIN_BURST_KB} (default 256)",
+    )
+    parser.add_argument(
+        "--mtu", type=int, default=9000, help="lo MTU, 1280..65536 (default 9000)"
+    )
     args = parser.parse_args(argv)
+    # Checked before any namespace is made, naming the flag.
+    if not 0 < args.seconds < float("inf"):
+        parser.error(f"--seconds: expected a number > 0, got {args.seconds}")
+    if bad := [rate for rate in args.rates if not 0 < rate < float("inf")]:
+        parser.error(f"--rates: expected numbers > 0, got {bad}")
+    try:
+        ShapeConfig(rate_mbit=None, burst_kb=args.burst_kb, mtu=args.mtu)
+    except ValueError as error:  # "burst_kb: ..." or "mtu: ..."
+        parser.error(f"--{str(error).replace('_', '-', 1)}")
 
     ok, reason = netns_available()
     if not ok:

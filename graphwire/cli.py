@@ -14,10 +14,11 @@ from typing import Any
 
 import yaml
 
+from graphwire.bench.registry import BENCHMARKS
 from graphwire.fsutil import check_creatable
 from graphwire.graph.datasets import DEFAULT_SPEC
 
-__all__ = ["main", "build_parser"]
+__all__ = ["add_bench_flags", "build_parser", "main"]
 
 # The partitioners graphwire.partition registers (not imported here: --help
 # stays fast); tests/test_cli.py checks that each registered one is named.
@@ -194,12 +195,39 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=_handler("graphwire.commands.train", "run"))
 
     bench = commands.add_parser("bench", help="run a benchmark that prints ratios")
-    bench.add_argument("name", help="benchmark name ('list' shows them)")
-    bench.add_argument("--nodes", type=int, default=1_000_000)
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--repeat", type=int, default=5)
+    bench.add_argument(
+        "name",
+        help=f"benchmark: {', '.join(BENCHMARKS)}, or 'list' to describe them",
+    )
+    add_bench_flags(bench)
     bench.set_defaults(handler=_handler("graphwire.commands.bench", "run"))
     return parser
+
+
+def add_bench_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every benchmark takes (``graphwire bench`` and the thin
+    ``benchmarks/bench_*.py`` scripts), as :class:`BenchOptions` reads them."""
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1_000_000,
+        help="nodes of the synthetic products-like graph (degree 20, F=100) "
+        "every benchmark builds; at least 100 (default 1000000, the size the "
+        "targets are set for)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the graph, the initial weights and the batch order (default 0)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="gcn-epoch: timed epochs of each model; sampler: 10 x REPEAT "
+        "timed batches; generator: not used (default 5)",
+    )
 
 
 def _dataset_flag(parser: argparse.ArgumentParser) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from graphwire.cli import main
+from graphwire.cli import _command_actions, build_parser, main
 from graphwire.commands.partition import refinement_line
 from graphwire.graph.datasets import load_dataset
 from graphwire.partition import (
@@ -19,6 +21,7 @@ from graphwire.partition import (
 )
 from graphwire.partition.locality import RefineResult
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SMALL = "synthetic:products?nodes=3000&degree=8&features=16&classes=4&seed=1"
 
 
@@ -474,3 +477,30 @@ def test_under_a_launcher_the_cli_exits_without_interpreter_teardown(
     assert said in done.stdout + done.stderr
     # atexit handlers still run, and output is flushed before the process ends.
     assert done.stdout.rstrip().endswith("atexit handlers ran")
+
+
+def test_bench_flags_all_have_help() -> None:
+    actions = _command_actions(build_parser(), "bench")
+    missing = [a.dest for a in actions.values() if not a.help]
+    assert missing == []
+
+
+def test_bench_negative_seed_is_named(capsys) -> None:
+    # The generator benchmark used to die in its child process (a traceback).
+    argv = ["bench", "generator", "--nodes", "200", "--seed", "-1"]
+    assert main(argv) == 2
+    assert "seed: expected an int in [0, 2**63), got -1" in capsys.readouterr().err
+
+
+def test_bench_script_help_is_its_own() -> None:
+    script = REPO_ROOT / "benchmarks" / "bench_sampler.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    ).stdout
+    assert out.startswith("usage: bench_sampler.py [-h] [--nodes NODES]")
+    assert "`graphwire bench sampler`" in out
+    assert "name" not in out.split("\n\n")[0]  # the script passes the NAME itself

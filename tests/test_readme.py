@@ -53,3 +53,20 @@ def test_the_python_api_examples_run_and_agree(tmp_path: Path, cora_dir: Path) -
         assert float(match[1]) == round(single_acc, 3)
         assert int(match[2].replace(",", "")) > 0
     assert (tmp_path / "runs" / "cora-4" / "meta.json").is_file()
+
+
+def test_the_benchmarks_table_names_every_script_and_benchmark() -> None:
+    """Every ``benchmarks/*.py`` has a row in "### Benchmarks", every script a
+    row names exists, and the rows name every ``graphwire bench`` benchmark."""
+    from graphwire.bench.registry import BENCHMARKS
+
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text.split("### Benchmarks", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    named = {
+        name for row in rows for name in re.findall(r"`(\w+\.py)`", row.split("|")[1])
+    }
+    scripts = {path.name for path in (REPO_ROOT / "benchmarks").glob("*.py")}
+    assert named == scripts
+    for benchmark in BENCHMARKS:
+        assert f"graphwire bench {benchmark}" in section or f"`{benchmark}`" in section

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from typing import Any
 
-from graphwire.bench.registry import BenchOptions
+from graphwire.bench.registry import BenchOptions, target_note
 
 _CHILD = r"""
 import json, resource, sys, time
@@ -47,6 +47,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         f"generator: {result['nodes']:,} nodes, {result['edges']:,} directed edges, "
         f"F=100 in {result['seconds']:.1f}s (target < 60s); peak memory above the "
         f"interpreter baseline = {result['peak_over_output']:.2f}x the output "
-        f"({result['output_bytes'] / 2**20:.0f} MiB; target < 3x)"
+        f"({result['output_bytes'] / 2**20:.0f} MiB; target < 3x"
+        f"{target_note(options)})"
     )
     return result

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 from graphwire.bench.registry import BENCHMARKS, BenchOptions, run_benchmark
 from graphwire.commands.common import print_table
@@ -20,3 +23,22 @@ def run(args: argparse.Namespace) -> int:
     scalars = {k: v for k, v in result.items() if isinstance(v, (int, float, str))}
     print(format_summary(scalars), flush=True)
     return 0
+
+
+def script_main(name: str, argv: Sequence[str] | None = None) -> int:
+    """``benchmarks/bench_NAME.py [flags]``: ``graphwire bench NAME [flags]``.
+
+    Its ``--help`` and flag errors give the script's own usage (the command's
+    would ask for a NAME the script already passes); then the command runs,
+    with its error handling.
+    """
+    from graphwire.cli import add_bench_flags, main
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog=Path(sys.argv[0]).name,
+        description=f"{BENCHMARKS[name][1]}; the same as `graphwire bench {name}`.",
+    )
+    add_bench_flags(parser)
+    parser.parse_args(argv)
+    return main(["bench", name, *argv])

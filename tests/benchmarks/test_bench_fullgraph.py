@@ -1,0 +1,74 @@
+"""bench_fullgraph's flags: a bad value is refused before any work, naming
+the flag, and --quick leaves the sizes the command line gives."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_fullgraph  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rate-mbit", "0"], "--rate-mbit: expected a number > 0, got 0.0"),
+        (["--workers", "1"], "--workers: expected an integer >= 2, got 1"),
+        (["--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
+        (["--nodes", "-5"], "--nodes: expected an integer >= 100, got -5"),
+        (["--quick", "--epochs", "0"], "--epochs: expected an integer >= 1, got 0"),
+        (["--run-timeout", "nan"], "--run-timeout: expected a number > 0, got nan"),
+    ],
+)
+def test_bad_flag_is_refused_before_any_work(
+    argv: list[str], message: str, capsys, monkeypatch
+) -> None:
+    def no_work(*args: object) -> int:
+        raise AssertionError("the benchmark started")
+
+    monkeypatch.setattr(bench_fullgraph, "in_work_folder", no_work)
+    with pytest.raises(SystemExit) as exit_:
+        bench_fullgraph.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_quick_keeps_the_sizes_given(monkeypatch) -> None:
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(bench_fullgraph, "netns_available", lambda: (True, ""))
+    monkeypatch.setattr(
+        bench_fullgraph, "in_work_folder", lambda _p, args, _b: seen.append(args) or 0
+    )
+    assert bench_fullgraph.main(["--quick", "--epochs", "5"]) == 0
+    assert (seen[0].nodes, seen[0].epochs, seen[0].rounds) == (20_000, 5, 1)
+    assert bench_fullgraph.main([]) == 0
+    assert (seen[1].nodes, seen[1].epochs, seen[1].rounds) == (200_000, 6, 2)
+
+
+def _runs(epoch_s: float) -> list[bench_fullgraph.Result]:
+    zero = {f.name: 0 for f in dataclasses.fields(bench_fullgraph.Result)}
+    return [bench_fullgraph.Result(**{**zero, "epoch_s": epoch_s, "steady_s": 1})]
+
+
+def test_ratio_lines_say_which_way_and_quote_the_paper(capsys) -> None:
+    results = {
+        "halo (metis)": _runs(2.0),
+        "g3 (metis)": _runs(1.0),
+        "g3 (locality)": _runs(0.8),
+    }
+    bench_fullgraph._print_ratios(results)
+    out = capsys.readouterr().out
+    assert "A / B: A's median epoch time over B's (below 1: A is faster)" in out
+    (g3_halo,) = [line for line in out.splitlines() if line.startswith("g3 / halo")]
+    assert " 0.50x " in g3_halo and g3_halo.endswith("MET")
+    assert "paper, Fig. 11: G3 1.08-2.24x faster" in g3_halo
+    (locality,) = [line for line in out.splitlines() if line.startswith("locality")]
+    assert (
+        " 0.80x " in locality
+        and "paper, Fig. 16: G3's partition up to 4.3x" in locality
+    )
