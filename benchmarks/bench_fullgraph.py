@@ -75,7 +75,8 @@ PAPER = {
     "g3 / halo": "paper, Fig. 11: G3 1.08-2.24x faster than the full-graph "
     "BNS-GCN and NeutronStar, i.e. 0.45-0.93",
     "locality / metis": "paper, Fig. 16: G3's partition up to 4.3x faster than "
-    "the others under G3, i.e. down to 0.23",
+    "the others under G3 (random and chunk among them; the gain over METIS "
+    "alone is not given)",
 }
 
 
