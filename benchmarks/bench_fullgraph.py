@@ -590,7 +590,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     available, why = netns_available()
     if not available:
-        print(f"bench_fullgraph: needs network namespaces: {why}")
+        print(
+            f"bench_fullgraph: needs network namespaces (run as root): {why}",
+            file=sys.stderr,
+        )
         return 1
 
     return in_work_folder("gw-bench-fullgraph-", args, _bench)

@@ -548,8 +548,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     available, why = netns_available()
     if not available:
-        print(f"bench_minibatch: needs network namespaces (run as root): {why}")
-        return 2
+        print(
+            f"bench_minibatch: needs network namespaces (run as root): {why}",
+            file=sys.stderr,
+        )
+        return 1
 
     return in_work_folder("gw-bench-minibatch-", args, _bench)
 

@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ok, reason = netns_available()
     if not ok:
-        raise SystemExit(f"check_shaper: network namespaces unavailable: {reason}")
+        raise SystemExit(
+            f"check_shaper: needs network namespaces (run as root): {reason}"
+        )
 
     header = (
         f"{'link':<14}{'Mbit/s':>10}{'measured':>11}{'/configured':>13}"
