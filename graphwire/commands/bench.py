@@ -14,9 +14,8 @@ from graphwire.runlog import format_summary
 
 def run(args: argparse.Namespace) -> int:
     if args.name == "list":
-        print_table(
-            "benchmarks", ["name", "what"], [(k, v[1]) for k, v in BENCHMARKS.items()]
-        )
+        rows = [(name, entry[1]) for name, entry in BENCHMARKS.items()]
+        print_table("benchmarks", ["name", "what"], rows, text_columns=2)
         return 0
     options = BenchOptions(nodes=args.nodes, seed=args.seed, repeat=args.repeat)
     result = run_benchmark(args.name, options)

@@ -28,11 +28,16 @@ console = Console(highlight=False)
 
 
 def print_table(
-    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    text_columns: int = 1,
 ) -> None:
+    """A rich table: the first ``text_columns`` columns left-aligned, the rest
+    (numbers) right-aligned."""
     table = Table(title=title, title_justify="left")
     for index, column in enumerate(columns):
-        table.add_column(column, justify="left" if index == 0 else "right")
+        table.add_column(column, justify="left" if index < text_columns else "right")
     for row in rows:
         table.add_row(*(_cell(value) for value in row))
     console.print(table)
