@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _dataset_flag(generate)
     generate.add_argument("--out", required=True, help="folder to write")
-    generate.add_argument("--overwrite", action="store_true")
+    generate.add_argument(
+        "--overwrite", action="store_true", help="replace --out if it exists"
+    )
     generate.set_defaults(handler=_handler("graphwire.commands.data", "generate"))
     info = data_commands.add_parser("info", help="print a dataset's statistics")
     _dataset_flag(info)
@@ -58,23 +60,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _dataset_flag(part)
     part.add_argument("--method", default="metis", help=PARTITIONER_NAMES)
-    part.add_argument("--parts", type=int, default=4)
-    part.add_argument("--seed", type=int, default=0)
+    part.add_argument(
+        "--parts", type=int, default=4, help="parts: one per worker (default 4)"
+    )
+    part.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds random, metis and locality (default 0)",
+    )
     part.add_argument("--out", help="folder for the partitioned graph")
-    part.add_argument("--overwrite", action="store_true")
+    part.add_argument(
+        "--overwrite", action="store_true", help="replace --out if it exists"
+    )
     part.set_defaults(handler=_handler("graphwire.commands.partition", "run"))
 
     train = commands.add_parser("train", help="train a GNN and report accuracy")
     _dataset_flag(train)
     train.add_argument("--config", help="YAML file whose keys stand in for flags")
-    train.add_argument("--model", default="sage", choices=["gcn", "sage", "gat"])
     train.add_argument(
-        "--mode", default="fullgraph", choices=["fullgraph", "minibatch"]
+        "--model",
+        default="sage",
+        choices=["gcn", "sage", "gat"],
+        help="GCN, GraphSAGE (mean) or GAT (default sage)",
     )
-    train.add_argument("--epochs", type=int, default=200)
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--mode",
+        default="fullgraph",
+        choices=["fullgraph", "minibatch"],
+        help="whole-graph epochs, or sampled mini-batches (default fullgraph)",
+    )
+    train.add_argument(
+        "--epochs", type=int, default=200, help="most epochs (default 200)"
+    )
+    train.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds weights, dropout, sampling and partitioning (default 0)",
+    )
     train.add_argument("--hidden", type=int, help="hidden width (model default)")
-    train.add_argument("--layers", type=int, default=2)
+    train.add_argument(
+        "--layers", type=int, default=2, help="message-passing layers (default 2)"
+    )
     train.add_argument("--lr", type=float, help="learning rate (model default)")
     train.add_argument("--dropout", type=float, help="dropout (model default)")
     train.add_argument("--weight-decay", type=float, help="L2 (model default)")
@@ -103,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=1,
-        help="worker processes for distributed full-graph training (1: single)",
+        help="worker processes for distributed training, one part each "
+        "(default 1: one process)",
     )
     train.add_argument(
         "--exchange",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -479,10 +480,19 @@ def test_under_a_launcher_the_cli_exits_without_interpreter_teardown(
     assert done.stdout.rstrip().endswith("atexit handlers ran")
 
 
-def test_bench_flags_all_have_help() -> None:
-    actions = _command_actions(build_parser(), "bench")
+@pytest.mark.parametrize("command", ["partition", "train", "bench"])
+def test_every_flag_has_help(command: str) -> None:
+    actions = _command_actions(build_parser(), command)
     missing = [a.dest for a in actions.values() if not a.help]
     assert missing == []
+
+
+@pytest.mark.parametrize("command", ["generate", "info", "verify"])
+def test_every_data_flag_has_help(command: str) -> None:
+    data = _command_actions(build_parser(), "data")["data_command"]
+    assert isinstance(data, argparse._SubParsersAction)
+    parser = data.choices[command]
+    assert [a.dest for a in parser._actions if not a.help] == []
 
 
 def test_bench_negative_seed_is_named(capsys) -> None:
