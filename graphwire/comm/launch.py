@@ -62,7 +62,7 @@ import torch
 from graphwire.comm.base import TransportError
 from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
 
-__all__ = ["WorkerFailed", "exit_now", "free_port", "launch_local"]
+__all__ = ["WorkerFailed", "die_with_parent", "exit_now", "free_port", "launch_local"]
 
 T = TypeVar("T")
 
@@ -245,7 +245,7 @@ def _child_main(
     job: bytes,
     pipe: connection.Connection,
 ) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     os.environ.update(env)
     tempfile.tempdir = env["TMPDIR"]  # the run's scratch, removed by the parent
     os.environ.update(ctx.to_env())
@@ -302,8 +302,11 @@ def _flush_stdio() -> None:
             pass
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies."""
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent, ``parent_pid``,
+    dies (``PR_SET_PDEATHSIG``; elsewhere, nothing); exit at once if it
+    already has. A worker whose launcher was killed would otherwise go on
+    alone, a stray process its peers keep waiting for."""
     if not sys.platform.startswith("linux"):
         return
     try:

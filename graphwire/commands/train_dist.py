@@ -7,7 +7,8 @@ Parses, builds, runs, tears down:
    partitioned (``--partition``, default ``metis``) into ``OUT/partitions``
    (kept as it is when the run is resumed);
 2. the workers: N local processes (``launch_local``) or, under ``torchrun``,
-   this process as one of them; each runs :func:`graphwire.fullgraph.job.run_rank`;
+   this process as one of them (which dies with its agent); each runs
+   :func:`graphwire.fullgraph.job.run_rank`;
 3. the report (rank 0 / the parent): per-epoch records of every rank in
    ``metrics.jsonl`` (rank 0 streams its own into ``metrics.jsonl.partial``
    while it trains, which the report replaces), tables of the time split, of
@@ -18,6 +19,7 @@ Parses, builds, runs, tears down:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -49,6 +51,13 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
     from graphwire.comm.context import WorkerContext, under_torchrun
 
     ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
+    if ctx is not None:
+        from graphwire.comm.launch import die_with_parent
+
+        # torchrun's agent stops its workers when it is stopped, but not when
+        # it is killed (SIGKILL, the OOM killer): this worker would train on
+        # alone, and the other nodes' agents wait for its node at the end.
+        die_with_parent(os.getppid())
     world = ctx.world_size if ctx is not None else int(args.workers)
     leader = ctx is None or ctx.rank == 0
     checkpoint = _checkpoint(args, out, config)

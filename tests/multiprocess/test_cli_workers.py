@@ -446,3 +446,42 @@ def test_replicate_reports_the_rows_it_holds_and_recomputes(tmp_path: Path) -> N
         halo += int(hop1.sum() - owned.sum())
     assert int(summary["replicated_rows"]) == held > halo
     assert int(summary["redundant_rows"]) == int(summary["remote_rows"]) == halo
+
+
+def test_a_killed_torchrun_agent_takes_its_workers_with_it(tmp_path: Path) -> None:
+    """torchrun stops its workers when it is stopped, not when it is killed:
+    a worker must not train on alone (nor keep the other nodes' agents
+    waiting for its node), so each dies with its agent."""
+    torchrun = _torchrun()
+    out = tmp_path / "run"
+    agent = subprocess.Popen(
+        [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+        + ["--master-port", str(free_port()), "-m", "graphwire", "train"]
+        + ["--dataset", SPEC, "--model", "gcn", "--epochs", "100000", "--quiet"]
+        + ["--timeout", "60", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    workers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while _epoch_lines(out / "metrics.jsonl.partial") < 2:
+            assert agent.poll() is None, "torchrun ended before training"
+            assert time.monotonic() < deadline, "no epochs streamed in 120 s"
+            time.sleep(0.2)
+        workers = psutil.Process(agent.pid).children()
+        assert len(workers) == 2
+        agent.kill()
+        agent.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=60)
+        assert not alive, f"workers {[p.pid for p in alive]} outlived their agent"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        for process in workers:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        agent.wait()
