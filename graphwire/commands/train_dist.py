@@ -19,6 +19,7 @@ Parses, builds, runs, tears down:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -30,6 +31,7 @@ from graphwire.commands.common import console, load_with_status, print_table
 from graphwire.fullgraph.checkpoint import (
     CheckpointConfig,
     check_resume,
+    parts_digest,
     saved_schedule,
 )
 from graphwire.fullgraph.distributed import TRAINING_TAGS
@@ -83,6 +85,12 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
     minibatch = args.mode == "minibatch"
     options: Any = _fetch_options(args) if minibatch else _engine_options(args)
     folder = _partitioned_folder(args, world, out, leader, resuming)
+    if checkpoint is not None and (leader or resuming):
+        # The parts are known now (a fresh run's other ranks under torchrun
+        # wait for rank 0 to write them, and never write latest.json).
+        checkpoint = dataclasses.replace(checkpoint, parts=parts_digest(folder))
+        if resuming:
+            check_resume(checkpoint, world)  # the same parts as the run's
     log = RunLog(str(out), _header(args, config, world))
     job: Any
     if minibatch:

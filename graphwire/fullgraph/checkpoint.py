@@ -9,7 +9,9 @@ resume reads only the latest; 0 keeps every one; a resume keeps the run's
 count and interval unless given others). ``--resume`` loads the epoch that
 ``latest.json`` names and continues from the next one, with the settings the
 run was started with (``CheckpointConfig.run``, kept in ``latest.json``): a
-resume that changes any of them is refused, naming them. Dropout masks are hashed
+resume that changes any of them is refused, naming them, and so is one on
+other parts than the run trained on (``CheckpointConfig.parts``, a digest of
+the partitioned folder's ``meta.json``). Dropout masks are hashed
 from (seed, epoch), so a resumed run takes the same steps as an uninterrupted
 one.
 """
@@ -27,12 +29,13 @@ from typing import Any
 
 import torch
 
-from graphwire.fsutil import write_json
+from graphwire.fsutil import sha256_file, write_json
 
 __all__ = [
     "CheckpointConfig",
     "check_resume",
     "load_checkpoint",
+    "parts_digest",
     "save_checkpoint",
     "saved_epochs",
     "saved_schedule",
@@ -53,6 +56,8 @@ class CheckpointConfig:
             the checkpoints (JSON values by name: model, learning rate, ...;
             not the epoch count, which a resume may extend).
         keep: how many complete checkpoints to keep, the newest (0: all).
+        parts: :func:`parts_digest` of the parts the run trains on (None:
+            not known here, and not checked).
     """
 
     folder: str
@@ -60,6 +65,7 @@ class CheckpointConfig:
     resume: bool = False
     run: dict[str, Any] = field(default_factory=dict)
     keep: int = 1
+    parts: str | None = None
 
     def __post_init__(self) -> None:
         if self.every < 1:
@@ -70,6 +76,13 @@ class CheckpointConfig:
 
 def _epoch_dir(folder: Path, epoch: int) -> Path:
     return folder / f"epoch{epoch:06d}"
+
+
+def parts_digest(folder: str | os.PathLike[str]) -> str:
+    """What identifies a partitioned graph: the SHA-256 of its ``meta.json``,
+    which holds every part's array checksums (the same parts, split again
+    the same way, give the same digest)."""
+    return sha256_file(Path(folder) / "meta.json")
 
 
 def saved_epochs(folder: str | os.PathLike[str]) -> list[int]:
@@ -108,6 +121,7 @@ def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None
             "every": config.every,
             "keep": config.keep,
             "run": config.run,
+            "parts": config.parts,
         },
     )
     saved = saved_epochs(config.folder)
@@ -144,8 +158,9 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
 
     Raises:
         ValueError: ``latest.json`` is malformed, was written by a run with
-            another number of ranks, or with other settings (``config.run``;
-            each differing one is named).
+            another number of ranks, with other settings (``config.run``;
+            each differing one is named), or on other parts (``config.parts``,
+            when both it and ``latest.json`` give them).
     """
     latest = Path(config.folder) / "latest.json"
     if not latest.exists():
@@ -175,6 +190,15 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
             f"{latest}: the run was started with other settings: "
             f"{', '.join(differ)}; resume with the same ones (the epoch count "
             f"and patience may change)"
+        )
+    parts = meta.get("parts")
+    if config.parts is not None and parts is not None and parts != config.parts:
+        raise ValueError(
+            f"{latest}: the run trained on other parts than these (their "
+            f"meta.json's SHA-256 was {str(parts)[:12]}..., now "
+            f"{config.parts[:12]}...): the graph was partitioned again, or is "
+            "another one; resume on the parts the run trained on, or start "
+            "afresh with another --out"
         )
     return epoch
 

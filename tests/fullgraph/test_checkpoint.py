@@ -53,6 +53,19 @@ def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path) -> None:
         check_resume(CheckpointConfig(str(tmp_path), run=RUN), 3)
 
 
+def test_a_resume_on_other_parts_is_refused(tmp_path) -> None:
+    """The same settings on other parts (the graph split again, or another
+    graph in the same folder) would load weights trained on other nodes,
+    or fail in ``load_state_dict``: refused, naming the parts."""
+    mark_complete(CheckpointConfig(str(tmp_path), run=RUN, parts="a" * 64), 3, 2)
+    same = CheckpointConfig(str(tmp_path), run=RUN, parts="a" * 64)
+    assert check_resume(same, 2) == 3
+    assert check_resume(CheckpointConfig(str(tmp_path), run=RUN), 2) == 3
+    other = CheckpointConfig(str(tmp_path), run=RUN, parts="b" * 64)
+    with pytest.raises(ValueError, match="the run trained on other parts"):
+        check_resume(other, 2)
+
+
 def test_checkpoints_written_without_settings_still_resume(tmp_path) -> None:
     """An index that records no settings (written by an earlier graphwire)
     constrains nothing; nor does a caller that states none."""

@@ -346,6 +346,38 @@ def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
     assert "Traceback" not in gone.stderr
 
 
+def test_a_resume_on_parts_split_again_is_refused(tmp_path: Path) -> None:
+    """A partitioned ``--dataset`` split again (here randomly, where the run
+    trained on METIS parts) has the same shapes, so the checkpoint would
+    load and train on other nodes than the run's: refused before any worker
+    starts, and the run's output is left as it was."""
+    parts, out = tmp_path / "parts", tmp_path / "run"
+
+    def partition(method: str) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
+            + ["--method", method, "--parts", "2", "--out", str(parts)]
+            + ["--overwrite"],
+            check=True,
+            capture_output=True,
+        )
+
+    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
+    argv += ["--dataset", str(parts), "--workers", "2", "--seed", "1", "--quiet"]
+    argv += ["--timeout", "120", "--out", str(out)]
+    partition("metis")
+    _run([*argv, "--epochs", "2", "--checkpoint-every", "1"])
+    before = sorted(p.name for p in out.iterdir())
+    partition("random")
+    done = subprocess.run(
+        [*argv, "--epochs", "3", "--resume"], capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "the run trained on other parts than these" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
 def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
     tmp_path: Path,
 ) -> None:
