@@ -223,7 +223,9 @@ def load_checkpoint(
     try:
         state = torch.load(path, weights_only=True)
     except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{path}: not a readable checkpoint: {e}") from None
+        raise ValueError(
+            f"{path}: not a readable checkpoint ({_unreadable(path, e)})"
+        ) from None
     missing = _STATE_KEYS - set(state) if isinstance(state, dict) else _STATE_KEYS
     if missing:
         raise ValueError(f"{path}: not a checkpoint (no {', '.join(sorted(missing))})")
@@ -238,3 +240,16 @@ def load_checkpoint(
 
 # What every training loop's state holds (:func:`save_checkpoint` adds the rank).
 _STATE_KEYS = {"epoch", "model", "optimizer", "rng", "best", "records"}
+
+
+def _unreadable(path: Path, error: BaseException) -> str:
+    """Why ``torch.load`` could not read ``path``, in a line. Torch's own
+    messages run to paragraphs, and for a file that is no checkpoint advise
+    ``weights_only=False``, which would run whatever the file holds."""
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    if isinstance(error, pickle.UnpicklingError):
+        return "not a torch.save file of tensors and plain values"
+    lines = str(error).strip().splitlines()
+    said = lines[0].split(". ")[0] if lines else type(error).__name__  # a sentence
+    return f"cut short or damaged: {said}"

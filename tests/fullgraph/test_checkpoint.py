@@ -181,10 +181,20 @@ def test_a_damaged_or_swapped_checkpoint_file_is_refused_naming_it(tmp_path) -> 
     ):
         load_checkpoint(resume, 1, 2)
     whole = (latest / "rank0.pt").read_bytes()
-    for damaged in (whole[: len(whole) // 2], b"", b"not a checkpoint\n"):
+    for damaged, why in (
+        (whole[: len(whole) // 2], "cut short or damaged: "),
+        (whole[:1000], "cut short or damaged: "),
+        (b"", "the file is empty"),
+        (b"not a checkpoint\n", "not a torch.save file of tensors and plain"),
+    ):
         (latest / "rank1.pt").write_bytes(damaged)
         with pytest.raises(ValueError, match=r"rank1.pt: not a readable checkpoint"):
             load_checkpoint(resume, 1, 2)
+        with pytest.raises(ValueError) as caught:
+            load_checkpoint(resume, 1, 2)
+        message = str(caught.value)
+        assert why in message and "\n" not in message, message
+        assert "weights_only" not in message, message  # torch's advice, not ours
     import torch
 
     torch.save(_state(3), latest / "rank1.pt")  # an older graphwire's: no rank
