@@ -340,19 +340,23 @@ class _Loop:
         """Stop this rank's threads and remove its temporary presample; with
         ``collective``, also close the feature service (all ranks together).
         After an error the peers are not in step, so no collective runs: the
-        serving threads are daemons and go with the process."""
-        if self.prefetcher is not None:
-            self.prefetcher.close()
-        if self.cache is not None:
-            try:
-                self.cache.wait_built()
-            except RuntimeError:
-                if collective:
-                    raise
-        if collective:
-            self.store.close()
-        if self._owned_presample and self.presample_root is not None:
-            shutil.rmtree(self.presample_root, ignore_errors=True)
+        serving threads are daemons and go with the process. The presample
+        goes whatever happens meanwhile (torchrun's SIGTERM, say, which
+        interrupts a rank cleaning up after a peer's failure)."""
+        try:
+            if self.prefetcher is not None:
+                self.prefetcher.close()
+            if self.cache is not None:
+                try:
+                    self.cache.wait_built()
+                except RuntimeError:
+                    if collective:
+                        raise
+            if collective:
+                self.store.close()
+        finally:
+            if self._owned_presample and self.presample_root is not None:
+                shutil.rmtree(self.presample_root, ignore_errors=True)
 
 
 def train_minibatch_distributed(
