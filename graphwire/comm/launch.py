@@ -23,7 +23,8 @@ Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
 Each run gets a scratch folder (``graphwire-run-*`` in the system's temporary
 folder) that the children use as theirs (``TMPDIR``, ``tempfile.tempdir``);
 the parent removes it when every child has ended, so a worker that was killed
-leaves none of its temporary files behind.
+leaves none of its temporary files behind; the folder of a parent that was
+killed is removed by the next (:mod:`graphwire.comm.scratch`).
 
 A child that returns runs its ``atexit`` handlers and then ``os._exit(0)``:
 the interpreter's teardown is skipped (freeing torch takes 1-2 s per process,
@@ -42,7 +43,6 @@ import ctypes
 import math
 import os
 import pickle
-import shutil
 import signal
 import socket
 import sys
@@ -61,6 +61,7 @@ import torch
 
 from graphwire.comm.base import TransportError
 from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
+from graphwire.comm.scratch import Scratch
 
 __all__ = [
     "WorkerFailed",
@@ -176,8 +177,8 @@ def launch_local(
             "visible; use 'gloo' on CPU"
         )
     port = free_port()
-    scratch = tempfile.mkdtemp(prefix="graphwire-run-")
-    env = {**_loopback_env(), "TMPDIR": scratch}
+    scratch = Scratch.create()
+    env = {**_loopback_env(), "TMPDIR": str(scratch.path)}
     mp = get_context("spawn")
     run_bound = run_timeout_s or math.inf
     deadline = time.monotonic() + run_bound
@@ -207,7 +208,7 @@ def launch_local(
             _stop(processes)
             for pipe in pipes:
                 pipe.close()
-            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.remove()
         finally:
             term.restore()
 
