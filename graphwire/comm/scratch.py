@@ -1,4 +1,4 @@
-"""A launcher's scratch folder, and those of launchers that were killed.
+"""A process's scratch folder, and those of processes that were killed.
 
 :func:`~graphwire.comm.launch.launch_local` gives its workers a scratch
 folder (``graphwire-run-*`` in the system's temporary folder, their
@@ -8,7 +8,9 @@ clean-up, so the folder stays; the next launcher removes it. Each launcher
 holds an exclusive ``flock`` on ``.lock`` in its folder for as long as it
 runs (the kernel lets go when the process dies, whatever killed it), so a
 folder whose lock can be taken is a dead launcher's. A lock, unlike a PID,
-tells the same across PID namespaces sharing the folder.
+tells the same across PID namespaces sharing the folder. A worker under
+``torchrun``, which has no launcher's folder, keeps rapid's presampled
+batches in one of its own the same way (``graphwire-presample-*``).
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-__all__ = ["PREFIX", "Scratch"]
+__all__ = ["PREFIX", "Scratch", "remove_abandoned"]
 
-PREFIX = "graphwire-run-"
+PREFIX = "graphwire-run-"  # a launcher's
 _LOCK = ".lock"
 
 
 @dataclass
 class Scratch:
-    """This launcher's scratch folder, locked while it exists.
+    """This process's scratch folder, locked while it exists.
 
     Use :meth:`create`, then :meth:`remove` when every worker has ended.
     """
@@ -38,14 +40,15 @@ class Scratch:
     _lock: IO[str]
 
     @classmethod
-    def create(cls) -> Scratch:
-        """A fresh locked folder; first removes those of dead launchers."""
-        path = Path(tempfile.mkdtemp(prefix=PREFIX))
+    def create(cls, prefix: str = PREFIX) -> Scratch:
+        """A fresh locked folder ``<prefix>*`` in the temporary folder; also
+        removes those of the same prefix whose process is dead."""
+        path = Path(tempfile.mkdtemp(prefix=prefix))
         # Locked under another name, then named: no one sees .lock unlocked.
         lock = open(path / f"{_LOCK}.new", "w")  # noqa: SIM115 - closed in remove()
         fcntl.flock(lock, fcntl.LOCK_EX)  # the folder is new: never waits
         os.replace(path / f"{_LOCK}.new", path / _LOCK)
-        remove_abandoned(path.parent, keep=path)
+        remove_abandoned(path.parent, prefix, keep=path)
         return cls(path, lock)
 
     def remove(self) -> None:
@@ -54,11 +57,13 @@ class Scratch:
         self._lock.close()
 
 
-def remove_abandoned(where: str | os.PathLike[str], keep: Path | None = None) -> None:
-    """Remove the ``graphwire-run-*`` folders in ``where`` whose launcher is
-    gone: their ``.lock`` is not held. A folder without one (being made
-    this moment, or by an older graphwire) is left alone."""
-    for folder in Path(where).glob(PREFIX + "*"):
+def remove_abandoned(
+    where: str | os.PathLike[str], prefix: str = PREFIX, keep: Path | None = None
+) -> None:
+    """Remove the ``<prefix>*`` folders in ``where`` whose process is gone:
+    their ``.lock`` is not held. A folder without one (being made this
+    moment, or by an older graphwire) is left alone."""
+    for folder in Path(where).glob(prefix + "*"):
         if folder == keep or not (folder / _LOCK).is_file():
             continue
         try:

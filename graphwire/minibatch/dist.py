@@ -30,8 +30,6 @@ single-process loop evaluates on the whole graph), after the epochs
 from __future__ import annotations
 
 import math
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
+from graphwire.comm.scratch import Scratch
 from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.fullgraph.checkpoint import CheckpointConfig, load_checkpoint
@@ -199,7 +198,7 @@ class _Loop:
         self.cache: HotCache | None = None
         self.prefetcher: Prefetcher | None = None
         self.presample_root: Path | None = None
-        self._owned_presample = False
+        self._scratch: Scratch | None = None  # the presample's, if temporary
         self.epochs: dict[int, PresampledEpoch] = {}
         self.counters: dict[str, Any] = {
             "train_share": self.share.numel(),
@@ -219,8 +218,10 @@ class _Loop:
         serves the others' remote frontiers meanwhile), then stop sampling
         (collective)."""
         if self.options.presample_dir is None:
-            self.presample_root = Path(tempfile.mkdtemp(prefix="graphwire-presample-"))
-            self._owned_presample = True
+            # Locked while this rank runs: a rank killed outright leaves it,
+            # and the next run's rank removes it.
+            self._scratch = Scratch.create("graphwire-presample-")
+            self.presample_root = self._scratch.path
         else:
             self.presample_root = Path(self.options.presample_dir)
         folder = self.presample_root / f"rank{self.rank}"
@@ -355,8 +356,8 @@ class _Loop:
             if collective:
                 self.store.close()
         finally:
-            if self._owned_presample and self.presample_root is not None:
-                shutil.rmtree(self.presample_root, ignore_errors=True)
+            if self._scratch is not None:
+                self._scratch.remove()
 
 
 def train_minibatch_distributed(

@@ -84,3 +84,16 @@ def test_a_running_launchers_scratch_and_others_are_kept(tmp_dir: Path) -> None:
         running.remove()
     Scratch.create().remove()  # its lock is free now
     assert not held.exists() and unlocked.is_dir()
+
+
+def test_a_prefix_sweeps_only_its_own_kind(tmp_dir: Path) -> None:
+    """A torchrun worker's presample folder (``graphwire-presample-*``) is
+    locked the same way; each kind sweeps only its own."""
+    abandoned = {}
+    for prefix in ("graphwire-run-", "graphwire-presample-"):
+        scratch = Scratch.create(prefix)
+        scratch._lock.close()  # as if its process were SIGKILLed
+        abandoned[prefix] = scratch.path
+    Scratch.create("graphwire-presample-").remove()
+    assert not abandoned["graphwire-presample-"].exists()
+    assert abandoned["graphwire-run-"].is_dir()
