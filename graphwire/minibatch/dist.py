@@ -43,13 +43,14 @@ from graphwire.comm.base import Transport
 from graphwire.comm.scratch import Scratch
 from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
 from graphwire.feature.dist import DistFeatureStore
-from graphwire.fullgraph.checkpoint import CheckpointConfig, load_checkpoint
+from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import (
     _global_metrics,
     _ledger_delta,
     _split_sizes,
     build_engine,
     forward_loss,
+    load_on_every_rank,
     restore_training_state,
     save_on_every_rank,
     seeded_model,
@@ -390,7 +391,7 @@ def train_minibatch_distributed(
     records: list[EpochRecord] = []
     first, hot_ids = 0, None
     if checkpoint is not None and checkpoint.resume:
-        state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
+        state = load_on_every_rank(checkpoint, transport)
         if state is not None:
             first, hot_ids = _restore(state, loop, best, records)
             if on_restore is not None:

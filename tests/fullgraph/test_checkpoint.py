@@ -66,6 +66,38 @@ def test_a_resume_on_other_parts_is_refused(tmp_path) -> None:
         check_resume(other, 2)
 
 
+def test_ranks_that_find_different_checkpoints_all_refuse_to_resume(
+    tmp_path,
+) -> None:
+    """Two machines that do not share ``--out``: rank 1 finds no
+    ``latest.json`` and would train on from fresh weights, in step with rank
+    0 (restored) until the run ends apart. Every rank refuses, naming what
+    each found; ranks that agree resume."""
+    from graphwire.comm.local import run_local
+    from graphwire.fullgraph.distributed import load_on_every_rank
+
+    shared = CheckpointConfig(str(tmp_path / "shared"), every=1, run=RUN)
+    for rank in (0, 1):
+        save_checkpoint(shared, 3, rank, _state(3))
+    mark_complete(shared, 3, 2)
+    elsewhere = CheckpointConfig(str(tmp_path / "node1"), every=1, run=RUN)
+
+    def resume(transport, configs) -> object:
+        config = configs[transport.rank]
+        return load_on_every_rank(
+            CheckpointConfig(config.folder, run=RUN, resume=True), transport
+        )
+
+    states = run_local(lambda t: resume(t, [shared, shared]), 2)
+    assert [state["epoch"] for state in states] == [3, 3]
+    with pytest.raises(ValueError) as caught:
+        run_local(lambda t: resume(t, [shared, elsewhere]), 2)
+    assert "the ranks found different checkpoints there (rank 0 epoch 3, " in str(
+        caught.value
+    )
+    assert "rank 1 none)" in str(caught.value)
+
+
 def test_checkpoints_written_without_settings_still_resume(tmp_path) -> None:
     """An index that records no settings (written by an earlier graphwire)
     constrains nothing; nor does a caller that states none."""
