@@ -58,7 +58,9 @@ class MetricsLog:
     """Collects records for one run and writes ``<out>/metrics.jsonl``.
 
     Use as a context manager; records go to ``metrics.jsonl.partial`` as they
-    come (so a long run can be watched) and the file is renamed to
+    come (so a long run can be watched; the file, and ``out_dir``, are made
+    at the first record: a log that records nothing leaves an earlier run's
+    file as it was) and the file is renamed to
     ``metrics.jsonl`` only when the run closes without an error. With
     ``final=False`` it never is: a distributed run's rank 0 streams its own
     records there while it trains, and the report written at the end, with
@@ -74,9 +76,6 @@ class MetricsLog:
         self._started = time.time()
 
     def __enter__(self) -> MetricsLog:
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._handle = open(self._partial, "w")  # noqa: SIM115 - closed in __exit__
         return self
 
     @property
@@ -91,8 +90,11 @@ class MetricsLog:
     def write(self, kind: str, **fields: Any) -> None:
         """Append one record ``{"kind": kind, "time": ..., **fields}``; ``time``
         is seconds since the log was opened unless ``fields`` give it."""
-        if self._handle is None:
+        if self.out_dir is None:
             return
+        if self._handle is None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self._partial, "w")  # noqa: SIM115 - closed in __exit__
         record = {"kind": kind, "time": round(time.time() - self._started, 4), **fields}
         self._handle.write(json.dumps(record, sort_keys=False) + "\n")
         self._handle.flush()

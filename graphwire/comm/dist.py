@@ -27,7 +27,9 @@ Failures: every blocking call is bounded by the process-group timeout
 (``ctx.timeout_s``); under NCCL the watchdog enforces it by aborting the
 process. A ``torch.distributed`` error (timeout, a peer's connection closed) is
 re-raised as :class:`TransportError` naming this rank, the operation and the
-tag. Under gloo a peer that dies mid-collective closes its sockets, and the
+tag, and the peer: a point-to-point one's, or of two ranks the other (gloo's
+error names no rank; of more, the launcher's report names the one that
+died). Under gloo a peer that dies mid-collective closes its sockets, and the
 survivors' pending collectives fail at once rather than at the timeout.
 """
 
@@ -208,7 +210,7 @@ class TorchTransport(Transport):
                 received, payload, recv_sizes, send_rows, async_op=False
             )
         except RuntimeError as error:
-            self._fail("all_to_all", tag, error)
+            self._fail(self._collective("all_to_all"), tag, error)
 
         out: list[torch.Tensor] = []
         for src, block in enumerate(torch.split(received.to(home), recv_sizes)):
@@ -256,7 +258,7 @@ class TorchTransport(Transport):
         try:
             dist.all_gather(lengths, length)
         except RuntimeError as error:
-            self._fail("all_gather_object (lengths)", tag, error)
+            self._fail(self._collective("all_gather_object (lengths)"), tag, error)
         sizes = [int(n.item()) for n in lengths]  # host sync (NCCL)
         mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         # Records len(data) bytes to, and sizes[p] from, every peer p; the
@@ -278,7 +280,7 @@ class TorchTransport(Transport):
         try:
             dist.all_gather(every, mine.to(self.device))
         except RuntimeError as error:
-            self._fail("all_to_all (split check)", tag, error)
+            self._fail(self._collective("all_to_all (split check)"), tag, error)
         table = torch.stack(every).cpu()  # [W ranks, 2, W peers]; host sync
         sends, expects = table[:, 0, :], table[:, 1, :].T  # [src, dst] both
         wrong = (sends != expects).nonzero().tolist()
@@ -305,6 +307,12 @@ class TorchTransport(Transport):
                 f"{op} ({tag}): peer must be another rank in [0, "
                 f"{self.world_size}), got {peer} on rank {self.rank}"
             )
+
+    def _collective(self, op: str) -> str:
+        """``op``, with the peer it failed on when that is known: gloo's
+        errors give an address, not a rank, but of two ranks it is the other
+        (under torchrun no launcher of this node names it)."""
+        return f"{op} with rank {1 - self.rank}" if self.world_size == 2 else op
 
     def _fail(self, op: str, tag: str, error: BaseException) -> NoReturn:
         raise TransportError(

@@ -23,7 +23,8 @@ Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
 Each run gets a scratch folder (``graphwire-run-*`` in the system's temporary
 folder) that the children use as theirs (``TMPDIR``, ``tempfile.tempdir``);
 the parent removes it when every child has ended, so a worker that was killed
-leaves none of its temporary files behind.
+leaves none of its temporary files behind; the folder of a parent that was
+killed is removed by the next (:mod:`graphwire.comm.scratch`).
 
 A child that returns runs its ``atexit`` handlers and then ``os._exit(0)``:
 the interpreter's teardown is skipped (freeing torch takes 1-2 s per process,
@@ -42,7 +43,6 @@ import ctypes
 import math
 import os
 import pickle
-import shutil
 import signal
 import socket
 import sys
@@ -61,8 +61,16 @@ import torch
 
 from graphwire.comm.base import TransportError
 from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
+from graphwire.comm.scratch import Scratch
 
-__all__ = ["WorkerFailed", "exit_now", "free_port", "launch_local"]
+__all__ = [
+    "WorkerFailed",
+    "die_with_parent",
+    "exit_now",
+    "free_port",
+    "interrupt_on_sigterm",
+    "launch_local",
+]
 
 T = TypeVar("T")
 
@@ -169,8 +177,8 @@ def launch_local(
             "visible; use 'gloo' on CPU"
         )
     port = free_port()
-    scratch = tempfile.mkdtemp(prefix="graphwire-run-")
-    env = {**_loopback_env(), "TMPDIR": scratch}
+    scratch = Scratch.create()
+    env = {**_loopback_env(), "TMPDIR": str(scratch.path)}
     mp = get_context("spawn")
     run_bound = run_timeout_s or math.inf
     deadline = time.monotonic() + run_bound
@@ -200,7 +208,7 @@ def launch_local(
             _stop(processes)
             for pipe in pipes:
                 pipe.close()
-            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.remove()
         finally:
             term.restore()
 
@@ -245,7 +253,7 @@ def _child_main(
     job: bytes,
     pipe: connection.Connection,
 ) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     os.environ.update(env)
     tempfile.tempdir = env["TMPDIR"]  # the run's scratch, removed by the parent
     os.environ.update(ctx.to_env())
@@ -302,8 +310,11 @@ def _flush_stdio() -> None:
             pass
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies."""
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent, ``parent_pid``,
+    dies (``PR_SET_PDEATHSIG``; elsewhere, nothing); exit at once if it
+    already has. A worker whose launcher was killed would otherwise go on
+    alone, a stray process its peers keep waiting for."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -313,6 +324,24 @@ def _die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # the parent died before prctl
         os._exit(1)
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM raise ``KeyboardInterrupt`` in this process's main
+    thread, as Ctrl-C does: how ``torchrun`` stops its workers (one has
+    failed, or the agent was told to stop), and by default the end of a
+    process that runs no clean-up (rapid's presampled batches stayed in the
+    temporary folder). Nothing is installed off the main thread, or where
+    SIGTERM is ignored or handled outside Python."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _loopback_env() -> dict[str, str]:

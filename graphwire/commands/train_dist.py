@@ -7,7 +7,8 @@ Parses, builds, runs, tears down:
    partitioned (``--partition``, default ``metis``) into ``OUT/partitions``
    (kept as it is when the run is resumed);
 2. the workers: N local processes (``launch_local``) or, under ``torchrun``,
-   this process as one of them; each runs :func:`graphwire.fullgraph.job.run_rank`;
+   this process as one of them (which dies with its agent); each runs
+   :func:`graphwire.fullgraph.job.run_rank`;
 3. the report (rank 0 / the parent): per-epoch records of every rank in
    ``metrics.jsonl`` (rank 0 streams its own into ``metrics.jsonl.partial``
    while it trains, which the report replaces), tables of the time split, of
@@ -18,6 +19,8 @@ Parses, builds, runs, tears down:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -28,6 +31,7 @@ from graphwire.commands.common import console, load_with_status, print_table
 from graphwire.fullgraph.checkpoint import (
     CheckpointConfig,
     check_resume,
+    parts_digest,
     saved_schedule,
 )
 from graphwire.fullgraph.distributed import TRAINING_TAGS
@@ -49,6 +53,15 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
     from graphwire.comm.context import WorkerContext, under_torchrun
 
     ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
+    if ctx is not None:
+        from graphwire.comm.launch import die_with_parent, interrupt_on_sigterm
+
+        # torchrun's agent stops its workers when it is stopped, but not when
+        # it is killed (SIGKILL, the OOM killer): this worker would train on
+        # alone, and the other nodes' agents wait for its node at the end.
+        die_with_parent(os.getppid())
+        # It stops them with SIGTERM: end as on Ctrl-C, cleaning up.
+        interrupt_on_sigterm()
     world = ctx.world_size if ctx is not None else int(args.workers)
     leader = ctx is None or ctx.rank == 0
     checkpoint = _checkpoint(args, out, config)
@@ -74,6 +87,12 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
     minibatch = args.mode == "minibatch"
     options: Any = _fetch_options(args) if minibatch else _engine_options(args)
     folder = _partitioned_folder(args, world, out, leader, resuming)
+    if checkpoint is not None and (leader or resuming):
+        # The parts are known now (a fresh run's other ranks under torchrun
+        # wait for rank 0 to write them, and never write latest.json).
+        checkpoint = dataclasses.replace(checkpoint, parts=parts_digest(folder))
+        if resuming:
+            check_resume(checkpoint, world)  # the same parts as the run's
     log = RunLog(str(out), _header(args, config, world))
     job: Any
     if minibatch:

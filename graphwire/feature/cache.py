@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from graphwire.comm.base import TransportError
 from graphwire.feature.base import FeatureStore
 
 __all__ = ["HotCache", "Prefetcher", "assemble_inputs"]
@@ -187,7 +188,7 @@ class HotCache:
     def _raise_build_error(self) -> None:
         if self._build_error is not None:
             error = self._build_error
-            raise RuntimeError(f"cache: building a buffer failed: {error}") from error
+            raise _from_thread("cache: building a buffer failed", error)
 
 
 def _with_retained(
@@ -327,7 +328,7 @@ class Prefetcher:
         itself (the prefetcher has not started it, and now never will)."""
         with self._cond:
             if self._error is not None:
-                raise RuntimeError(f"prefetcher failed: {self._error}")
+                raise _from_thread("prefetcher failed", self._error)
             slot = self._slots.get(key)
             if slot is None:
                 self._taken.add(key)
@@ -337,7 +338,7 @@ class Prefetcher:
                 self.counters["waited"] += 1
             while not slot.ready:
                 if self._error is not None:
-                    raise RuntimeError(f"prefetcher failed: {self._error}")
+                    raise _from_thread("prefetcher failed", self._error)
                 self._cond.wait(timeout=0.05)
             return slot.item
 
@@ -355,3 +356,13 @@ class Prefetcher:
         with self._cond:
             self._stop = True
         self._thread.join(timeout=30)
+
+
+def _from_thread(what: str, error: BaseException) -> Exception:
+    """The error a background thread met, to raise on the trainer's: a
+    :class:`TransportError` stays one (a peer died or hung: the launcher
+    blames that peer, not this rank), anything else is a RuntimeError."""
+    kind = TransportError if isinstance(error, TransportError) else RuntimeError
+    raised = kind(f"{what}: {error}")
+    raised.__cause__ = error
+    return raised

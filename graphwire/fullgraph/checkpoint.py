@@ -9,7 +9,9 @@ resume reads only the latest; 0 keeps every one; a resume keeps the run's
 count and interval unless given others). ``--resume`` loads the epoch that
 ``latest.json`` names and continues from the next one, with the settings the
 run was started with (``CheckpointConfig.run``, kept in ``latest.json``): a
-resume that changes any of them is refused, naming them. Dropout masks are hashed
+resume that changes any of them is refused, naming them, and so is one on
+other parts than the run trained on (``CheckpointConfig.parts``, a digest of
+the partitioned folder's ``meta.json``). Dropout masks are hashed
 from (seed, epoch), so a resumed run takes the same steps as an uninterrupted
 one.
 """
@@ -27,12 +29,13 @@ from typing import Any
 
 import torch
 
-from graphwire.fsutil import write_json
+from graphwire.fsutil import sha256_file, write_json
 
 __all__ = [
     "CheckpointConfig",
     "check_resume",
     "load_checkpoint",
+    "parts_digest",
     "save_checkpoint",
     "saved_epochs",
     "saved_schedule",
@@ -53,6 +56,8 @@ class CheckpointConfig:
             the checkpoints (JSON values by name: model, learning rate, ...;
             not the epoch count, which a resume may extend).
         keep: how many complete checkpoints to keep, the newest (0: all).
+        parts: :func:`parts_digest` of the parts the run trains on (None:
+            not known here, and not checked).
     """
 
     folder: str
@@ -60,6 +65,7 @@ class CheckpointConfig:
     resume: bool = False
     run: dict[str, Any] = field(default_factory=dict)
     keep: int = 1
+    parts: str | None = None
 
     def __post_init__(self) -> None:
         if self.every < 1:
@@ -70,6 +76,13 @@ class CheckpointConfig:
 
 def _epoch_dir(folder: Path, epoch: int) -> Path:
     return folder / f"epoch{epoch:06d}"
+
+
+def parts_digest(folder: str | os.PathLike[str]) -> str:
+    """What identifies a partitioned graph: the SHA-256 of its ``meta.json``,
+    which holds every part's array checksums (the same parts, split again
+    the same way, give the same digest)."""
+    return sha256_file(Path(folder) / "meta.json")
 
 
 def saved_epochs(folder: str | os.PathLike[str]) -> list[int]:
@@ -108,6 +121,7 @@ def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None
             "every": config.every,
             "keep": config.keep,
             "run": config.run,
+            "parts": config.parts,
         },
     )
     saved = saved_epochs(config.folder)
@@ -144,8 +158,9 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
 
     Raises:
         ValueError: ``latest.json`` is malformed, was written by a run with
-            another number of ranks, or with other settings (``config.run``;
-            each differing one is named).
+            another number of ranks, with other settings (``config.run``;
+            each differing one is named), or on other parts (``config.parts``,
+            when both it and ``latest.json`` give them).
     """
     latest = Path(config.folder) / "latest.json"
     if not latest.exists():
@@ -176,6 +191,15 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
             f"{', '.join(differ)}; resume with the same ones (the epoch count "
             f"and patience may change)"
         )
+    parts = meta.get("parts")
+    if config.parts is not None and parts is not None and parts != config.parts:
+        raise ValueError(
+            f"{latest}: the run trained on other parts than these (their "
+            f"meta.json's SHA-256 was {str(parts)[:12]}..., now "
+            f"{config.parts[:12]}...): the graph was partitioned again, or is "
+            "another one; resume on the parts the run trained on, or start "
+            "afresh with another --out"
+        )
     return epoch
 
 
@@ -199,7 +223,9 @@ def load_checkpoint(
     try:
         state = torch.load(path, weights_only=True)
     except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{path}: not a readable checkpoint: {e}") from None
+        raise ValueError(
+            f"{path}: not a readable checkpoint ({_unreadable(path, e)})"
+        ) from None
     missing = _STATE_KEYS - set(state) if isinstance(state, dict) else _STATE_KEYS
     if missing:
         raise ValueError(f"{path}: not a checkpoint (no {', '.join(sorted(missing))})")
@@ -214,3 +240,16 @@ def load_checkpoint(
 
 # What every training loop's state holds (:func:`save_checkpoint` adds the rank).
 _STATE_KEYS = {"epoch", "model", "optimizer", "rng", "best", "records"}
+
+
+def _unreadable(path: Path, error: BaseException) -> str:
+    """Why ``torch.load`` could not read ``path``, in a line. Torch's own
+    messages run to paragraphs, and for a file that is no checkpoint advise
+    ``weights_only=False``, which would run whatever the file holds."""
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    if isinstance(error, pickle.UnpicklingError):
+        return "not a torch.save file of tensors and plain values"
+    lines = str(error).strip().splitlines()
+    said = lines[0].split(". ")[0] if lines else type(error).__name__  # a sentence
+    return f"cut short or damaged: {said}"

@@ -63,6 +63,7 @@ __all__ = [
     "DistributedResult",
     "build_engine",
     "forward_loss",
+    "load_on_every_rank",
     "restore_training_state",
     "save_on_every_rank",
     "seeded_model",
@@ -206,7 +207,7 @@ def train_distributed(
     records: list[EpochRecord] = []
     first = 0
     if checkpoint is not None and checkpoint.resume:
-        state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
+        state = load_on_every_rank(checkpoint, transport)
         if state is not None:
             first = restore_training_state(state, model, optimizer, best, records)
             if on_restore is not None:
@@ -424,6 +425,35 @@ def training_state(
         },
         "records": [r.as_dict() for r in records],
     }
+
+
+def load_on_every_rank(
+    checkpoint: CheckpointConfig, transport: Transport
+) -> dict[str, Any] | None:
+    """This rank's state at the latest complete checkpoint (None: none), once
+    every rank has found the same one (an ``all_gather_object`` of the
+    epochs, tag ``meta.resume``).
+
+    Raises:
+        ValueError: as :func:`load_checkpoint`; or, on every rank, the ranks
+            found different checkpoints (machines that do not share the
+            folder: a rank that found none would train on from fresh
+            weights, in step with the others until the run ends apart).
+    """
+    state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
+    epoch = None if state is None else int(state["epoch"])
+    found = transport.all_gather_object(epoch, "meta.resume")
+    if len(set(found)) > 1:
+        said = ", ".join(
+            f"rank {rank} {'none' if e is None else f'epoch {e}'}"
+            for rank, e in enumerate(found)
+        )
+        raise ValueError(
+            f"{checkpoint.folder}: the ranks found different checkpoints there "
+            f"({said}); every rank must read the run's own (on several machines: "
+            "an --out they share, or its checkpoints folder copied to each)"
+        )
+    return state
 
 
 def save_on_every_rank(

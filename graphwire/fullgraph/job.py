@@ -13,8 +13,10 @@ watched and a run that dies late leaves the epochs it finished; the report
 written at the end, with every rank's records, replaces that file with
 ``metrics.jsonl``. Every rank stamps its records with the seconds since it
 started (``EpochRecord.time``; an epoch restored from a checkpoint keeps the
-stamp of the process that ran it). A resumed run's stream starts with the
-epochs its checkpoint restored.
+stamp of the process that ran it). The stream opens with the run's first
+epoch, so a run that fails before one (a bad part or checkpoint file) leaves
+the file an earlier run left as it was; a resumed run's stream starts with
+the epochs its checkpoint restored.
 """
 
 from __future__ import annotations
@@ -149,9 +151,12 @@ def serve_rank(
         part = load_part(job.folder, ctx.rank)
         log = job.log
         with MetricsLog(log.out if lead and log else None, final=False) as stream:
-            stream.write("config", time=0.0, **(log.header if log else {}))
             on_epoch = EpochStream(
-                ctx.rank, start, stream, show if lead and job.progress else None
+                ctx.rank,
+                start,
+                stream,
+                show if lead and job.progress else None,
+                log.header if log else {},
             )
             run = train(part, transport, on_epoch)
         return gather_reports(transport, rank_report(ctx.rank, part, run, start))
@@ -159,28 +164,40 @@ def serve_rank(
         transport.close()
 
 
-@dataclass(frozen=True)
+@dataclass
 class EpochStream:
     """A rank's ``on_epoch``: stamps each record with its epoch's end
     (``EpochRecord.time``: seconds since ``start``, a perf_counter), appends
-    it to ``log`` (open on rank 0 only) and calls ``show`` with it."""
+    it to ``log`` (open on rank 0 only) and calls ``show`` with it. The
+    first record is preceded by a ``config`` record of ``header``'s fields
+    and the records a resume restored."""
 
     rank: int
     start: float
     log: MetricsLog
     show: Callable[[EpochRecord], None] | None
+    header: dict[str, Any] = field(default_factory=dict)
+    _before: list[EpochRecord] | None = field(
+        default_factory=list, init=False, repr=False
+    )
 
     def __call__(self, record: EpochRecord) -> None:
         record.time = round(time.perf_counter() - self.start, 4)
+        if self._before is not None:  # the run's first epoch: open the stream
+            self.log.write("config", time=0.0, **self.header)
+            for earlier in self._before:
+                self.log.write("epoch", rank=self.rank, **earlier.as_dict())
+            self._before = None
         self.log.write("epoch", rank=self.rank, **record.as_dict())
         if self.show is not None:
             self.show(record)
 
     def restored(self, records: list[EpochRecord]) -> None:
-        """Append the records a resume restored, with the stamps they were
-        saved with (not shown: their epochs were shown when they ran)."""
-        for record in records:
-            self.log.write("epoch", rank=self.rank, **record.as_dict())
+        """The records a resume restored, streamed with the stamps they were
+        saved with before the first epoch this run trains (not shown: their
+        epochs were shown when they ran)."""
+        assert self._before is not None, "restored after the first epoch"
+        self._before = list(records)
 
 
 def rank_report(rank: int, part: LocalPart, run: Any, start: float) -> RankReport:

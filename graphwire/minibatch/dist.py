@@ -30,8 +30,6 @@ single-process loop evaluates on the whole graph), after the epochs
 from __future__ import annotations
 
 import math
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,15 +40,17 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
+from graphwire.comm.scratch import Scratch
 from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
 from graphwire.feature.dist import DistFeatureStore
-from graphwire.fullgraph.checkpoint import CheckpointConfig, load_checkpoint
+from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import (
     _global_metrics,
     _ledger_delta,
     _split_sizes,
     build_engine,
     forward_loss,
+    load_on_every_rank,
     restore_training_state,
     save_on_every_rank,
     seeded_model,
@@ -199,7 +199,7 @@ class _Loop:
         self.cache: HotCache | None = None
         self.prefetcher: Prefetcher | None = None
         self.presample_root: Path | None = None
-        self._owned_presample = False
+        self._scratch: Scratch | None = None  # the presample's, if temporary
         self.epochs: dict[int, PresampledEpoch] = {}
         self.counters: dict[str, Any] = {
             "train_share": self.share.numel(),
@@ -219,8 +219,10 @@ class _Loop:
         serves the others' remote frontiers meanwhile), then stop sampling
         (collective)."""
         if self.options.presample_dir is None:
-            self.presample_root = Path(tempfile.mkdtemp(prefix="graphwire-presample-"))
-            self._owned_presample = True
+            # Locked while this rank runs: a rank killed outright leaves it,
+            # and the next run's rank removes it.
+            self._scratch = Scratch.create("graphwire-presample-")
+            self.presample_root = self._scratch.path
         else:
             self.presample_root = Path(self.options.presample_dir)
         folder = self.presample_root / f"rank{self.rank}"
@@ -340,19 +342,23 @@ class _Loop:
         """Stop this rank's threads and remove its temporary presample; with
         ``collective``, also close the feature service (all ranks together).
         After an error the peers are not in step, so no collective runs: the
-        serving threads are daemons and go with the process."""
-        if self.prefetcher is not None:
-            self.prefetcher.close()
-        if self.cache is not None:
-            try:
-                self.cache.wait_built()
-            except RuntimeError:
-                if collective:
-                    raise
-        if collective:
-            self.store.close()
-        if self._owned_presample and self.presample_root is not None:
-            shutil.rmtree(self.presample_root, ignore_errors=True)
+        serving threads are daemons and go with the process. The presample
+        goes whatever happens meanwhile (torchrun's SIGTERM, say, which
+        interrupts a rank cleaning up after a peer's failure)."""
+        try:
+            if self.prefetcher is not None:
+                self.prefetcher.close()
+            if self.cache is not None:
+                try:
+                    self.cache.wait_built()
+                except RuntimeError:
+                    if collective:
+                        raise
+            if collective:
+                self.store.close()
+        finally:
+            if self._scratch is not None:
+                self._scratch.remove()
 
 
 def train_minibatch_distributed(
@@ -385,7 +391,7 @@ def train_minibatch_distributed(
     records: list[EpochRecord] = []
     first, hot_ids = 0, None
     if checkpoint is not None and checkpoint.resume:
-        state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
+        state = load_on_every_rank(checkpoint, transport)
         if state is not None:
             first, hot_ids = _restore(state, loop, best, records)
             if on_restore is not None:

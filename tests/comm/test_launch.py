@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,17 @@ def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
     for folder in folders:
         assert folder.parent.name.startswith("graphwire-run-"), folder
         assert not folder.parent.exists(), folder
+
+
+def test_of_two_ranks_the_survivor_names_the_one_that_died() -> None:
+    """Under torchrun no launcher names the rank another node lost, so the
+    survivor's own error must: gloo's names an address, but of two ranks the
+    peer is the other one."""
+    with pytest.raises(WorkerFailed) as caught:
+        run_workers(kill_on_rank, 2, 1, timeout_s=120)
+    survivor = caught.value.failures[0]
+    named = r"rank 0 \(doomed\): all_to_all( \(split check\))? with rank 1 failed: "
+    assert re.search(named, survivor), survivor
 
 
 def test_timeout_kills_a_hung_run() -> None:

@@ -53,6 +53,51 @@ def test_a_resume_with_other_settings_is_refused_naming_them(tmp_path) -> None:
         check_resume(CheckpointConfig(str(tmp_path), run=RUN), 3)
 
 
+def test_a_resume_on_other_parts_is_refused(tmp_path) -> None:
+    """The same settings on other parts (the graph split again, or another
+    graph in the same folder) would load weights trained on other nodes,
+    or fail in ``load_state_dict``: refused, naming the parts."""
+    mark_complete(CheckpointConfig(str(tmp_path), run=RUN, parts="a" * 64), 3, 2)
+    same = CheckpointConfig(str(tmp_path), run=RUN, parts="a" * 64)
+    assert check_resume(same, 2) == 3
+    assert check_resume(CheckpointConfig(str(tmp_path), run=RUN), 2) == 3
+    other = CheckpointConfig(str(tmp_path), run=RUN, parts="b" * 64)
+    with pytest.raises(ValueError, match="the run trained on other parts"):
+        check_resume(other, 2)
+
+
+def test_ranks_that_find_different_checkpoints_all_refuse_to_resume(
+    tmp_path,
+) -> None:
+    """Two machines that do not share ``--out``: rank 1 finds no
+    ``latest.json`` and would train on from fresh weights, in step with rank
+    0 (restored) until the run ends apart. Every rank refuses, naming what
+    each found; ranks that agree resume."""
+    from graphwire.comm.local import run_local
+    from graphwire.fullgraph.distributed import load_on_every_rank
+
+    shared = CheckpointConfig(str(tmp_path / "shared"), every=1, run=RUN)
+    for rank in (0, 1):
+        save_checkpoint(shared, 3, rank, _state(3))
+    mark_complete(shared, 3, 2)
+    elsewhere = CheckpointConfig(str(tmp_path / "node1"), every=1, run=RUN)
+
+    def resume(transport, configs) -> object:
+        config = configs[transport.rank]
+        return load_on_every_rank(
+            CheckpointConfig(config.folder, run=RUN, resume=True), transport
+        )
+
+    states = run_local(lambda t: resume(t, [shared, shared]), 2)
+    assert [state["epoch"] for state in states] == [3, 3]
+    with pytest.raises(ValueError) as caught:
+        run_local(lambda t: resume(t, [shared, elsewhere]), 2)
+    assert "the ranks found different checkpoints there (rank 0 epoch 3, " in str(
+        caught.value
+    )
+    assert "rank 1 none)" in str(caught.value)
+
+
 def test_checkpoints_written_without_settings_still_resume(tmp_path) -> None:
     """An index that records no settings (written by an earlier graphwire)
     constrains nothing; nor does a caller that states none."""
@@ -168,10 +213,20 @@ def test_a_damaged_or_swapped_checkpoint_file_is_refused_naming_it(tmp_path) -> 
     ):
         load_checkpoint(resume, 1, 2)
     whole = (latest / "rank0.pt").read_bytes()
-    for damaged in (whole[: len(whole) // 2], b"", b"not a checkpoint\n"):
+    for damaged, why in (
+        (whole[: len(whole) // 2], "cut short or damaged: "),
+        (whole[:1000], "cut short or damaged: "),
+        (b"", "the file is empty"),
+        (b"not a checkpoint\n", "not a torch.save file of tensors and plain"),
+    ):
         (latest / "rank1.pt").write_bytes(damaged)
         with pytest.raises(ValueError, match=r"rank1.pt: not a readable checkpoint"):
             load_checkpoint(resume, 1, 2)
+        with pytest.raises(ValueError) as caught:
+            load_checkpoint(resume, 1, 2)
+        message = str(caught.value)
+        assert why in message and "\n" not in message, message
+        assert "weights_only" not in message, message  # torch's advice, not ours
     import torch
 
     torch.save(_state(3), latest / "rank1.pt")  # an older graphwire's: no rank

@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from graphwire.comm.base import TransportError
 from graphwire.feature.base import TensorStore
 from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
 from graphwire.minibatch.schedule import (
@@ -153,6 +154,29 @@ def test_prefetcher_never_holds_more_than_q_batches_and_yields_to_the_trainer() 
     assert prefetcher.counters["peak_alive"] <= 3
     assert prefetcher.counters["peak_bytes"] <= 3 * 40
     assert len(made) == len(set(made))  # nothing assembled twice
+
+
+@pytest.mark.parametrize(
+    ("raised", "seen"), [(TransportError, TransportError), (OSError, RuntimeError)]
+)
+def test_a_prefetcher_error_reaches_the_trainer_as_what_it_was(
+    raised: type[Exception], seen: type[Exception]
+) -> None:
+    """A peer that dies or hangs while the prefetcher fetches from it is a
+    TransportError on the trainer's thread too: the launcher then blames
+    that peer (a hung one by name), not this rank."""
+
+    def make(key: object) -> object:
+        raise raised("rank 0: kv.x request to rank 1 failed: timed out")
+
+    prefetcher = Prefetcher(keys=range(3), make=make, depth=2)
+    with pytest.raises(seen, match="prefetcher failed: rank 0: kv.x") as caught:
+        for key in range(3):
+            prefetcher.get(key)
+            time.sleep(0.1)
+    assert type(caught.value) is seen
+    assert isinstance(caught.value.__cause__, raised)
+    prefetcher.close()
 
 
 def test_prefetch_depth_must_be_positive() -> None:

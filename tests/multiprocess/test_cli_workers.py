@@ -346,6 +346,82 @@ def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
     assert "Traceback" not in gone.stderr
 
 
+def test_a_resume_on_parts_split_again_is_refused(tmp_path: Path) -> None:
+    """A partitioned ``--dataset`` split again (here randomly, where the run
+    trained on METIS parts) has the same shapes, so the checkpoint would
+    load and train on other nodes than the run's: refused before any worker
+    starts, and the run's output is left as it was."""
+    parts, out = tmp_path / "parts", tmp_path / "run"
+
+    def partition(method: str) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
+            + ["--method", method, "--parts", "2", "--out", str(parts)]
+            + ["--overwrite"],
+            check=True,
+            capture_output=True,
+        )
+
+    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
+    argv += ["--dataset", str(parts), "--workers", "2", "--seed", "1", "--quiet"]
+    argv += ["--timeout", "120", "--out", str(out)]
+    partition("metis")
+    _run([*argv, "--epochs", "2", "--checkpoint-every", "1"])
+    before = sorted(p.name for p in out.iterdir())
+    partition("random")
+    done = subprocess.run(
+        [*argv, "--epochs", "3", "--resume"], capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "the run trained on other parts than these" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_run_that_fails_before_its_first_epoch_leaves_the_output_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """A bad part file, or a checkpoint file truncated under a resume, is
+    named; the run writes no ``metrics.jsonl.partial``, so the one an earlier
+    killed attempt left (its epochs past the checkpoint included) stays."""
+    parts, out = tmp_path / "parts", tmp_path / "run"
+    subprocess.run(
+        [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
+        + ["--method", "metis", "--parts", "2", "--out", str(parts)],
+        check=True,
+        capture_output=True,
+    )
+    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
+    argv += ["--workers", "2", "--seed", "1", "--quiet", "--timeout", "120"]
+    _run(
+        [*argv, "--dataset", str(parts), "--epochs", "2", "--out", str(out)]
+        + ["--checkpoint-every", "1"]
+    )
+    partial, finished = out / "metrics.jsonl.partial", out / "metrics.jsonl"
+    earlier, records = b'{"kind": "config"}\n', finished.read_bytes()
+    partial.write_bytes(earlier)
+    rank_file = out / "checkpoints" / "epoch000001" / "rank1.pt"
+    rank_file.write_bytes(rank_file.read_bytes()[:1000])
+    done = subprocess.run(
+        [*argv, "--dataset", str(parts), "--epochs", "4", "--out", str(out)]
+        + ["--resume"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and f"{rank_file}: not a readable" in done.stderr
+    assert partial.read_bytes() == earlier and finished.read_bytes() == records
+    halo = parts / "part_1" / "halo_nid.npy"
+    halo.write_bytes(halo.read_bytes()[:200])
+    fresh = tmp_path / "fresh"
+    done = subprocess.run(
+        [*argv, "--dataset", str(parts), "--epochs", "2", "--out", str(fresh)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and f"{halo}: truncated" in done.stderr
+    assert not list(fresh.glob("metrics.jsonl*"))
+
+
 def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
     tmp_path: Path,
 ) -> None:

@@ -1,0 +1,74 @@
+"""A process's scratch folder, and those of processes that were killed.
+
+:func:`~graphwire.comm.launch.launch_local` gives its workers a scratch
+folder (``graphwire-run-*`` in the system's temporary folder, their
+``TMPDIR``: rapid's presampled batches go there) and removes it when they
+have ended. A launcher killed outright (SIGKILL, the OOM killer) runs no
+clean-up, so the folder stays; the next launcher removes it. Each launcher
+holds an exclusive ``flock`` on ``.lock`` in its folder for as long as it
+runs (the kernel lets go when the process dies, whatever killed it), so a
+folder whose lock can be taken is a dead launcher's. A lock, unlike a PID,
+tells the same across PID namespaces sharing the folder. A worker under
+``torchrun``, which has no launcher's folder, keeps rapid's presampled
+batches in one of its own the same way (``graphwire-presample-*``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+__all__ = ["PREFIX", "Scratch", "remove_abandoned"]
+
+PREFIX = "graphwire-run-"  # a launcher's
+_LOCK = ".lock"
+
+
+@dataclass
+class Scratch:
+    """This process's scratch folder, locked while it exists.
+
+    Use :meth:`create`, then :meth:`remove` when every worker has ended.
+    """
+
+    path: Path
+    _lock: IO[str]
+
+    @classmethod
+    def create(cls, prefix: str = PREFIX) -> Scratch:
+        """A fresh locked folder ``<prefix>*`` in the temporary folder; also
+        removes those of the same prefix whose process is dead."""
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        # Locked under another name, then named: no one sees .lock unlocked.
+        lock = open(path / f"{_LOCK}.new", "w")  # noqa: SIM115 - closed in remove()
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the folder is new: never waits
+        os.replace(path / f"{_LOCK}.new", path / _LOCK)
+        remove_abandoned(path.parent, prefix, keep=path)
+        return cls(path, lock)
+
+    def remove(self) -> None:
+        """Remove the folder and what the workers left in it; idempotent."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._lock.close()
+
+
+def remove_abandoned(
+    where: str | os.PathLike[str], prefix: str = PREFIX, keep: Path | None = None
+) -> None:
+    """Remove the ``<prefix>*`` folders in ``where`` whose process is gone:
+    their ``.lock`` is not held. A folder without one (being made this
+    moment, or by an older graphwire) is left alone."""
+    for folder in Path(where).glob(prefix + "*"):
+        if folder == keep or not (folder / _LOCK).is_file():
+            continue
+        try:
+            with open(folder / _LOCK) as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # held: its launcher runs; or it went meanwhile
+            continue

@@ -1,0 +1,95 @@
+"""A worker under torchrun, when its agent goes: killed, it goes too; stopped
+(SIGTERM, as torchrun stops its workers), it cleans up as on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from graphwire.comm.launch import free_port
+from tests.multiprocess.test_cli_workers import SPEC, _epoch_lines, _torchrun
+
+
+def _start(
+    out: Path, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``torchrun --nproc-per-node 2 -m graphwire train`` on :data:`SPEC`
+    into ``out``, in a session of its own."""
+    return subprocess.Popen(
+        [_torchrun(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+        + ["--master-port", str(free_port()), "-m", "graphwire", "train"]
+        + ["--dataset", SPEC, "--quiet", "--timeout", "60", "--out", str(out)]
+        + list(flags),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+
+
+def _workers_once_training(agent: subprocess.Popen, out: Path) -> list[psutil.Process]:
+    """The agent's two workers, once rank 0 has streamed two epochs."""
+    deadline = time.monotonic() + 120
+    while _epoch_lines(out / "metrics.jsonl.partial") < 2:
+        assert agent.poll() is None, "torchrun ended before training"
+        assert time.monotonic() < deadline, "no epochs streamed in 120 s"
+        time.sleep(0.2)
+    workers = psutil.Process(agent.pid).children()
+    assert len(workers) == 2
+    return workers
+
+
+def _stop_all(agent: subprocess.Popen, workers: list[psutil.Process]) -> None:
+    if agent.poll() is None:
+        os.killpg(agent.pid, signal.SIGKILL)  # the agent and its workers
+    for process in workers:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    agent.communicate()
+
+
+def test_a_killed_torchrun_agent_takes_its_workers_with_it(tmp_path: Path) -> None:
+    """torchrun stops its workers when it is stopped, not when it is killed:
+    a worker must not train on alone (nor keep the other nodes' agents
+    waiting for its node), so each dies with its agent."""
+    out = tmp_path / "run"
+    agent = _start(out, "--model", "gcn", "--epochs", "100000")
+    workers: list[psutil.Process] = []
+    try:
+        workers = _workers_once_training(agent, out)
+        agent.kill()
+        agent.wait()
+        _, alive = psutil.wait_procs(workers, timeout=60)
+        assert not alive, f"workers {[p.pid for p in alive]} outlived their agent"
+    finally:
+        _stop_all(agent, workers)
+
+
+def test_a_worker_torchrun_stops_cleans_up_as_on_ctrl_c(tmp_path: Path) -> None:
+    """torchrun stops a node's workers with SIGTERM (another failed, or the
+    agent was told to stop). Each ends as on Ctrl-C: rapid's presampled
+    batches leave the temporary folder with it, and it says so."""
+    out, scratch = tmp_path / "run", tmp_path / "tmp"
+    scratch.mkdir()
+    flags = ["--model", "sage", "--mode", "minibatch", "--fetch", "rapid"]
+    flags += ["--batch-size", "100", "--fanouts", "4,4", "--epochs", "200"]
+    agent = _start(out, *flags, env={**os.environ, "TMPDIR": str(scratch)})
+    workers: list[psutil.Process] = []
+    try:
+        workers = _workers_once_training(agent, out)
+        assert len(list(scratch.glob("graphwire-presample-*"))) == 2
+        workers[1].terminate()
+        _, stderr = agent.communicate(timeout=120)
+    finally:
+        _stop_all(agent, workers)
+    assert agent.returncode != 0
+    assert "graphwire: interrupted" in stderr, stderr[-3000:]
+    assert list(scratch.glob("graphwire-presample-*")) == []
