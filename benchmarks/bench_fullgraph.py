@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from graphwire.commands.bench import run_script
 from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.testing.netns import ShapedNetwork, netns_available, tcp_stream
 
@@ -768,4 +769,4 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

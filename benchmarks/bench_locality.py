@@ -26,6 +26,7 @@ import time
 import numpy as np
 import torch
 
+from graphwire.commands.bench import run_script
 from graphwire.graph.datasets import load_dataset
 from graphwire.graph.seeds import check_seed
 from graphwire.graph.synthetic import ProductsConfig, products_graph
@@ -148,4 +149,4 @@ def _partition(assignment: np.ndarray, num_parts: int) -> Partition:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_script(main))

@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from graphwire.commands.bench import run_script
 from graphwire.graph.datasets import load_dataset
 from graphwire.sampler.uniform import UniformNeighborSampler
 from graphwire.testing.netns import ShapedNetwork, netns_available
@@ -646,4 +647,4 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

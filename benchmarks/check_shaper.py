@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from graphwire.commands.bench import run_script
 from graphwire.testing.netns import (
     MIN_BURST_KB,
     ShapeConfig,
@@ -98,4 +99,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from graphwire.bench.registry import BENCHMARKS, BenchOptions, run_benchmark
@@ -41,3 +41,20 @@ def script_main(name: str, argv: Sequence[str] | None = None) -> int:
     add_bench_flags(parser)
     parser.parse_args(argv)
     return main(["bench", name, *argv])
+
+
+def run_script(main: Callable[[], int | None]) -> int:
+    """A benchmark script's ``main()`` as its exit status. Ctrl-C, and
+    SIGTERM (``timeout``, ``kill PID``), end it as Ctrl-C ends the command:
+    one line on stderr and exit 130, no traceback. The benchmark's own
+    clean-up (namespaces, workers, work folders) has run by then, on the way
+    out of ``main``; under SIGTERM's default it never ran, and the network
+    namespace stayed."""
+    from graphwire.comm.launch import interrupt_on_sigterm
+
+    interrupt_on_sigterm()
+    try:
+        return main() or 0
+    except KeyboardInterrupt:
+        print(f"{Path(sys.argv[0]).name}: interrupted", file=sys.stderr)
+        return 130

@@ -3,6 +3,8 @@ what its columns compare and which way is better."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,3 +40,29 @@ def test_report_has_a_row_per_method_and_a_legend(capsys) -> None:
     assert methods == ["metis", "locality/gain", "locality/paper"]
     assert "METIS's (below 1: less to fetch)" in out
     assert "max/min <= 1.05 with cut +% <= 10" in out
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_is_one_line_and_exit_130(stop: signal.Signals) -> None:
+    """Ctrl-C or SIGTERM in a benchmark script ends it as Ctrl-C ends the
+    command: one line on stderr, exit 130, no traceback, and its clean-up
+    run (every network script ends the same way, through run_script; under
+    SIGTERM's default bench_fullgraph left its network namespace)."""
+    script = Path(bench_locality.__file__)
+    process = subprocess.Popen(
+        [sys.executable, "-u", str(script), "--nodes", "100000", "--parts", "4", "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("Graph(")  # at work now
+        process.send_signal(stop)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130
+    assert err == "bench_locality.py: interrupted\n"
