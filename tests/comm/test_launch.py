@@ -8,11 +8,8 @@ speed; each run spawns real processes (~3 s of imports per rank).
 from __future__ import annotations
 
 import math
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,20 +26,7 @@ from graphwire.testing.probes import (
     raise_on_rank,
     sleep_forever,
 )
-
-
-def _worker_children(pid: int | None = None) -> list[psutil.Process]:
-    """Worker processes spawned by ``pid`` (default: this process) still
-    alive (not multiprocessing's resource tracker, which outlives them by
-    design)."""
-    alive = []
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            if any("spawn_main" in part for part in child.cmdline()):
-                alive.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
+from tests.comm.launchers import sleeping_launcher, worker_children
 
 
 def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
@@ -59,7 +43,7 @@ def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
     assert "probes.py" in message and "in raise_on_rank" in message
     assert 0 in error.failures  # the peer stuck in the barrier is accounted for
     assert elapsed < 30, f"took {elapsed:.1f}s"
-    assert _worker_children() == []
+    assert worker_children() == []
 
 
 def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
@@ -80,7 +64,7 @@ def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
         )
         assert "(doomed): all_to_all" in error.failures[rank]
     assert elapsed < 30, f"took {elapsed:.1f}s"
-    assert _worker_children() == []
+    assert worker_children() == []
     # Every rank's temporary folder was in the run's scratch, now removed.
     folders = [Path(line) for line in note.read_text().split()]
     assert len(folders) == 3
@@ -106,7 +90,7 @@ def test_timeout_kills_a_hung_run() -> None:
         launch_local(sleep_forever, 1, run_timeout_s=3)
     elapsed = time.monotonic() - start
     assert elapsed < 20, f"took {elapsed:.1f}s"
-    assert _worker_children() == []
+    assert worker_children() == []
 
 
 def test_the_collective_timeout_does_not_bound_the_run() -> None:
@@ -130,7 +114,7 @@ def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
     assert str(error).startswith("rank 1 stopped responding: its peers timed out")
     assert error.failures[0].startswith("raised TransportError")
     assert elapsed < 40, f"took {elapsed:.1f}s"
-    assert _worker_children() == []
+    assert worker_children() == []
 
 
 def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
@@ -138,27 +122,10 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
 ) -> None:
     """SIGTERM (``timeout``, a job scheduler) ends a launcher as Ctrl-C does:
     its workers stopped by PID, its ``graphwire-run-*`` folder removed."""
-    script = (
-        "from graphwire.comm.launch import launch_local\n"
-        "from graphwire.testing.probes import sleep_forever\n"
-        "launch_local(sleep_forever, 2)\n"
-    )
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    launcher = subprocess.Popen([sys.executable, "-c", script], env=env)
-    try:
-        deadline = time.monotonic() + 60
-        workers: list[psutil.Process] = []
-        while len(workers) < 2 or not list(tmp_path.glob("graphwire-run-*")):
-            assert time.monotonic() < deadline, "the workers never started"
-            time.sleep(0.2)
-            workers = _worker_children(launcher.pid)
+    with sleeping_launcher(tmp_path) as (launcher, workers):
         time.sleep(1.0)  # let the launcher reach its watch loop
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == []
     assert list(tmp_path.glob("graphwire-run-*")) == []
@@ -167,7 +134,7 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
 def test_unpicklable_function_fails_before_spawning() -> None:
     with pytest.raises(TypeError, match="module-level"):
         run_workers(lambda transport: None, 2)
-    assert _worker_children() == []
+    assert worker_children() == []
 
 
 def test_invalid_arguments() -> None:
@@ -185,7 +152,7 @@ def test_nccl_without_a_gpu_per_rank_fails_before_spawning() -> None:
     ranks = torch.cuda.device_count() + 1
     with pytest.raises(ValueError, match=f"'nccl' needs one GPU per rank, but {ranks}"):
         run_workers(sleep_forever, ranks, backend="nccl")
-    assert _worker_children() == []
+    assert worker_children() == []
 
 
 def test_free_port_is_a_loopback_port() -> None:

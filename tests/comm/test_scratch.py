@@ -4,18 +4,15 @@ launcher; a running one's, or one that is not a launcher's, is kept."""
 from __future__ import annotations
 
 import fcntl
-import os
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from graphwire.comm.scratch import Scratch
+from tests.comm.launchers import sleeping_launcher
 
 
 @pytest.fixture
@@ -29,29 +26,11 @@ def test_a_killed_launchers_scratch_is_removed_by_the_next(tmp_dir: Path) -> Non
     """SIGKILL (the OOM killer) runs no clean-up: the launcher's folder, with
     what its workers wrote (rapid's presampled batches), stays until the
     next launcher starts."""
-    script = (
-        "from graphwire.comm.launch import launch_local\n"
-        "from graphwire.testing.probes import sleep_forever\n"
-        "launch_local(sleep_forever, 2)\n"
-    )
-    env = {**os.environ, "TMPDIR": str(tmp_dir)}
-    launcher = subprocess.Popen([sys.executable, "-c", script], env=env)
-    workers: list[psutil.Process] = []
-    try:
-        deadline = time.monotonic() + 60
-        while len(workers) < 2 or not list(tmp_dir.glob("graphwire-run-*")):
-            assert time.monotonic() < deadline, "the workers never started"
-            time.sleep(0.2)
-            workers = psutil.Process(launcher.pid).children()
-            workers = [w for w in workers if "spawn_main" in " ".join(w.cmdline())]
+    with sleeping_launcher(tmp_dir) as (launcher, workers):
         (abandoned,) = tmp_dir.glob("graphwire-run-*")
         (abandoned / "graphwire-presample-x").mkdir()
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(timeout=30)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     _, alive = psutil.wait_procs(workers, timeout=30)  # they die with it
     assert alive == []
     assert abandoned.is_dir()

@@ -1,0 +1,58 @@
+"""A launcher in its own process, for the tests that kill or stop it: its
+workers found by PID, and the scratch folder it makes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+# Two workers that sleep until they are stopped.
+_SLEEPING = (
+    "from graphwire.comm.launch import launch_local\n"
+    "from graphwire.testing.probes import sleep_forever\n"
+    "launch_local(sleep_forever, 2)\n"
+)
+
+
+def worker_children(pid: int | None = None) -> list[psutil.Process]:
+    """Worker processes spawned by ``pid`` (default: this process) still
+    alive (not multiprocessing's resource tracker, which outlives them by
+    design)."""
+    alive = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if any("spawn_main" in part for part in child.cmdline()):
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@contextmanager
+def sleeping_launcher(
+    tmp: Path,
+) -> Iterator[tuple[subprocess.Popen[bytes], list[psutil.Process]]]:
+    """A launcher of two sleeping workers with ``TMPDIR=tmp``, once both
+    workers run and its ``graphwire-run-*`` folder is made; killed (by its
+    PID) on the way out if it still runs."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    launcher = subprocess.Popen([sys.executable, "-c", _SLEEPING], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[psutil.Process] = []
+        while len(workers) < 2 or not list(tmp.glob("graphwire-run-*")):
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.2)
+            workers = worker_children(launcher.pid)
+        yield launcher, workers
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
