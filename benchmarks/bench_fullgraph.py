@@ -491,15 +491,7 @@ def _print_ratios(results: dict[str, list[Result]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument(
-        "--nodes",
-        type=int,
-        help="nodes of the synthetic products-like graph (degree 20; default "
-        "200000, --quick 20000)",
-    )
-    parser.add_argument(
-        "--features", type=int, default=100, help="input features F (default 100)"
-    )
+    add_graph_flags(parser)
     parser.add_argument(
         "--hidden", type=int, default=128, help="hidden width (default 128)"
     )
@@ -534,30 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads per process (default 1)"
     )
-    parser.add_argument(
-        "--run-timeout",
-        type=float,
-        default=1800.0,
-        help="seconds one training run may take before it is killed and "
-        "reported as failed (default 1800)",
-    )
-    parser.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=600.0,
-        help="seconds any collective may wait (train --timeout; default 600)",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="small smoke run: 20000 nodes, 3 epochs, 1 round unless "
-        "--nodes, --epochs, --rounds say otherwise",
-    )
-    parser.add_argument(
-        "--keep",
-        action="store_true",
-        help="keep the temporary work folder (graph, parts, every run's output)",
-    )
+    add_run_flags(parser)
     parser.add_argument(
         "--json", metavar="PATH", help="also write every run's figures to PATH"
     )
@@ -575,10 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only these configurations (the names the table prints)",
     )
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    for name, value in sizes.items():  # what the command line left unset
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    take_sizes(args, FULL, QUICK)
     check_flags(parser, args, MINIMUMS, ("rate_mbit", *TIMEOUTS))
     wanted = _wanted(args)
     if wanted is not None:
@@ -615,6 +581,59 @@ MINIMUMS = {
     "threads": 1,
 }
 TIMEOUTS = ("run_timeout", "collective_timeout")
+
+
+def add_graph_flags(parser: argparse.ArgumentParser) -> None:
+    """The synthetic graph's flags, ``--nodes`` and ``--features`` (both
+    shaped benchmarks take them)."""
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        help="nodes of the synthetic products-like graph (degree 20; default "
+        "200000, --quick 20000)",
+    )
+    parser.add_argument(
+        "--features", type=int, default=100, help="input features F (default 100)"
+    )
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags both shaped benchmarks take for their runs: each run's and
+    each collective's time bound, ``--quick`` and ``--keep``."""
+    parser.add_argument(
+        "--run-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds one training run may take before it is killed and "
+        "reported as failed (default 1800)",
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=600.0,
+        help="seconds any collective may wait (train --timeout; default 600)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small smoke run: 20000 nodes, 3 epochs, 1 round unless "
+        "--nodes, --epochs, --rounds say otherwise",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary work folder (graph, parts, every run's output)",
+    )
+
+
+def take_sizes(
+    args: argparse.Namespace, full: dict[str, int], quick: dict[str, int]
+) -> None:
+    """Fill the run sizes the command line left unset (None) from ``full``,
+    or from ``quick`` under ``--quick``."""
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def check_flags(

@@ -64,9 +64,12 @@ from bench_fullgraph import (  # noqa: E402
     _qdisc_drops,
     _shaper_check,
     _train,
+    add_graph_flags,
+    add_run_flags,
     check_flags,
     in_work_folder,
     prepare_graph,
+    take_sizes,
 )
 
 FETCHES = ("on-demand", "rapid")
@@ -424,15 +427,7 @@ def _ratios(
 # ------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument(
-        "--nodes",
-        type=int,
-        help="nodes of the synthetic products-like graph (degree 20; default "
-        "200000, --quick 20000)",
-    )
-    parser.add_argument(
-        "--features", type=int, default=100, help="input features F (default 100)"
-    )
+    add_graph_flags(parser)
     parser.add_argument(
         "--workers",
         type=int,
@@ -492,38 +487,12 @@ def main(argv: list[str] | None = None) -> int:
         default=20,
         help="batches the single-process sampler is timed on (default 20)",
     )
-    parser.add_argument(
-        "--run-timeout",
-        type=float,
-        default=1800.0,
-        help="seconds one training run may take before it is killed and "
-        "reported as failed (default 1800)",
-    )
-    parser.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=600.0,
-        help="seconds any collective may wait (train --timeout; default 600)",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="small smoke run: 20000 nodes, 3 epochs, 1 round unless "
-        "--nodes, --epochs, --rounds say otherwise",
-    )
-    parser.add_argument(
-        "--keep",
-        action="store_true",
-        help="keep the temporary work folder (graph, parts, every run's output)",
-    )
+    add_run_flags(parser)
     parser.add_argument(
         "--json", metavar="PATH", help="also write every figure to PATH"
     )
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    for name, value in sizes.items():  # what the command line left unset
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    take_sizes(args, FULL, QUICK)
     check_flags(parser, args, MINIMUMS, TIMEOUTS)
     if args.rate_mbit != 0 and not 0 < args.rate_mbit < float("inf"):
         parser.error(
