@@ -413,10 +413,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = apply_config(parser, args, argv)
         code: Any = args.handler(args)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
-        print(f"graphwire: error: {error}", file=sys.stderr)
+        _say(f"graphwire: error: {error}")
         return 2
     except KeyboardInterrupt:
-        print("graphwire: interrupted", file=sys.stderr)
+        _say("graphwire: interrupted")
         return 130
     except RuntimeError as error:
         if not type(error).__module__.startswith("graphwire"):
@@ -424,12 +424,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(error, "usage", False):
             # A worker's bad input or setting (WorkerFailed): its line says it.
             first = str(error).split("\n", 1)[0]
-            print(f"graphwire: error: {first}", file=sys.stderr)
+            _say(f"graphwire: error: {first}")
             return 2
         # A worker died, a peer timed out: say so, no traceback.
-        print(f"graphwire: error: {error}", file=sys.stderr)
+        _say(f"graphwire: error: {error}")
         return 1
     return int(code or 0)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr in one write: ``print`` writes the newline apart,
+    and the ranks torchrun starts on a node share its stderr, so their lines
+    would run into each other."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def run_folder(out: str | None, prefix: str) -> Path:

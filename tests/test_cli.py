@@ -62,6 +62,27 @@ def test_bad_dataset_is_a_clear_error(capsys) -> None:
     assert "nodes='x'" in capsys.readouterr().err
 
 
+def test_an_error_is_one_write(monkeypatch) -> None:
+    """The ranks torchrun starts on a node share its stderr: an error line
+    written in two pieces (``print`` writes the newline apart) ran into the
+    next rank's."""
+    writes: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    assert main(["data", "info", "--dataset", "synthetic:products?nodes=x"]) == 2
+    assert len(writes) == 1, writes
+    assert writes[0].startswith("graphwire: error: dataset ")
+    assert writes[0].endswith("is not an integer\n")
+
+
 def test_config_file_keys_must_be_known(tmp_path, capsys) -> None:
     config = tmp_path / "run.yaml"
     config.write_text("model: gcn\ncolour: blue\n")
