@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from graphwire.comm.base import Transport
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
-from graphwire.fullgraph.checkpoint import CheckpointConfig
+from graphwire.fullgraph.checkpoint import CheckpointConfig, parts_digest
 from graphwire.fullgraph.distributed import train_distributed
 from graphwire.partition.format import load_part
 from graphwire.partition.local import LocalPart
@@ -44,6 +44,7 @@ __all__ = [
     "RankReport",
     "epoch_lines",
     "gather_reports",
+    "load_agreed_part",
     "rank_report",
     "run_rank",
     "serve_rank",
@@ -148,7 +149,7 @@ def serve_rank(
     lead = ctx.rank == 0
     transport = TorchTransport.open(ctx)
     try:
-        part = load_part(job.folder, ctx.rank)
+        part = load_agreed_part(job.folder, transport)
         log = job.log
         with MetricsLog(log.out if lead and log else None, final=False) as stream:
             on_epoch = EpochStream(
@@ -162,6 +163,59 @@ def serve_rank(
         return gather_reports(transport, rank_report(ctx.rank, part, run, start))
     finally:
         transport.close()
+
+
+def load_agreed_part(folder: str, transport: Transport) -> LocalPart:
+    """This rank's part of ``folder``, once every rank has loaded its own
+    part of the same parts (an ``all_gather_object`` of what each found:
+    ``meta.json``'s SHA-256, or why it could not load; tag ``meta.parts``).
+
+    Raises:
+        ValueError: on every rank alike, naming the ranks that could not load
+            their part and why, or the ranks whose parts differ. On several
+            machines ``folder`` is a path on each: the parts rank 0 writes
+            into its ``--out`` are not on the others unless they share it.
+    """
+    part: LocalPart | None = None
+    try:
+        part = load_part(folder, transport.rank)
+        seen = ("parts", parts_digest(folder))
+    except (ValueError, OSError) as error:  # a DatasetError is a ValueError
+        seen = ("error", str(error))
+    found = transport.all_gather_object(seen, "meta.parts")
+    failed = _ranks_by(found, "error")
+    if failed:
+        why = "; ".join(f"{ranks}: {error}" for error, ranks in failed.items())
+        raise ValueError(f"the parts could not be loaded on {why}. {_SAME_PARTS}")
+    digests = _ranks_by(found, "parts")
+    if len(digests) > 1:
+        which = ", ".join(
+            f"{ranks} (meta.json SHA-256 {digest[:12]}...)"
+            for digest, ranks in digests.items()
+        )
+        raise ValueError(f"the ranks loaded different parts: {which}. {_SAME_PARTS}")
+    assert part is not None
+    return part
+
+
+_SAME_PARTS = (
+    "Every rank loads its part of the same partitioned graph: on several "
+    "machines, give them an --out they share, or split the graph first "
+    "(graphwire partition) and give each machine a copy as --dataset"
+)
+
+
+def _ranks_by(found: list[tuple[str, str]], kind: str) -> dict[str, str]:
+    """``{value: "rank 2"}`` or ``"ranks 0, 1"``, of the ranks that found
+    ``(kind, value)``, in the order of the first rank of each."""
+    groups: dict[str, list[int]] = {}
+    for rank, (got, value) in enumerate(found):
+        if got == kind:
+            groups.setdefault(value, []).append(rank)
+    return {
+        value: ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks))
+        for value, ranks in groups.items()
+    }
 
 
 @dataclass

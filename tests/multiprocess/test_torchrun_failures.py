@@ -93,3 +93,41 @@ def test_a_worker_torchrun_stops_cleans_up_as_on_ctrl_c(tmp_path: Path) -> None:
     assert agent.returncode != 0
     assert "graphwire: interrupted" in stderr, stderr[-3000:]
     assert list(scratch.glob("graphwire-presample-*")) == []
+
+
+def test_nodes_without_a_shared_out_refuse_alike(tmp_path: Path) -> None:
+    """``torchrun --nnodes 2`` of a dataset that is not split yet, each node
+    with its own ``--out``: rank 0 splits it into node 0's folder, which node
+    1 does not see. Every rank of both nodes says so and how to mend it (node
+    0's ranks had failed with gloo's "Connection closed by peer")."""
+    port = str(free_port())
+    nodes = [
+        subprocess.Popen(
+            [_torchrun(), "--nnodes", "2", "--node-rank", str(node)]
+            + ["--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+            + ["--master-port", port, "-m", "graphwire", "train"]
+            + ["--dataset", SPEC, "--model", "gcn", "--epochs", "2", "--quiet"]
+            + ["--timeout", "60", "--out", str(tmp_path / f"node{node}")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for node in (0, 1)
+    ]
+    errors = []
+    try:
+        for node in nodes:
+            errors.append(node.communicate(timeout=120)[1])
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.communicate()
+    missing = tmp_path / "node1" / "partitions"
+    said = f"graphwire: error: the parts could not be loaded on ranks 2, 3: {missing}"
+    for node, stderr in zip(nodes, errors, strict=True):
+        assert node.returncode != 0
+        lines = [line for line in stderr.splitlines() if "graphwire: error" in line]
+        assert len(lines) == 2, stderr[-3000:]  # one whole line per rank
+        assert all(line.startswith(said) for line in lines), lines
