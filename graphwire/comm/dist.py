@@ -27,15 +27,21 @@ Failures: every blocking call is bounded by the process-group timeout
 (``ctx.timeout_s``); under NCCL the watchdog enforces it by aborting the
 process. A ``torch.distributed`` error (timeout, a peer's connection closed) is
 re-raised as :class:`TransportError` naming this rank, the operation and the
-tag, and the peer: a point-to-point one's, or of two ranks the other (gloo's
-error names no rank; of more, the launcher's report names the one that
-died). Under gloo a peer that dies mid-collective closes its sockets, and the
-survivors' pending collectives fail at once rather than at the timeout.
+tag, and the peer: a point-to-point one's, or of two ranks the other. gloo's
+error names an address, not a rank, so of more than two ranks each beats in
+the rendezvous store (:class:`_Heartbeat`), and a failed collective names
+the ranks that stopped beating: under ``torchrun --nnodes`` no launcher on
+the other nodes knows which rank died. Under gloo a peer that dies
+mid-collective closes its sockets, and the survivors' pending collectives
+fail at once rather than at the timeout.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -58,6 +64,8 @@ if TYPE_CHECKING:
 __all__ = ["TorchTransport"]
 
 _P2P_TAG = 0  # one channel per pair: matched in send order, as LocalTransport
+_BEAT_S = 0.5  # each rank's heartbeat period
+_SILENT_S = 2.0  # a rank whose heartbeat did not move in this long is gone
 
 
 class TorchTransport(Transport):
@@ -84,6 +92,7 @@ class TorchTransport(Transport):
         self._timeout = timedelta(seconds=ctx.timeout_s)
         self._owns_group = owns_group
         self._closed = False
+        self._heartbeat = _Heartbeat.start(ctx) if ctx.world_size > 2 else None
 
     @classmethod
     def open(cls, ctx: WorkerContext, *, check_splits: bool = True) -> TorchTransport:
@@ -144,6 +153,8 @@ class TorchTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -210,7 +221,7 @@ class TorchTransport(Transport):
                 received, payload, recv_sizes, send_rows, async_op=False
             )
         except RuntimeError as error:
-            self._fail(self._collective("all_to_all"), tag, error)
+            self._collective_failed("all_to_all", tag, error)
 
         out: list[torch.Tensor] = []
         for src, block in enumerate(torch.split(received.to(home), recv_sizes)):
@@ -258,7 +269,7 @@ class TorchTransport(Transport):
         try:
             dist.all_gather(lengths, length)
         except RuntimeError as error:
-            self._fail(self._collective("all_gather_object (lengths)"), tag, error)
+            self._collective_failed("all_gather_object (lengths)", tag, error)
         sizes = [int(n.item()) for n in lengths]  # host sync (NCCL)
         mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         # Records len(data) bytes to, and sizes[p] from, every peer p; the
@@ -280,7 +291,7 @@ class TorchTransport(Transport):
         try:
             dist.all_gather(every, mine.to(self.device))
         except RuntimeError as error:
-            self._fail(self._collective("all_to_all (split check)"), tag, error)
+            self._collective_failed("all_to_all (split check)", tag, error)
         table = torch.stack(every).cpu()  # [W ranks, 2, W peers]; host sync
         sends, expects = table[:, 0, :], table[:, 1, :].T  # [src, dst] both
         wrong = (sends != expects).nonzero().tolist()
@@ -308,16 +319,115 @@ class TorchTransport(Transport):
                 f"{self.world_size}), got {peer} on rank {self.rank}"
             )
 
-    def _collective(self, op: str) -> str:
-        """``op``, with the peer it failed on when that is known: gloo's
-        errors give an address, not a rank, but of two ranks it is the other
-        (under torchrun no launcher of this node names it)."""
-        return f"{op} with rank {1 - self.rank}" if self.world_size == 2 else op
+    def _collective_failed(self, op: str, tag: str, error: BaseException) -> NoReturn:
+        """Raise for a failed collective ``op``, naming the peers it failed
+        on where that can be told (gloo's errors give an address, not a
+        rank): of two ranks the other; of more, the ranks whose heartbeat
+        stopped (this waits ``_SILENT_S`` to see)."""
+        if self.world_size == 2:
+            self._fail(f"{op} with rank {1 - self.rank}", tag, error)
+        lost = self._heartbeat.lost() if self._heartbeat is not None else None
+        if lost:
+            named = ("ranks " if len(lost) > 1 else "rank ") + ", ".join(map(str, lost))
+            where = "they ran" if len(lost) > 1 else "it ran"
+            why = f"{named} stopped beating (died, killed or frozen; see where {where})"
+        elif lost == []:
+            why = "every other rank still beats, so one is slow or stuck"
+        else:  # the store went with its host: nothing to tell
+            self._fail(op, tag, error)
+        raise TransportError(
+            f"rank {self.rank} ({tag}): {op} failed: {why}. {error}"
+        ) from error
 
     def _fail(self, op: str, tag: str, error: BaseException) -> NoReturn:
+        if self._heartbeat is not None:
+            self._heartbeat.mark_failed()  # the others' lost() leave it out
         raise TransportError(
             f"rank {self.rank} ({tag}): {op} failed: {error}"
         ) from error
+
+
+class _Heartbeat:
+    """This rank's heartbeat: a daemon thread adds 1 to the rank's counter in
+    the run's rendezvous store (``MASTER_ADDR:MASTER_PORT``: rank 0's, or
+    under torchrun node 0's agent's) every ``_BEAT_S``.
+
+    After a failed collective, :meth:`lost` tells which ranks are gone: those
+    whose counter did not move in ``_SILENT_S`` and that did not report a
+    failure of their own (a survivor that has already given up and exited
+    is not lost). The keys are per torchrun run and restart.
+    """
+
+    def __init__(self, rank: int, world_size: int, store: Any) -> None:
+        self.rank, self.world_size, self._store = rank, world_size, store
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self._prefix = f"graphwire/heartbeat/{run}/{restart}/"
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat, name="graphwire-heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    @classmethod
+    def start(cls, ctx: WorkerContext) -> _Heartbeat | None:
+        """Beat for ``ctx``'s rank; None if the store cannot be reached."""
+        try:
+            store = dist.TCPStore(
+                ctx.master_addr,
+                ctx.master_port,
+                is_master=False,
+                timeout=timedelta(seconds=5),
+                wait_for_workers=False,
+            )
+        except (RuntimeError, OSError):
+            return None
+        return cls(ctx.rank, ctx.world_size, store)
+
+    def _beat(self) -> None:
+        key = f"{self._prefix}beat/{self.rank}"
+        while not self._stopped.is_set():
+            try:
+                self._store.add(key, 1)
+            except (RuntimeError, OSError):  # the store went with its host
+                return
+            self._stopped.wait(_BEAT_S)
+
+    def lost(self) -> list[int] | None:
+        """The other ranks whose heartbeat stopped, seen over ``_SILENT_S``
+        (this rank's goes on meanwhile); None if the store cannot tell."""
+        try:
+            self.mark_failed()
+            before = self._counts()
+            time.sleep(_SILENT_S)
+            after = self._counts()
+            failed = [
+                self._store.check([f"{self._prefix}failed/{rank}"])
+                for rank in range(self.world_size)
+            ]
+        except (RuntimeError, OSError):
+            return None
+        return [
+            rank
+            for rank in range(self.world_size)
+            if rank != self.rank and before[rank] == after[rank] and not failed[rank]
+        ]
+
+    def mark_failed(self) -> None:
+        """Say that this rank has met a failure of its own (it is not lost)."""
+        try:
+            self._store.set(f"{self._prefix}failed/{self.rank}", "1")
+        except (RuntimeError, OSError):
+            pass  # lost() will find the store gone as well
+
+    def _counts(self) -> list[int]:
+        return [
+            self._store.add(f"{self._prefix}beat/{rank}", 0)
+            for rank in range(self.world_size)
+        ]
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 class _TorchWork:

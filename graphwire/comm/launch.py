@@ -77,7 +77,8 @@ T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
 # Errors that report a bad input or setting, not a fault of graphwire's.
 _USAGE_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
-PEER_REPORT_S = 1.0  # after a failure, how long the others get to report theirs
+PEER_REPORT_S = 3.0  # after a failure, how long the others get to report theirs
+# (of more than two ranks, a survivor takes 2 s to see which stopped beating)
 TERMINATE_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
 
 

@@ -57,12 +57,15 @@ def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
     assert not error.usage
     assert str(error).startswith("rank 2 was killed by SIGKILL (exit code -9)")
     # gloo fails the survivors' pending all-to-all at once ("Connection closed
-    # by peer"); they report it as a TransportError and exit non-zero.
+    # by peer", naming an address); they report it as a TransportError naming
+    # the rank that stopped beating (under torchrun on several nodes, no
+    # launcher of theirs knows it), and exit non-zero.
     for rank in (0, 1):
         assert error.failures[rank].startswith("raised TransportError: rank "), (
             error.failures
         )
         assert "(doomed): all_to_all" in error.failures[rank]
+        assert "failed: rank 2 stopped beating (died," in error.failures[rank]
     assert elapsed < 30, f"took {elapsed:.1f}s"
     assert worker_children() == []
     # Every rank's temporary folder was in the run's scratch, now removed.
