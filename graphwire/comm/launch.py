@@ -62,6 +62,7 @@ import torch
 from graphwire.comm.base import TransportError
 from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
 from graphwire.comm.scratch import Scratch
+from graphwire.sigterm import interrupt_on_sigterm
 
 __all__ = [
     "WorkerFailed",
@@ -325,24 +326,6 @@ def die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # the parent died before prctl
         os._exit(1)
-
-
-def interrupt_on_sigterm() -> None:
-    """Make SIGTERM raise ``KeyboardInterrupt`` in this process's main
-    thread, as Ctrl-C does: how ``torchrun`` stops its workers (one has
-    failed, or the agent was told to stop), and by default the end of a
-    process that runs no clean-up (rapid's presampled batches stayed in the
-    temporary folder). Nothing is installed off the main thread, or where
-    SIGTERM is ignored or handled outside Python."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _loopback_env() -> dict[str, str]:

@@ -50,7 +50,7 @@ def run_script(main: Callable[[], int | None]) -> int:
     clean-up (namespaces, workers, work folders) has run by then, on the way
     out of ``main``; under SIGTERM's default it never ran, and the network
     namespace stayed."""
-    from graphwire.comm.launch import interrupt_on_sigterm
+    from graphwire.sigterm import interrupt_on_sigterm
 
     interrupt_on_sigterm()
     try:

@@ -54,14 +54,13 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
 
     ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
     if ctx is not None:
-        from graphwire.comm.launch import die_with_parent, interrupt_on_sigterm
+        from graphwire.comm.launch import die_with_parent
 
-        # torchrun's agent stops its workers when it is stopped, but not when
-        # it is killed (SIGKILL, the OOM killer): this worker would train on
-        # alone, and the other nodes' agents wait for its node at the end.
+        # torchrun's agent stops its workers when it is stopped (SIGTERM: the
+        # command line ends as on Ctrl-C, cleaning up), but not when it is
+        # killed (SIGKILL, the OOM killer): this worker would train on alone,
+        # and the other nodes' agents wait for its node at the end.
         die_with_parent(os.getppid())
-        # It stops them with SIGTERM: end as on Ctrl-C, cleaning up.
-        interrupt_on_sigterm()
     world = ctx.world_size if ctx is not None else int(args.workers)
     leader = ctx is None or ctx.rank == 0
     checkpoint = _checkpoint(args, out, config)
