@@ -47,6 +47,7 @@ def atomic_dir(
         tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     )
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # as mkdir makes it, not mkdtemp's 0700
         yield tmp
         if target.exists():
             trash = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -138,6 +139,7 @@ def atomic_file(target: str | os.PathLike[str], mode: str = "w") -> Iterator[Any
     )
     os.close(fd)
     try:
+        os.chmod(tmp_name, 0o666 & ~_umask())  # as open makes it, not mkstemp's 0600
         with open(tmp_name, mode) as handle:
             yield handle
             handle.flush()
@@ -146,6 +148,20 @@ def atomic_file(target: str | os.PathLike[str], mode: str = "w") -> Iterator[Any
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux tells it
+    (``os.umask`` sets it too, for every thread, until it is put back)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 22) -> str:

@@ -1,13 +1,15 @@
-"""Atomic output: what an overwrite may replace, and that a refusal deletes nothing."""
+"""Atomic output: what an overwrite may replace, that a refusal deletes
+nothing, and the modes of what is written."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from graphwire.fsutil import atomic_dir, check_replaceable
+from graphwire.fsutil import atomic_dir, check_replaceable, write_json
 
 
 def graphwire_folder(path: Path) -> Path:
@@ -70,3 +72,20 @@ def test_a_target_under_a_file_is_named_before_anything_is_made(
     with pytest.raises(ValueError, match=r"g: is under .*afile, which is a file"):
         save_graph(Graph(indptr=[0, 0], indices=[]), target)
     assert [p.name for p in tmp_path.iterdir()] == ["afile"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_what_is_written_has_the_modes_of_the_umask(tmp_path: Path, umask) -> None:
+    """A graph or parts folder is shared (by other users, or a container's
+    other uid): mkdtemp's 0700 and mkstemp's 0600 made it private to the
+    writer whatever the umask said."""
+    before = os.umask(umask)
+    try:
+        with atomic_dir(tmp_path / "graph") as folder:
+            (folder / "x.npy").write_bytes(b"x")
+        write_json(tmp_path / "graph" / "meta.json", {"a": 1})
+    finally:
+        os.umask(before)
+    assert (tmp_path / "graph").stat().st_mode & 0o777 == 0o777 & ~umask
+    meta = tmp_path / "graph" / "meta.json"
+    assert meta.stat().st_mode & 0o777 == 0o666 & ~umask
