@@ -38,6 +38,7 @@ __all__ = [
     "TransportError",
     "Work",
     "encode_object",
+    "name_ranks",
     "row_bytes",
 ]
 
@@ -225,6 +226,11 @@ def _sum_in_rank_order(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def _chunk_bounds(n: int, parts: int) -> list[int]:
     return [n * p // parts for p in range(parts + 1)]
+
+
+def name_ranks(ranks: Sequence[int]) -> str:
+    """``"rank 2"`` or ``"ranks 0, 1"``, as messages name them."""
+    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks))
 
 
 def encode_object(obj: Any) -> bytes:

@@ -54,6 +54,7 @@ from graphwire.comm.base import (
     TransportError,
     Work,
     encode_object,
+    name_ranks,
     row_bytes,
 )
 from graphwire.comm.context import WorkerContext
@@ -328,9 +329,11 @@ class TorchTransport(Transport):
             self._fail(f"{op} with rank {1 - self.rank}", tag, error)
         lost = self._heartbeat.lost() if self._heartbeat is not None else None
         if lost:
-            named = ("ranks " if len(lost) > 1 else "rank ") + ", ".join(map(str, lost))
             where = "they ran" if len(lost) > 1 else "it ran"
-            why = f"{named} stopped beating (died, killed or frozen; see where {where})"
+            why = (
+                f"{name_ranks(lost)} stopped beating (died, killed or frozen; "
+                f"see where {where})"
+            )
         elif lost == []:
             why = "every other rank still beats, so one is slow or stuck"
         else:  # the store went with its host: nothing to tell

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from graphwire.comm.base import Transport
+from graphwire.comm.base import Transport, name_ranks
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
 from graphwire.fullgraph.checkpoint import CheckpointConfig, parts_digest
@@ -212,10 +212,7 @@ def _ranks_by(found: list[tuple[str, str]], kind: str) -> dict[str, str]:
     for rank, (got, value) in enumerate(found):
         if got == kind:
             groups.setdefault(value, []).append(rank)
-    return {
-        value: ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks))
-        for value, ranks in groups.items()
-    }
+    return {value: name_ranks(ranks) for value, ranks in groups.items()}
 
 
 @dataclass
