@@ -3,10 +3,20 @@
 Nothing graphwire writes is ever seen half-written: a file goes to a temporary
 name beside its target and is renamed into place; a folder is filled under a
 temporary name and renamed as a whole.
+
+A writer killed outright (SIGKILL, the OOM killer) runs no clean-up, so its
+temporary ``.NAME.*.tmp`` stays beside the target: the next write of the same
+target removes it. The writer holds an exclusive ``flock`` on it for as long
+as it runs (on the folder's ``.lock``, or on the file itself); the kernel lets
+go when the process dies, whatever killed it, so one whose lock can be taken
+is a dead writer's. A lock, unlike a PID, tells the same across PID
+namespaces and machines sharing the folder.
 """
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -15,7 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -24,10 +34,14 @@ __all__ = [
     "atomic_file",
     "check_creatable",
     "check_replaceable",
+    "lock_folder",
+    "remove_abandoned",
     "save_npy",
     "sha256_file",
     "write_json",
 ]
+
+_LOCK = ".lock"
 
 
 @contextmanager
@@ -43,22 +57,95 @@ def atomic_dir(
     target = Path(target)
     check_replaceable(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(
-        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    )
+    tmp, lock = _locked_tmp_dir(target)
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # as mkdir makes it, not mkdtemp's 0700
         yield tmp
+        # Unnamed before the rename, held until after it: never seen unlocked.
+        (tmp / _LOCK).unlink(missing_ok=True)
         if target.exists():
-            trash = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, trash)
-            os.replace(tmp, target)
-            shutil.rmtree(trash, ignore_errors=True)
+            _replace_dir(tmp, target)
         else:
             os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _locked_tmp_dir(target: Path) -> tuple[Path, IO[str] | None]:
+    """A new ``.NAME.*.tmp`` folder beside ``target``, locked; first removes
+    those a killed writer of ``target`` left."""
+    remove_abandoned(target.parent, f".{glob.escape(target.name)}.*.tmp")
+    tmp = Path(
+        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    )
+    return tmp, lock_folder(tmp)
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Put folder ``new`` in the place of folder ``target``, whose contents
+    go to a locked temporary folder first (a writer killed while removing
+    them leaves it to the next)."""
+    trash, lock = _locked_tmp_dir(target)
+    try:
+        os.replace(target, trash / "old")
+        try:
+            os.replace(new, target)
+        except BaseException:
+            os.replace(trash / "old", target)
+            raise
+        shutil.rmtree(trash, ignore_errors=True)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def lock_folder(folder: Path) -> IO[str] | None:
+    """Hold an exclusive lock on ``folder/.lock`` until the returned file is
+    closed (or the process dies): :func:`remove_abandoned` leaves the folder
+    alone meanwhile. ``folder`` must be new. None where the file system has
+    no locks; then ``folder`` has no ``.lock`` and is never removed."""
+    lock = open(folder / f"{_LOCK}.new", "w")  # noqa: SIM115 - the caller's
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: never waits
+    except OSError:
+        lock.close()
+        os.unlink(folder / f"{_LOCK}.new")
+        return None
+    # Locked under another name, then named: no one sees .lock unlocked.
+    os.replace(folder / f"{_LOCK}.new", folder / _LOCK)
+    return lock
+
+
+def remove_abandoned(
+    where: str | os.PathLike[str],
+    pattern: str,
+    keep: Path | None = None,
+    *,
+    files: bool = False,
+) -> None:
+    """Remove the folders that match ``pattern`` in ``where`` and whose writer
+    is gone: their ``.lock`` is not held; with ``files``, the files instead,
+    those not locked themselves. A folder without ``.lock`` (being made this
+    moment, or on a file system without locks) is left alone, as is whatever
+    cannot be locked."""
+    for path in Path(where).glob(pattern):
+        if path == keep or path.is_symlink() or path.is_dir() == files:
+            continue
+        if not files and not (path / _LOCK).is_file():
+            continue
+        try:
+            with open(path if files else path / _LOCK, "rb") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if files:
+                    path.unlink(missing_ok=True)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # held: its writer runs; or it went meanwhile
+            continue
 
 
 def check_replaceable(
@@ -134,12 +221,19 @@ def atomic_file(target: str | os.PathLike[str], mode: str = "w") -> Iterator[Any
     """Open a temporary file beside ``target``; rename it into place on success."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(target.parent, f".{glob.escape(target.name)}.*.tmp", files=True)
     fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+        prefix=f".{target.name}.", suffix=".new", dir=target.parent
     )
-    os.close(fd)
     try:
         os.chmod(tmp_name, 0o666 & ~_umask())  # as open makes it, not mkstemp's 0600
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: never waits
+        except OSError:
+            pass  # no locks here: stays .new, which no one removes
+        else:  # locked under .new, then named: no one sees .tmp unlocked
+            os.replace(tmp_name, tmp_name[: -len(".new")] + ".tmp")
+            tmp_name = tmp_name[: -len(".new")] + ".tmp"
         with open(tmp_name, mode) as handle:
             yield handle
             handle.flush()
@@ -148,6 +242,8 @@ def atomic_file(target: str | os.PathLike[str], mode: str = "w") -> Iterator[Any
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

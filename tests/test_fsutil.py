@@ -1,15 +1,19 @@
 """Atomic output: what an overwrite may replace, that a refusal deletes
-nothing, and the modes of what is written."""
+nothing, the modes of what is written, and what a killed writer leaves."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from graphwire.fsutil import atomic_dir, check_replaceable, write_json
+from graphwire.fsutil import atomic_dir, atomic_file, check_replaceable, write_json
 
 
 def graphwire_folder(path: Path) -> Path:
@@ -89,3 +93,84 @@ def test_what_is_written_has_the_modes_of_the_umask(tmp_path: Path, umask) -> No
     assert (tmp_path / "graph").stat().st_mode & 0o777 == 0o777 & ~umask
     meta = tmp_path / "graph" / "meta.json"
     assert meta.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+_KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+from graphwire.fsutil import atomic_dir, atomic_file
+target, kind = Path(sys.argv[1]), sys.argv[2]
+opened = atomic_dir(target, overwrite=True) if kind == "dir" else atomic_file(target)
+with opened as tmp:
+    if kind == "dir":
+        (tmp / "part0.npy").write_bytes(b"x" * 4096)
+    else:
+        tmp.write("half")
+    print("writing", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_a_killed_writers_temporary_is_removed_by_the_next_write(
+    tmp_path: Path, kind: str
+) -> None:
+    """SIGKILL (the OOM killer) runs no clean-up: ``graphwire partition``
+    killed mid-write left a hidden ``.p4.*.tmp`` of hundreds of MB beside
+    its target for good. The next write of that target removes it."""
+    target = tmp_path / ("p4" if kind == "dir" else "meta.json")
+    if kind == "dir":
+        graphwire_folder(target)  # killed while replacing it: it stays
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(target), kind],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline() == "writing\n"
+        (left,) = tmp_path.glob(f".{target.name}.*.tmp")
+        with atomic_file(tmp_path / "other.json") as other:  # another target's
+            other.write("{}")
+        assert left.exists()  # its writer runs: kept
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=30)
+    assert left.exists()
+    if kind == "dir":
+        with atomic_dir(target, overwrite=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+        assert [p.name for p in target.iterdir()] == ["new.txt"]
+    else:
+        write_json(target, {"a": 1})
+        assert json.loads(target.read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [target.name, "other.json"]
+    )
+
+
+def test_a_running_writers_temporary_is_kept(tmp_path: Path) -> None:
+    """Two writers of one target at once: neither removes the other's
+    temporary (each is locked while its writer runs), and what is not
+    graphwire's locked kind is never touched."""
+    target = tmp_path / "g"
+    unlocked = tmp_path / ".g.older.tmp"  # no .lock: not ours to judge
+    unlocked.mkdir()
+    held = tmp_path / ".g.held.tmp"  # its .lock held by another open file
+    held.mkdir()
+    lock = open(held / ".lock", "w")  # noqa: SIM115 - closed below
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        with atomic_dir(target) as first:
+            with atomic_dir(target) as second:
+                (second / "second.txt").write_text("2")
+            assert first.is_dir() and held.is_dir() and unlocked.is_dir()
+            assert [p.name for p in target.iterdir()] == ["second.txt"]
+            (first / "meta.json").write_text('{"format": "graphwire.graph"}')
+    finally:
+        lock.close()
+    assert [p.name for p in target.iterdir()] == ["meta.json"]  # the last wins
+    with atomic_dir(target, overwrite=True) as tmp:
+        (tmp / "third.txt").write_text("3")
+    assert not held.exists() and unlocked.is_dir()  # its lock is free now
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.older.tmp", "g"]

@@ -8,14 +8,15 @@ clean-up, so the folder stays; the next launcher removes it. Each launcher
 holds an exclusive ``flock`` on ``.lock`` in its folder for as long as it
 runs (the kernel lets go when the process dies, whatever killed it), so a
 folder whose lock can be taken is a dead launcher's. A lock, unlike a PID,
-tells the same across PID namespaces sharing the folder. A worker under
+tells the same across PID namespaces sharing the folder (the locks are
+:mod:`graphwire.fsutil`'s, as for its temporary folders). A worker under
 ``torchrun``, which has no launcher's folder, keeps rapid's presampled
 batches in one of its own the same way (``graphwire-presample-*``).
 """
 
 from __future__ import annotations
 
-import fcntl
+import glob
 import os
 import shutil
 import tempfile
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from graphwire import fsutil
+
 __all__ = ["PREFIX", "Scratch", "remove_abandoned"]
 
 PREFIX = "graphwire-run-"  # a launcher's
-_LOCK = ".lock"
 
 
 @dataclass
@@ -37,24 +39,22 @@ class Scratch:
     """
 
     path: Path
-    _lock: IO[str]
+    _lock: IO[str] | None  # None: the file system has no locks
 
     @classmethod
     def create(cls, prefix: str = PREFIX) -> Scratch:
         """A fresh locked folder ``<prefix>*`` in the temporary folder; also
         removes those of the same prefix whose process is dead."""
         path = Path(tempfile.mkdtemp(prefix=prefix))
-        # Locked under another name, then named: no one sees .lock unlocked.
-        lock = open(path / f"{_LOCK}.new", "w")  # noqa: SIM115 - closed in remove()
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the folder is new: never waits
-        os.replace(path / f"{_LOCK}.new", path / _LOCK)
+        lock = fsutil.lock_folder(path)
         remove_abandoned(path.parent, prefix, keep=path)
         return cls(path, lock)
 
     def remove(self) -> None:
         """Remove the folder and what the workers left in it; idempotent."""
         shutil.rmtree(self.path, ignore_errors=True)
-        self._lock.close()
+        if self._lock is not None:
+            self._lock.close()
 
 
 def remove_abandoned(
@@ -63,12 +63,4 @@ def remove_abandoned(
     """Remove the ``<prefix>*`` folders in ``where`` whose process is gone:
     their ``.lock`` is not held. A folder without one (being made this
     moment, or by an older graphwire) is left alone."""
-    for folder in Path(where).glob(prefix + "*"):
-        if folder == keep or not (folder / _LOCK).is_file():
-            continue
-        try:
-            with open(folder / _LOCK) as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                shutil.rmtree(folder, ignore_errors=True)
-        except OSError:  # held: its launcher runs; or it went meanwhile
-            continue
+    fsutil.remove_abandoned(where, glob.escape(prefix) + "*", keep=keep)

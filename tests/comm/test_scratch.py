@@ -71,6 +71,7 @@ def test_a_prefix_sweeps_only_its_own_kind(tmp_dir: Path) -> None:
     abandoned = {}
     for prefix in ("graphwire-run-", "graphwire-presample-"):
         scratch = Scratch.create(prefix)
+        assert scratch._lock is not None
         scratch._lock.close()  # as if its process were SIGKILLed
         abandoned[prefix] = scratch.path
     Scratch.create("graphwire-presample-").remove()
