@@ -6,13 +6,15 @@ machine-readable line::
 
     summary test_acc=0.8150 val_acc=0.7960 epochs=200 epoch_s_median=0.012
 
-The file is written to a temporary name and renamed when the run closes, so a
+The records are strict JSON: a NaN or infinite number (a diverged loss) is
+``null``. The file is written to a temporary name and renamed when the run closes, so a
 crashed run never leaves a ``metrics.jsonl`` that looks complete.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import time
@@ -21,6 +23,18 @@ from types import TracebackType
 from typing import Any
 
 __all__ = ["MetricsLog", "format_bytes", "format_summary", "peak_rss_mb"]
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None (``null``): JSON has
+    neither, and a log of a diverged run must still parse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
 
 
 def peak_rss_mb() -> float:
@@ -96,7 +110,7 @@ class MetricsLog:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._handle = open(self._partial, "w")  # noqa: SIM115 - closed in __exit__
         record = {"kind": kind, "time": round(time.time() - self._started, 4), **fields}
-        self._handle.write(json.dumps(record, sort_keys=False) + "\n")
+        self._handle.write(json.dumps(_strict(record), allow_nan=False) + "\n")
         self._handle.flush()
 
     def __exit__(

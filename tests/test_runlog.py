@@ -46,3 +46,19 @@ def test_metrics_file_appears_only_on_success(tmp_path) -> None:
         raise RuntimeError("worker died")
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
     assert (tmp_path / "bad" / "metrics.jsonl.partial").exists()
+
+
+def test_the_log_stays_strict_json_when_a_run_diverges(tmp_path) -> None:
+    """A NaN or infinite loss (a diverged run) is ``null``: Python's json
+    wrote ``NaN``, which strict readers (jq, JavaScript, Go) refuse."""
+    nan, inf = float("nan"), float("inf")
+    with MetricsLog(tmp_path / "run") as log:
+        log.write("epoch", epoch=0, loss=nan, times={"a": inf}, extra=[1.5, -inf])
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"not strict JSON: {name}")
+
+    line = (tmp_path / "run" / "metrics.jsonl").read_text()
+    record = json.loads(line, parse_constant=refuse)
+    assert record["loss"] is None and record["times"] == {"a": None}
+    assert record["extra"] == [1.5, None] and record["epoch"] == 0

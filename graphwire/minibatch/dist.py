@@ -461,7 +461,9 @@ def _epoch(
             loop.cache.build(epoch + 1, loop.epochs[epoch + 1].hot_ids)
     total = 0.0
     for batch in loop.batches(epoch):
-        total += loop.step(batch, stats) * batch.seeds.numel()
+        loss = loop.step(batch, stats)  # NaN for a batch without seeds
+        if batch.seeds.numel():  # a share smaller than the steps has some
+            total += loss * batch.seeds.numel()
         seen.append((batch.epoch, batch.index, int(batch.seeds.sum())))
     train_s = time.perf_counter() - began
     metrics: dict[str, float] = {}

@@ -220,3 +220,22 @@ def test_a_split_empty_on_every_part_is_refused_before_serving(
     folder = str(write_partitioned(no_train, partition, tmp_path / "no-train"))
     with pytest.raises(ValueError, match=r"\(all 2 parts\): train_idx holds no"):
         run_local(lambda t: train(t, folder, _config(), FetchOptions()), 2)
+
+
+def test_a_rank_with_fewer_seeds_than_steps_has_a_finite_loss(
+    tmp_path: Path,
+) -> None:
+    """5 training nodes on 2 ranks, batch size 1: 3 steps each, so rank 1's
+    share of 2 has an empty batch, whose NaN loss made its epoch's loss NaN
+    (and its metrics.jsonl record not JSON)."""
+    graph = _graph(300)
+    five = graph.replace(train_idx=graph.train_idx[:5])
+    partition = get_partitioner("random").partition(five, 2, seed=0)
+    folder = str(write_partitioned(five, partition, tmp_path / "five"))
+    config = TrainConfig(
+        model="sage", hidden=8, epochs=2, batch_size=1, fanouts=[3, 4], seed=5
+    )
+    runs = run_local(lambda t: train(t, folder, config, FetchOptions()), 2)
+    assert [len(run["batches"]) for run in runs] == [6, 6]  # 3 steps x 2 epochs
+    losses = [rec["loss"] for run in runs for rec in run["records"]]
+    assert len(losses) == 4 and all(0 < loss < 10 for loss in losses), losses
