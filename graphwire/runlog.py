@@ -7,8 +7,8 @@ machine-readable line::
     summary test_acc=0.8150 val_acc=0.7960 epochs=200 epoch_s_median=0.012
 
 The records are strict JSON: a NaN or infinite number (a diverged loss) is
-``null``. The file is written to a temporary name and renamed when the run closes, so a
-crashed run never leaves a ``metrics.jsonl`` that looks complete.
+``null``. The file is written to a temporary name and renamed when the run
+closes, so a crashed run never leaves a ``metrics.jsonl`` that looks complete.
 """
 
 from __future__ import annotations
