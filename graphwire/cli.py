@@ -295,24 +295,24 @@ def apply_config(
         return args
     try:
         with open(path) as handle:
-            config = yaml.load(handle, Loader=_ConfigLoader) or {}
+            config = yaml.load(handle, Loader=_ConfigLoader)
     except OSError as error:
         raise ValueError(f"--config {path}: {error.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"--config {path}: not a text file (UTF-8)") from None
     except yaml.YAMLError as error:
         raise ValueError(f"--config {path}: not valid YAML: {error}") from None
+    if config is None:  # empty, or comments only
+        config = {}
     if not isinstance(config, dict):
         raise ValueError(f"--config {path}: expected a mapping of flag: value")
-    given = {
-        a.split("=")[0].lstrip("-").replace("-", "_") for a in argv if a[:2] == "--"
-    }
     actions = _command_actions(parser, args.command)
+    given = _given(parser, list(actions.values()), argv)
     args.from_config = set()
     keys: dict[str, Any] = {}
     for key, value in config.items():
         name = str(key).replace("-", "_")
-        if name not in actions or name in ("command", "handler", "config"):
+        if name not in actions or name in ("command", "handler", "config", "help"):
             raise ValueError(f"--config {path}: unknown key {key!r}")
         if name in keys:
             raise ValueError(
@@ -353,6 +353,24 @@ class _ConfigLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _given(
+    parser: argparse.ArgumentParser,
+    actions: list[argparse.Action],
+    argv: Sequence[str],
+) -> set[str]:
+    """The attribute names of the flags ``argv`` gives, ``actions`` among
+    them: ``argv`` parsed again with no defaults (so ``--epoch``, which
+    argparse takes for ``--epochs``, counts too)."""
+    defaults = [action.default for action in actions]
+    try:
+        for action in actions:
+            action.default = argparse.SUPPRESS
+        return set(vars(parser.parse_args(argv)))
+    finally:
+        for action, default in zip(actions, defaults, strict=True):
+            action.default = default
 
 
 def _command_actions(

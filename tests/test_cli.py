@@ -90,9 +90,13 @@ def test_config_file_keys_must_be_known(tmp_path, capsys) -> None:
     config.write_text("model: gcn\ncolour: blue\n")
     assert main(["train", "--config", str(config)]) == 2
     assert "unknown key 'colour'" in capsys.readouterr().err
-    config.write_text("- not a mapping\n")
+    for text in ("- not a mapping\n", "[]\n", "0\n", "false\n", "''\n"):
+        config.write_text(text)  # the last four were taken for no settings
+        assert main(["train", "--config", str(config)]) == 2
+        assert "expected a mapping" in capsys.readouterr().err
+    config.write_text("help: true\n")  # a flag, but no setting
     assert main(["train", "--config", str(config)]) == 2
-    assert "expected a mapping" in capsys.readouterr().err
+    assert "unknown key 'help'" in capsys.readouterr().err
     config.write_text("model: gcn\nepochs: 3\nmodel: sage\n")
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err
@@ -139,6 +143,23 @@ def test_config_file_values_become_the_flags_types(tmp_path) -> None:
     args = apply_config(build_parser(), build_parser().parse_args(argv), argv)
     assert (args.lr, args.seed, args.dataset, args.resume) == (0.05, 3, "12", False)
     assert args.from_config == {"lr", "dataset", "resume"}
+
+
+def test_an_abbreviated_flag_wins_over_the_config_file_too(tmp_path) -> None:
+    """argparse takes ``--epoch`` for ``--epochs``; the file's value won, so
+    the run trained with settings other than those typed, and said nothing."""
+    from graphwire.cli import apply_config, build_parser
+
+    config = tmp_path / "run.yaml"
+    config.write_text("epochs: 1\nbatch_size: 16\nfanouts: [3, 3]\n# a comment\n")
+    argv = ["train", "--config", str(config), "--epoch", "2", "--batch", "64"]
+    args = apply_config(build_parser(), build_parser().parse_args(argv), argv)
+    assert (args.epochs, args.batch_size, args.fanouts) == (2, 64, "3,3")
+    assert args.from_config == {"fanouts"}
+    config.write_text("# nothing set yet\n")  # no settings: the defaults
+    argv = ["train", "--config", str(config)]
+    args = apply_config(build_parser(), build_parser().parse_args(argv), argv)
+    assert args.from_config == set() and args.epochs == 200
 
 
 def test_a_distributed_flag_from_a_config_file_is_named_with_it(
@@ -564,3 +585,15 @@ def test_sigterm_ends_a_command_as_ctrl_c_does(tmp_path) -> None:
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "graphwire: interrupted"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("source", ["flag", "config"])
+def test_empty_fanouts_are_refused_not_the_default(tmp_path, capsys, source) -> None:
+    """``--fanouts ''`` or ``fanouts: []`` trained with the default 10,25."""
+    config = tmp_path / "run.yaml"
+    config.write_text("mode: minibatch\n" + ("fanouts: []\n" * (source == "config")))
+    argv = ["train", "--config", str(config), "--out", str(tmp_path / "out")]
+    assert main(argv + ["--fanouts", ""] * (source == "flag")) == 2
+    err = capsys.readouterr().err
+    assert "--fanouts: expected comma-separated integers, got ''" in err
+    assert not (tmp_path / "out").exists()

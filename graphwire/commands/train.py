@@ -86,7 +86,7 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
         value = getattr(args, flag, None)
         if value is not None:
             fields[field] = value
-    if args.fanouts:
+    if args.fanouts is not None:
         try:
             fields["fanouts"] = [int(v) for v in str(args.fanouts).split(",")]
         except ValueError as error:
