@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import check_seed, is_int
 from graphwire.nn.models import GNN, LAYER_KINDS, build_model
+from graphwire.sampler.uniform import MAX_FANOUT
 
 __all__ = [
     "MODEL_DEFAULTS",
@@ -184,6 +185,10 @@ class TrainConfig:
         if any(not is_int(f) or f == 0 or f < -1 for f in self.fanouts):
             raise ValueError(
                 f"fanouts: expected positive ints or -1 (all), got {self.fanouts}"
+            )
+        if max(self.fanouts) > MAX_FANOUT:  # the sampler's hashed draws
+            raise ValueError(
+                f"fanouts: at most {MAX_FANOUT} each (or -1, all), got {self.fanouts}"
             )
         _set(self, "fanouts", tuple(int(f) for f in self.fanouts))
 

@@ -279,6 +279,18 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
             ["--mode", "minibatch", "--layers", "3", "--fanouts", "-1,5"],
             "--fanouts: expected one per layer (--layers 3), got [-1, 5]",
         ),
+        (  # the sampler's limit, which it said only after the data was read
+            ["--mode", "minibatch", "--fanouts", "5000,5"],
+            "--fanouts: at most 4096 each (or -1, all), got [5000, 5]",
+        ),
+        (
+            ["--partition", "bogus"],
+            "--partition bogus: unknown; expected one of chunk, locality, metis,",
+        ),
+        (
+            ["--workers", "2", "--partition", "bogus"],
+            "--partition bogus: unknown; expected one of chunk, locality, metis,",
+        ),
     ],
     ids=repr,
 )
@@ -310,6 +322,67 @@ def test_an_out_folder_that_cannot_be_one_is_refused_before_any_work(
         capsys.readouterr().err
     )
     assert afile.read_text() == "keep me\n" and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_dataset_that_cannot_be_trained_is_refused_before_anything_is_written(
+    tmp_path, capsys, workers
+) -> None:
+    """Without features, or with an empty split, a run failed after writing
+    its metrics.jsonl.partial (one process) or OUT/partitions (workers)."""
+    from graphwire.graph.files import save_npz
+
+    graph = load_dataset(SMALL)
+    empty_val = save_npz(
+        graph.replace(val_idx=graph.val_idx[:0]), tmp_path / "empty-val.npz"
+    )
+    for dataset, said in (
+        ("synthetic:rmat?scale=8", "training needs features, labels and a split"),
+        (f"npz:{empty_val}", "val_idx holds no node"),
+    ):
+        out = tmp_path / "run"
+        argv = ["train", "--dataset", dataset, "--mode", "minibatch", "--quiet"]
+        assert main([*argv, "--workers", workers, "--out", str(out)]) == 2
+        assert said in capsys.readouterr().err
+        assert not out.exists()
+
+
+def test_partition_is_refused_with_a_partitioned_dataset(tmp_path, capsys) -> None:
+    """It was ignored: the run trained on the parts as they were split."""
+    parts = str(tmp_path / "p2")
+    assert (
+        main(
+            ["partition", "--dataset", SMALL, "--method", "random"]
+            + ["--parts", "2", "--out", parts]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    argv = ["train", "--dataset", parts, "--workers", "2", "--quiet"]
+    assert main([*argv, "--partition", "metis", "--out", str(tmp_path / "r")]) == 2
+    assert (
+        f"--partition metis: --dataset {parts} is split already (by random)"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_minibatch_runs_default_folder_is_not_named_after_an_exchange(
+    tmp_path, monkeypatch
+) -> None:
+    """It was runs/train-sage-g3-*: mini-batch runs have no exchange."""
+    import graphwire.commands.train_dist as train_dist
+
+    folders = []
+    monkeypatch.setattr(
+        train_dist, "run_distributed", lambda args, config, out: folders.append(out)
+    )
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--dataset", SMALL, "--workers", "2", "--quiet"]
+    assert main([*argv, "--mode", "minibatch"]) == 0
+    assert main(argv) == 0
+    names = [folder.name.rsplit("-", 2)[0] for folder in folders]
+    assert names == ["train-sage-minibatch", "train-sage-g3"]
 
 
 def test_under_torchrun_workers_must_match_its_world(

@@ -128,3 +128,29 @@ def graph_rows(graph: Graph) -> list[tuple[str, Any]]:
         index = getattr(graph, split)
         rows.append((split.replace("_idx", ""), 0 if index is None else index.numel()))
     return rows
+
+
+def check_trainable_dataset(graph: Graph, dataset: str) -> None:
+    """Refuse ``graph`` (from ``--dataset dataset``) before anything is
+    written for the run unless it has features, labels and three non-empty
+    splits."""
+    from graphwire.training import check_trainable
+
+    if graph.x is None or graph.y is None or graph.train_idx is None:
+        raise ValueError(
+            f"dataset {dataset}: training needs features, labels and a split "
+            "(for R-MAT add features=F&classes=C to the spec)"
+        )
+    check_trainable(graph)
+
+
+def check_partition_method(method: str | None) -> None:
+    """``--partition`` must name a registered partitioner (checked before any
+    data is read)."""
+    if method is None:
+        return
+    from graphwire.partition import PARTITIONERS
+
+    if method not in PARTITIONERS:
+        known = ", ".join(sorted(PARTITIONERS))
+        raise ValueError(f"--partition {method}: unknown; expected one of {known}")

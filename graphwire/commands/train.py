@@ -18,6 +18,8 @@ from typing import Any
 
 from graphwire.cli import run_folder
 from graphwire.commands.common import (
+    check_partition_method,
+    check_trainable_dataset,
     console,
     epoch_progress,
     graph_rows,
@@ -132,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         for name, value in DISTRIBUTED_DEFAULTS.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)
-        out = run_folder(args.out, f"train-{args.model}-{args.exchange}")
+        how = "minibatch" if args.mode == "minibatch" else args.exchange
+        out = run_folder(args.out, f"train-{args.model}-{how}")
         return run_distributed(args, config, out)
     if int(args.workers) < 1:
         raise ValueError(f"--workers: expected >= 1, got {args.workers}")
@@ -154,11 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(int(args.threads))
     graph = load_with_status(args.dataset, args.quiet)
-    if graph.x is None or graph.y is None or graph.train_idx is None:
-        raise ValueError(
-            f"dataset {args.dataset}: training needs features, labels and a split "
-            "(for R-MAT add features=F&classes=C to the spec)"
-        )
+    check_trainable_dataset(graph, args.dataset)
     print_table("dataset", ["field", "value"], graph_rows(graph))
 
     with MetricsLog(out) as log:
@@ -266,6 +265,7 @@ def _check_run_flags(args: argparse.Namespace) -> None:
             {"fanouts": "--fanouts", "batch_size": "--batch-size"},
             "only with --mode minibatch",
         )
+    check_partition_method(args.partition)
 
 
 def _train(

@@ -27,7 +27,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from graphwire.commands.common import console, load_with_status, print_table
+from graphwire.commands.common import (
+    check_trainable_dataset,
+    console,
+    load_with_status,
+    print_table,
+)
+from graphwire.fsutil import check_creatable
 from graphwire.fullgraph.checkpoint import (
     CheckpointConfig,
     check_resume,
@@ -160,6 +166,8 @@ def _fetch_options(args: argparse.Namespace) -> Any:
     where = args.presample_dir
     if where and Path(where).exists() and not Path(where).is_dir():
         raise ValueError(f"--presample-dir {where}: exists and is not a folder")
+    if where:
+        check_creatable(where, f"--presample-dir {where}")
     return FetchOptions(
         fetch=args.fetch,
         n_hot=args.n_hot,
@@ -181,7 +189,13 @@ def _partitioned_folder(
 
     given = Path(args.dataset)
     if is_partitioned_folder(given):
-        _parts_meta(given, world, "--dataset")
+        meta = _parts_meta(given, world, "--dataset")
+        if args.partition and args.partition != meta["method"]:
+            raise ValueError(
+                f"--partition {args.partition}: --dataset {given} is split "
+                f"already (by {meta['method']}); leave --partition out, or give "
+                "the graph it was split from"
+            )
         return given
     folder = out / "partitions"
     if resuming:
@@ -196,6 +210,7 @@ def _partitioned_folder(
     from graphwire.commands.partition import write_parts
 
     graph = load_with_status(args.dataset, args.quiet)
+    check_trainable_dataset(graph, args.dataset)
     write_parts(
         graph, args.partition or "metis", world, int(args.seed), folder, args.quiet
     )

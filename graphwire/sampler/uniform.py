@@ -31,6 +31,7 @@ from graphwire.nn.dropout import splitmix64
 from graphwire.sampler.base import Block, SampledBatch, derive_seed
 
 __all__ = [
+    "MAX_FANOUT",
     "UniformNeighborSampler",
     "check_seeds",
     "hashed_draws",
@@ -82,11 +83,11 @@ def hashed_draws(keys: torch.Tensor, k: int, seed: int) -> torch.Tensor:
     for any degree a graph can have.
     """
     cols = torch.arange(k, dtype=torch.int64)
-    words = splitmix64(keys.unsqueeze(1) * _MAX_FANOUT + cols, seed)
+    words = splitmix64(keys.unsqueeze(1) * MAX_FANOUT + cols, seed)
     return ((words >> 11) & ((1 << 53) - 1)).to(torch.float64) * 2.0**-53
 
 
-_MAX_FANOUT = 1 << 12
+MAX_FANOUT = 1 << 12
 
 
 def sample_rows(
@@ -122,8 +123,8 @@ def sample_rows(
     pos = (start - out_indptr[:-1]).index_select(0, row)
     pos += torch.arange(num_edges, dtype=torch.int64)
     if fanout > 0:
-        if fanout > _MAX_FANOUT:
-            raise ValueError(f"fanout: at most {_MAX_FANOUT}, got {fanout}")
+        if fanout > MAX_FANOUT:
+            raise ValueError(f"fanout: at most {MAX_FANOUT}, got {fanout}")
         big = deg > fanout
         big_rows = big.nonzero().view(-1)
         if big_rows.numel():
