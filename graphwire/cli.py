@@ -443,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("graphwire: interrupted")
         return 130
+    except OSError as error:  # the machine's: a full disk, a permission
+        _say(f"graphwire: error: {error}")
+        return 1
     except RuntimeError as error:
         if not type(error).__module__.startswith("graphwire"):
             raise

@@ -54,9 +54,9 @@ def atomic_dir(
     With ``overwrite`` an existing ``target`` is replaced if
     :func:`check_replaceable` allows it; without it, it is an error.
     """
-    target = Path(target)
     check_replaceable(target, overwrite)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = Path(os.path.abspath(target))  # "." has no name to put beside it
+    made = _make_parents(target)
     tmp, lock = _locked_tmp_dir(target)
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # as mkdir makes it, not mkdtemp's 0700
@@ -69,10 +69,36 @@ def atomic_dir(
             os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_made(target.parent, made)
         raise
     finally:
         if lock is not None:
             lock.close()
+
+
+def _make_parents(target: Path) -> Path | None:
+    """Make the folders above ``target`` that are missing; the topmost of
+    them (None: there were none), which a failed write removes again."""
+    top = None
+    above = target.parent
+    while not above.exists() and above != above.parent:
+        top, above = above, above.parent
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return top
+
+
+def _remove_made(folder: Path, top: Path | None) -> None:
+    """Remove ``folder`` and those above it up to ``top`` while empty."""
+    if top is None:
+        return
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: someone else's meanwhile
+            return
+        if folder == top:
+            return
+        folder = folder.parent
 
 
 def _locked_tmp_dir(target: Path) -> tuple[Path, IO[str] | None]:
@@ -91,7 +117,15 @@ def _replace_dir(new: Path, target: Path) -> None:
     them leaves it to the next)."""
     trash, lock = _locked_tmp_dir(target)
     try:
-        os.replace(target, trash / "old")
+        try:
+            os.replace(target, trash / "old")
+        except OSError as error:
+            shutil.rmtree(trash, ignore_errors=True)
+            raise OSError(
+                error.errno,
+                f"{target}: cannot be moved aside to be replaced ({error.strerror}; "
+                "a mount point? write into a folder inside it)",
+            ) from None
         try:
             os.replace(new, target)
         except BaseException:
@@ -220,7 +254,7 @@ def _is_graphwire_folder(folder: Path) -> bool:
 def atomic_file(target: str | os.PathLike[str], mode: str = "w") -> Iterator[Any]:
     """Open a temporary file beside ``target``; rename it into place on success."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(target)
     remove_abandoned(target.parent, f".{glob.escape(target.name)}.*.tmp", files=True)
     fd, tmp_name = tempfile.mkstemp(
         prefix=f".{target.name}.", suffix=".new", dir=target.parent
@@ -241,6 +275,7 @@ def atomic_file(target: str | os.PathLike[str], mode: str = "w") -> Iterator[Any
         os.replace(tmp_name, target)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
+        _remove_made(target.parent, made)
         raise
     finally:
         os.close(fd)
@@ -272,7 +307,15 @@ def sha256_file(path: str | os.PathLike[str], chunk_bytes: int = 1 << 22) -> str
 def save_npy(folder: Path, name: str, array: np.ndarray) -> str:
     """Write ``folder/name.npy`` and return its SHA-256 (for ``meta.json``)."""
     path = folder / f"{name}.npy"
-    np.save(path, np.ascontiguousarray(array), allow_pickle=False)
+    try:
+        np.save(path, np.ascontiguousarray(array), allow_pickle=False)
+    except OSError as error:  # numpy's short write names neither file nor cause
+        said = f"{path}: could not be written ({error.strerror or error})"
+        if error.errno is None:
+            raise OSError(
+                f"{said}; is the disk full, or a file size limit set?"
+            ) from None
+        raise OSError(error.errno, said) from None
     return sha256_file(path)
 
 

@@ -64,6 +64,32 @@ def test_bad_dataset_is_a_clear_error(capsys) -> None:
     assert "nodes='x'" in capsys.readouterr().err
 
 
+def test_a_write_cut_short_is_one_line_naming_the_file(tmp_path) -> None:
+    """A full disk (here a file size limit) ended in numpy's traceback,
+    ``OSError: 3880564 requested and 511968 written``, naming no file, and
+    left the folder ``big`` the command had made."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "graphwire", "data", "generate", "--dataset", SMALL]
+        + ["--out", str(tmp_path / "big" / "g")],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.splitlines()[-1:]
+    assert "Traceback" not in done.stderr
+    assert (
+        line.startswith("graphwire: error: ") and ".npy: could not be written (" in line
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_error_is_one_write(monkeypatch) -> None:
     """The ranks torchrun starts on a node share its stderr: an error line
     written in two pieces (``print`` writes the newline apart) ran into the

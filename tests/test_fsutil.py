@@ -174,3 +174,49 @@ def test_a_running_writers_temporary_is_kept(tmp_path: Path) -> None:
         (tmp / "third.txt").write_text("3")
     assert not held.exists() and unlocked.is_dir()  # its lock is free now
     assert sorted(p.name for p in tmp_path.iterdir()) == [".g.older.tmp", "g"]
+
+
+def test_a_failed_write_removes_the_folders_it_made(tmp_path: Path) -> None:
+    """``--out big/g`` that fails (a full disk) left an empty ``big``."""
+    (tmp_path / "kept").mkdir()
+    for target in (tmp_path / "big" / "deeper" / "g", tmp_path / "kept" / "g"):
+        with pytest.raises(OSError, match="disk full"):
+            with atomic_dir(target):
+                raise OSError("disk full")
+        with pytest.raises(OSError, match="disk full"):
+            with atomic_file(target.with_name("meta.json")):
+                raise OSError("disk full")
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"]
+    assert list((tmp_path / "kept").iterdir()) == []
+
+
+def test_out_dot_replaces_the_current_folder(tmp_path: Path, monkeypatch) -> None:
+    """``--out . --overwrite`` renamed ``.`` (EBUSY), with a traceback and a
+    ``..*.tmp`` left in it."""
+    here = graphwire_folder(tmp_path / "here")
+    monkeypatch.chdir(here)
+    with atomic_dir(".", overwrite=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["here"]
+    assert [p.name for p in here.iterdir()] == ["new.txt"]
+
+
+def test_a_target_that_cannot_be_moved_aside_is_named(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A mount point cannot be renamed (EBUSY): the error names it and what
+    to do, and nothing of the attempt is left beside it."""
+    target = graphwire_folder(tmp_path / "mnt")
+    real_replace = os.replace
+
+    def busy(src, dst) -> None:
+        if Path(src) == target:
+            raise OSError(16, "Device or resource busy")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", busy)
+    with pytest.raises(OSError, match=r"mnt: cannot be moved aside .* mount point"):
+        with atomic_dir(target, overwrite=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["mnt"]
+    assert [p.name for p in target.iterdir()] == ["meta.json"]
