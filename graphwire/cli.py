@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    data = commands.add_parser("data", help="generate, convert or describe a graph")
+    data = commands.add_parser("data", help="generate, describe or verify a graph")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     generate = data_commands.add_parser(
         "generate", help="make or load a dataset and save it in graphwire's format"
@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         "partition", help="partition a graph and write its parts"
     )
     _dataset_flag(part)
-    part.add_argument("--method", default="metis", help=PARTITIONER_NAMES)
+    part.add_argument(
+        "--method", default="metis", help=f"{PARTITIONER_NAMES} (default metis)"
+    )
     part.add_argument(
         "--parts", type=int, default=4, help="parts: one per worker (default 4)"
     )
@@ -264,8 +266,8 @@ def _dataset_flag(parser: argparse.ArgumentParser) -> None:
         "--dataset",
         default=DEFAULT_SPEC,
         help="dataset spec, e.g. synthetic:products?nodes=200000, "
-        "planetoid:PATH/cora, ogb:PATH, npz:FILE, or a graphwire folder "
-        f"(default: {DEFAULT_SPEC})",
+        "planetoid:PATH/cora, ogb:PATH, npz:FILE, edgelist:FILE, or a graph "
+        f"folder from graphwire data generate (default: {DEFAULT_SPEC})",
     )
 
 

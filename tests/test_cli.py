@@ -696,3 +696,24 @@ def test_empty_fanouts_are_refused_not_the_default(tmp_path, capsys, source) -> 
     err = capsys.readouterr().err
     assert "--fanouts: expected comma-separated integers, got ''" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--method", "bogus"], "--method bogus: unknown; expected one of chunk,"),
+        (["--parts", "0"], "--parts: expected >= 1, got 0"),
+        (["--seed", "-1"], "--seed: expected an int in [0, 2**63), got -1"),
+        (["--overwrite"], "--overwrite: only with --out"),
+    ],
+    ids=repr,
+)
+def test_partition_settings_are_refused_before_the_graph_is_read(
+    tmp_path, capsys, flags, error
+) -> None:
+    """They were checked only after the graph was read or generated (long,
+    for a large one); --overwrite without --out was ignored. The dataset
+    does not even exist."""
+    argv = ["partition", "--dataset", str(tmp_path / "missing"), *flags]
+    assert main(argv) == 2
+    assert f"graphwire: error: {error}" in capsys.readouterr().err

@@ -144,13 +144,13 @@ def check_trainable_dataset(graph: Graph, dataset: str) -> None:
     check_trainable(graph)
 
 
-def check_partition_method(method: str | None) -> None:
-    """``--partition`` must name a registered partitioner (checked before any
-    data is read)."""
+def check_partition_method(method: str | None, flag: str = "--partition") -> None:
+    """``method`` (from ``flag``) must name a registered partitioner; checked
+    before any data is read."""
     if method is None:
         return
     from graphwire.partition import PARTITIONERS
 
     if method not in PARTITIONERS:
         known = ", ".join(sorted(PARTITIONERS))
-        raise ValueError(f"--partition {method}: unknown; expected one of {known}")
+        raise ValueError(f"{flag} {method}: unknown; expected one of {known}")

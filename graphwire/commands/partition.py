@@ -11,12 +11,14 @@ from typing import Any
 
 from graphwire.commands.common import (
     check_out,
+    check_partition_method,
     console,
     load_with_status,
     print_table,
     step,
 )
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import check_seed
 from graphwire.partition import PartitionStats, get_partitioner, write_partitioned
 from graphwire.partition.base import Partition
 from graphwire.partition.locality import RefineResult
@@ -24,8 +26,15 @@ from graphwire.partition.stats import PER_PART
 
 
 def run(args: argparse.Namespace) -> int:
+    # The settings first: a large graph takes long to read or generate.
+    check_partition_method(args.method, "--method")
+    if args.parts < 1:
+        raise ValueError(f"--parts: expected >= 1, got {args.parts}")
+    check_seed(args.seed, "--seed")
     if args.out:
         check_out(args.out, args.dataset, args.overwrite)
+    elif args.overwrite:
+        raise ValueError("--overwrite: only with --out (without it nothing is written)")
     graph = load_with_status(args.dataset)
     partition, stats, _ = _partition(
         graph, args.method, int(args.parts), int(args.seed)
