@@ -243,7 +243,7 @@ def check_creatable(target: str | os.PathLike[str], name: str) -> None:
 def _is_graphwire_folder(folder: Path) -> bool:
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(meta, dict) and str(meta.get("format", "")).startswith(
         "graphwire."

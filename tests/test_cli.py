@@ -719,3 +719,38 @@ def test_partition_settings_are_refused_before_the_graph_is_read(
     argv = ["partition", "--dataset", str(tmp_path / "missing"), *flags]
     assert main(argv) == 2
     assert f"graphwire: error: {error}" in capsys.readouterr().err
+
+
+def test_verify_names_what_is_wrong_with_a_folder(tmp_path, capsys) -> None:
+    """It said 'not a graphwire folder' for a missing path, a damaged
+    meta.json and a parts folder without part_0; a meta.json nested deeply
+    was a RecursionError traceback (info, verify, --overwrite)."""
+    graph, parts = tmp_path / "g", tmp_path / "p"
+    assert main(["data", "generate", "--dataset", SMALL, "--out", str(graph)]) == 0
+    assert (
+        main(
+            ["partition", "--dataset", str(graph), "--parts", "2"]
+            + ["--out", str(parts)]
+        )
+        == 0
+    )
+    (parts / "part_0").rename(tmp_path / "moved")
+    capsys.readouterr()
+
+    def error(*argv: str) -> str:
+        assert main(list(argv)) == 2
+        return capsys.readouterr().err
+
+    verify = ["data", "verify", "--dataset"]
+    assert f"{tmp_path / 'none'}: no such folder" in error(
+        *verify, str(tmp_path / "none")
+    )
+    assert f"{parts / 'part_0'} is missing" in error(*verify, str(parts))
+    (graph / "meta.json").write_text("[" * 100_000)
+    for argv in (
+        [*verify, str(graph)],
+        ["data", "info", "--dataset", str(graph)],
+    ):
+        assert "meta.json: not valid JSON (maximum recursion depth" in error(*argv)
+    generate = ["data", "generate", "--dataset", SMALL, "--out", str(graph)]
+    assert "refusing to replace it" in error(*generate, "--overwrite")

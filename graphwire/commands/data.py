@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any, NoReturn
 
 from graphwire.commands.common import (
     check_out,
@@ -51,13 +54,37 @@ def verify(args: argparse.Namespace) -> int:
         console.print(f"{folder}: every array matches its checksum", soft_wrap=True)
         return 0
     if not is_partitioned_folder(folder):
-        raise ValueError(
-            f"--dataset {folder}: not a graphwire folder (from graphwire data "
-            "generate or partition); only those record checksums"
-        )
+        _say_why_not_verifiable(Path(folder))
     parts = load_partition_meta(folder)["num_parts"]
     for part in range(parts):
         with step(f"checking part {part} of {parts}"):
             load_part(folder, part, verify=True)
     console.print(f"{folder}: all {parts} parts match their checksums", soft_wrap=True)
     return 0
+
+
+def _say_why_not_verifiable(folder: Path) -> NoReturn:
+    """Raise, naming what makes ``folder`` neither a graph folder nor a
+    partitioned one: its absence, its ``meta.json``, or a missing part."""
+    from graphwire.graph.native import read_meta
+    from graphwire.partition.format import FORMAT, load_partition_meta, part_folder
+
+    if not folder.exists():
+        raise ValueError(f"--dataset {folder}: no such folder")
+    if (folder / "meta.json").is_file():
+        if _format(folder / "meta.json") == FORMAT:
+            load_partition_meta(folder)  # raises naming what is wrong with it
+            raise ValueError(f"--dataset {folder}: {part_folder(folder, 0)} is missing")
+        read_meta(folder)  # as a graph folder's: raises naming what is wrong
+    raise ValueError(
+        f"--dataset {folder}: not a graphwire folder (from graphwire data "
+        "generate or partition); only those record checksums"
+    )
+
+
+def _format(meta: Path) -> Any:
+    """The ``format`` that ``meta`` (a ``meta.json``) names; None if none."""
+    try:
+        return json.loads(meta.read_text(encoding="utf-8")).get("format")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None

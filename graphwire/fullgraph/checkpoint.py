@@ -140,7 +140,7 @@ def saved_schedule(folder: str | os.PathLike[str]) -> dict[str, int]:
     a field the file does not hold."""
     try:
         meta = json.loads((Path(folder) / "latest.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(meta, dict):
         return {}
@@ -168,7 +168,7 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
     try:
         meta = json.loads(latest.read_text())
         epoch, saved_world = int(meta["epoch"]), int(meta["world_size"])
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise ValueError(
             f"{latest}: not a graphwire checkpoint index: {error}"
         ) from None

@@ -161,7 +161,7 @@ def is_graph_folder(path: str | os.PathLike[str]) -> bool:
     try:
         with open(Path(path) / META) as handle:
             meta = json.load(handle)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(meta, dict) and meta.get("format") == FORMAT
 
@@ -179,7 +179,7 @@ def read_meta(folder: Path) -> dict[str, Any]:
         raise DatasetError(path, f"cannot be read ({error})") from error
     try:
         meta = json.loads(text)
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, RecursionError) as error:
         raise DatasetError(path, f"not valid JSON ({error})") from error
     if not isinstance(meta, dict):
         raise DatasetError(path, f"expected a JSON object, found {type(meta).__name__}")

@@ -292,7 +292,7 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise DatasetError(path, "missing (not a partitioned graph folder)") from error
     except (OSError, UnicodeDecodeError) as error:
         raise DatasetError(path, f"cannot be read ({error})") from error
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, RecursionError) as error:
         raise DatasetError(path, f"not valid JSON ({error})") from error
     if not isinstance(meta, dict):
         raise DatasetError(path, f"expected a JSON object, found {type(meta).__name__}")
