@@ -455,7 +455,7 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     assert main(["data", "verify", "--dataset", str(out)]) == 2
     assert f"{features}: checksum mismatch" in capsys.readouterr().err
     assert main(["data", "verify", "--dataset", SMALL]) == 2
-    assert "not a graphwire folder" in capsys.readouterr().err
+    assert "no such folder (verify checks a folder from" in capsys.readouterr().err
     # One process cannot train it: the error says how.
     assert main(["train", "--dataset", str(out), "--quiet"]) == 2
     said = "a partitioned graph (3 parts); train it with --workers 3"

@@ -70,7 +70,10 @@ def _say_why_not_verifiable(folder: Path) -> NoReturn:
     from graphwire.partition.format import FORMAT, load_partition_meta, part_folder
 
     if not folder.exists():
-        raise ValueError(f"--dataset {folder}: no such folder")
+        raise ValueError(
+            f"--dataset {folder}: no such folder (verify checks a folder from "
+            "graphwire data generate or partition: only those record checksums)"
+        )
     if (folder / "meta.json").is_file():
         if _format(folder / "meta.json") == FORMAT:
             load_partition_meta(folder)  # raises naming what is wrong with it
