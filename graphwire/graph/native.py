@@ -258,6 +258,13 @@ def _load_array(
             f"holds {array.dtype.name} {list(array.shape)}, but meta.json says "
             f"{entry['dtype']} {entry['shape']}",
         )
+    if not array.dtype.isnative:
+        order = "big" if array.dtype.byteorder == ">" else "little"
+        raise DatasetError(
+            path,
+            f"{order}-endian, not in this machine's byte order (convert it: "
+            "a.astype(a.dtype.newbyteorder('=')))",
+        )
     return array
 
 

@@ -464,6 +464,13 @@ def _load_array(
             f"holds {array.dtype.name} {list(array.shape)}, but meta.json says "
             f"{spec['dtype']} {spec['shape']}",
         )
+    if not array.dtype.isnative:
+        order = "big" if array.dtype.byteorder == ">" else "little"
+        raise DatasetError(
+            path,
+            f"{order}-endian, not in this machine's byte order (convert it: "
+            "a.astype(a.dtype.newbyteorder('=')))",
+        )
     return array
 
 

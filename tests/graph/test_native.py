@@ -324,3 +324,11 @@ def test_cora_round_trip(cora_dir: Path, tmp_path: Path) -> None:
     for name in ARRAYS:
         assert torch.equal(getattr(loaded, name), getattr(cora, name)), name
     assert repr(loaded) == repr(cora)
+
+
+def test_an_array_in_the_other_byte_order_is_named(saved: Path) -> None:
+    """torch refused it deep inside, naming no file."""
+    x = np.load(saved / "x.npy")
+    np.save(saved / "x.npy", x.astype(x.dtype.newbyteorder(">")))
+    with pytest.raises(DatasetError, match=r"x.npy: big-endian, not in this machine"):
+        load_graph(saved)

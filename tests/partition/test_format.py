@@ -444,3 +444,13 @@ def test_edge_counts_must_agree(tmp_path: Path) -> None:
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DatasetError, match=r"parts\[2\].num_in_edges is \d+, but"):
         load_part(folder, 0)
+
+
+def test_an_array_in_the_other_byte_order_is_named(tmp_path: Path) -> None:
+    """torch refused it deep inside, naming no file."""
+    folder = write_example(tmp_path)
+    path = folder / "part_1" / "x.npy"
+    data = np.load(path)
+    np.save(path, data.astype(data.dtype.newbyteorder(">")))
+    with pytest.raises(DatasetError, match=r"part_1/x.npy: big-endian, not in this"):
+        load_part(folder, 1)
