@@ -189,8 +189,11 @@ def check_replaceable(
 
     A missing ``target`` is fine. An existing one may be replaced only with
     ``overwrite``, and only when it is an empty folder or a folder whose
-    ``meta.json`` names a graphwire format (``"format": "graphwire.*"``): a
-    regular file or someone else's folder is never deleted. ``flag`` is how
+    ``meta.json`` names a graphwire format (``"format": "graphwire.*"``) and
+    that holds nothing else than what its ``meta.json`` lists (the arrays
+    of a graph, the parts of a partitioned one): a regular file, someone
+    else's folder, or what was put into graphwire's since (notes, another
+    graph's parts) is never deleted. ``flag`` is how
     the caller's user asks to overwrite (``--overwrite`` on the command line),
     named in the errors.
 
@@ -208,8 +211,15 @@ def check_replaceable(
         found = "a symbolic link"
     elif not target.is_dir():
         found = "not a folder"
-    elif next(target.iterdir(), None) is not None and not _is_graphwire_folder(target):
+    elif next(target.iterdir(), None) is None:
+        return
+    elif (written := _graphwire_entries(target)) is None:
         found = "a folder without a graphwire meta.json"
+    elif others := sorted(p.name for p in target.iterdir() if p.name not in written):
+        shown = ", ".join(others[:3]) + (
+            f" and {len(others) - 3} more" if others[3:] else ""
+        )
+        found = f"holds {shown}, which graphwire did not write there"
     else:
         return
     raise ValueError(
@@ -240,13 +250,23 @@ def check_creatable(target: str | os.PathLike[str], name: str) -> None:
         raise ValueError(f"{name}: {above} cannot be written")
 
 
-def _is_graphwire_folder(folder: Path) -> bool:
+def _graphwire_entries(folder: Path) -> set[str] | None:
+    """The names graphwire wrote in ``folder``, as its ``meta.json`` lists
+    them: ``NAME.npy`` for each of its ``arrays``, ``part_I`` for each of its
+    ``parts``. None if ``folder`` has no graphwire ``meta.json``."""
     try:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(meta, dict) and str(meta.get("format", "")).startswith(
-        "graphwire."
+        return None
+    if not (
+        isinstance(meta, dict) and str(meta.get("format")).startswith("graphwire.")
+    ):
+        return None
+    arrays, parts = meta.get("arrays"), meta.get("parts")
+    return (
+        {"meta.json"}
+        | {f"{name}.npy" for name in (arrays if isinstance(arrays, dict) else ())}
+        | {f"part_{i}" for i in range(len(parts) if isinstance(parts, list) else 0)}
     )
 
 

@@ -220,3 +220,39 @@ def test_a_target_that_cannot_be_moved_aside_is_named(
             (tmp / "new.txt").write_text("new")
     assert [p.name for p in tmp_path.iterdir()] == ["mnt"]
     assert [p.name for p in target.iterdir()] == ["meta.json"]
+
+
+def test_overwrite_keeps_what_was_put_into_a_graphwire_folder(tmp_path: Path) -> None:
+    """A graph's parts written inside its folder, or notes beside its
+    arrays, went with it when the graph was written again."""
+    target = tmp_path / "g"
+    target.mkdir()
+    meta = {"format": "graphwire.graph", "arrays": {"x": {}, "y": {}}}
+    (target / "meta.json").write_text(json.dumps(meta))
+    for name in ("x.npy", "y.npy"):
+        (target / name).write_bytes(b"npy")
+    check_replaceable(target, overwrite=True)  # what meta.json lists: fine
+    (target / "parts2").mkdir()
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(
+        ValueError, match=r"g: holds notes.txt, parts2, which graphwire did not"
+    ):
+        with atomic_dir(target, overwrite=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == [
+        "meta.json",
+        "notes.txt",
+        "parts2",
+        "x.npy",
+        "y.npy",
+    ]
+    parts = tmp_path / "p"
+    parts.mkdir()
+    (parts / "meta.json").write_text(
+        '{"format": "graphwire.partitioned", "parts": [{}]}'
+    )
+    (parts / "part_0").mkdir()
+    check_replaceable(parts, overwrite=True)
+    (parts / "part_1").mkdir()  # not in meta.json
+    with pytest.raises(ValueError, match=r"p: holds part_1, which graphwire did not"):
+        check_replaceable(parts, overwrite=True)
