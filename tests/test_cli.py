@@ -754,3 +754,69 @@ def test_verify_names_what_is_wrong_with_a_folder(tmp_path, capsys) -> None:
         assert "meta.json: not valid JSON (maximum recursion depth" in error(*argv)
     generate = ["data", "generate", "--dataset", SMALL, "--out", str(graph)]
     assert "refusing to replace it" in error(*generate, "--overwrite")
+
+
+def _resave_part_array(parts: Path, part: int, name: str, array) -> None:
+    """Write ``part_<part>/<name>.npy`` with its checksum and shape in
+    meta.json updated, as a careful tamperer would."""
+    import hashlib
+
+    import numpy as np
+
+    path = parts / f"part_{part}" / f"{name}.npy"
+    np.save(path, array)
+    meta = json.loads((parts / "meta.json").read_text())
+    spec = meta["parts"][part]["arrays"][name]
+    spec["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    spec["shape"] = list(array.shape)
+    (parts / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "no labels in part 0",
+        "repeated training node",
+        "node owned twice",
+        "owned halo node",
+        "num_classes",
+    ],
+)
+def test_verify_finds_parts_that_disagree_with_checksums_intact(
+    tmp_path, capsys, damage
+) -> None:
+    """Each passed 'all parts match their checksums': meta.json has none of
+    its own, and only IDs were range-checked."""
+    import numpy as np
+
+    parts = tmp_path / "p"
+    argv = ["partition", "--dataset", SMALL, "--parts", "2", "--out", str(parts)]
+    assert main(argv) == 0
+    meta = json.loads((parts / "meta.json").read_text())
+    part0, part1 = (np.load(parts / f"part_{i}" / "orig_nid.npy") for i in (0, 1))
+    if damage == "no labels in part 0":
+        del meta["parts"][0]["arrays"]["y"]
+        (parts / "meta.json").write_text(json.dumps(meta))
+        said = "parts[1].arrays lists ['halo_nid', 'indices', 'indptr', 'orig_nid',"
+    elif damage == "repeated training node":
+        train = np.load(parts / "part_1" / "train_local.npy")
+        _resave_part_array(parts, 1, "train_local", np.append(train, train[0]))
+        said = "train_local.npy: holds a node twice"
+    elif damage == "node owned twice":
+        _resave_part_array(parts, 0, "orig_nid", np.append(part0[:-1], part1[0]))
+        said = "own more than once 1 node(s), such as"
+    elif damage == "owned halo node":
+        halo = np.load(parts / "part_1" / "halo_nid.npy")
+        start = meta["offsets"][1]
+        below = int(np.searchsorted(halo, start)) - 1
+        assert below >= 0 and (below + 1 == halo.size or halo[below + 1] > start)
+        halo[below] = start
+        _resave_part_array(parts, 1, "halo_nid", halo)
+        said = f"halo_nid.npy: holds 1 nodes this part owns (global IDs [{start},"
+    else:
+        meta["num_classes"] = 50
+        (parts / "meta.json").write_text(json.dumps(meta))
+        said = "num_classes is 50, but the labels run to 3 (expected 4)"
+    capsys.readouterr()
+    assert main(["data", "verify", "--dataset", str(parts)]) == 2
+    assert said in capsys.readouterr().err

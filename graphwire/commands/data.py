@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
+
 from graphwire.commands.common import (
     check_out,
     console,
@@ -55,12 +57,49 @@ def verify(args: argparse.Namespace) -> int:
         return 0
     if not is_partitioned_folder(folder):
         _say_why_not_verifiable(Path(folder))
-    parts = load_partition_meta(folder)["num_parts"]
+    meta = load_partition_meta(folder)
+    parts, num_nodes = meta["num_parts"], meta["num_nodes"]
+    owners = np.zeros(num_nodes, dtype=np.int64)  # parts owning each node
+    top = -1  # the largest label
     for part in range(parts):
         with step(f"checking part {part} of {parts}"):
-            load_part(folder, part, verify=True)
-    console.print(f"{folder}: all {parts} parts match their checksums", soft_wrap=True)
+            local = load_part(folder, part, verify=True)
+        owners += np.bincount(local.orig_nid.numpy(), minlength=num_nodes)
+        if local.y is not None and local.y.numel():
+            top = max(top, int(local.y.max()))
+    _check_whole(Path(folder), meta, owners, top)
+    console.print(
+        f"{folder}: all {parts} parts match their checksums, and together "
+        "they own every node once",
+        soft_wrap=True,
+    )
     return 0
+
+
+def _check_whole(folder: Path, meta: dict[str, Any], owners: Any, top: int) -> None:
+    """What no part alone shows: every node owned by exactly one part (by
+    the parts' ``orig_nid``), and ``num_classes`` the largest label + 1 (as
+    a graph folder's must be)."""
+    from graphwire.graph.errors import DatasetError
+
+    twice, never = np.flatnonzero(owners > 1), np.flatnonzero(owners == 0)
+    if twice.size or never.size:
+        said = [
+            f"{what} {ids.size} node(s), such as {int(ids[0])}"
+            for what, ids in (("own more than once", twice), ("miss", never))
+            if ids.size
+        ]
+        raise DatasetError(
+            folder,
+            f"the parts' orig_nid {' and '.join(said)}: every node of the graph "
+            "belongs to exactly one part",
+        )
+    if top >= 0 and meta["num_classes"] != top + 1:
+        raise DatasetError(
+            folder / "meta.json",
+            f"num_classes is {meta['num_classes']}, but the labels run to {top} "
+            f"(expected {top + 1})",
+        )
 
 
 def _say_why_not_verifiable(folder: Path) -> NoReturn:

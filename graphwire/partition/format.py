@@ -247,7 +247,7 @@ def load_part(
     }
     offsets = torch.tensor(meta["offsets"], dtype=torch.int64)
     num_owned = int(offsets[part_id + 1] - offsets[part_id])
-    _check_part(where, arrays, num_owned, meta["num_nodes"])
+    _check_part(where, arrays, int(offsets[part_id]), num_owned, meta["num_nodes"])
     if "y" in arrays:  # after _check_part: the split rows are in range
         splits = {n: arrays[n] for n in _SPLIT_ARRAYS if n in arrays}
         check_labels(where / "y.npy", arrays["y"], splits, meta["num_classes"])
@@ -349,6 +349,14 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
     for part_id, entry in enumerate(meta["parts"]):
         _check_part_entry(path, part_id, entry)
         _check_part_counts(path, part_id, entry, meta)
+    listed = [sorted(entry["arrays"]) for entry in meta["parts"]]
+    for part_id, names in enumerate(listed[1:], start=1):
+        if names != listed[0]:  # a part without labels or a split, say
+            raise DatasetError(
+                path,
+                f"parts[{part_id}].arrays lists {names}, but parts[0].arrays "
+                f"lists {listed[0]} (every part holds the same arrays)",
+            )
     num_in_edges = sum(entry["num_in_edges"] for entry in meta["parts"])
     if num_in_edges != meta["num_edges"]:
         raise DatasetError(
@@ -477,11 +485,13 @@ def _load_array(
 def _check_part(
     where: Path,
     arrays: dict[str, np.ndarray],
+    start: int,
     num_owned: int,
     num_nodes: int,
 ) -> None:
-    """Shapes, and every ID in range: a damaged file of the right size fails
-    here, naming it, instead of deep in training as an IndexError."""
+    """Shapes, every ID in range, no halo node owned (``start`` is the
+    part's first global ID) and no split with a node twice: a damaged file
+    of the right size fails here, naming it, instead of deep in training."""
 
     def fail(name: str, problem: str) -> DatasetError:
         return DatasetError(where / f"{name}.npy", problem)
@@ -510,12 +520,21 @@ def _check_part(
     halo = arrays["halo_nid"]
     if not (_in_range(halo, num_nodes) and bool((np.diff(halo) > 0).all())):
         raise fail("halo_nid", f"must be ascending global IDs in [0, {num_nodes})")
+    first, stop = np.searchsorted(halo, [start, start + num_owned])
+    if first < stop:
+        raise fail(
+            "halo_nid",
+            f"holds {int(stop - first)} nodes this part owns (global IDs "
+            f"[{start}, {start + num_owned})), such as {int(halo[first])}",
+        )
     if not _in_range(arrays["orig_nid"], num_nodes):
         raise fail("orig_nid", f"original IDs must lie in [0, {num_nodes})")
     for split in _SPLITS:
         name = f"{split}_local"
         if name in arrays and not _in_range(arrays[name], num_owned):
             raise fail(name, f"owned-local IDs must lie in [0, {num_owned})")
+        if name in arrays and np.unique(arrays[name]).size != arrays[name].size:
+            raise fail(name, "holds a node twice (it would count twice in the loss)")
 
 
 def _in_range(values: np.ndarray, high: int) -> bool:
