@@ -187,7 +187,7 @@ def read_meta(folder: Path) -> dict[str, Any]:
         raise DatasetError(
             path, f"format is {meta.get('format')!r}, expected {FORMAT!r}"
         )
-    if meta.get("version") != VERSION:
+    if not is_int(meta.get("version")) or meta.get("version") != VERSION:
         raise DatasetError(
             path,
             f"unknown version {meta.get('version')!r} (this graphwire reads "
@@ -199,10 +199,11 @@ def read_meta(folder: Path) -> dict[str, Any]:
         ("num_edges", int),
         ("arrays", dict),
     ):
-        if not isinstance(meta.get(field), kind):
+        value = meta.get(field)
+        if not (is_int(value) if kind is int else isinstance(value, kind)):
             raise DatasetError(
                 path,
-                f"field {field!r} must be a {kind.__name__}, found {meta.get(field)!r}",
+                f"field {field!r} must be a {kind.__name__}, found {value!r}",
             )
     for field in ("num_features", "num_classes"):
         value = meta.get(field, 0)
@@ -222,7 +223,7 @@ def read_meta(folder: Path) -> dict[str, Any]:
             isinstance(entry, dict)
             and isinstance(entry.get("dtype"), str)
             and isinstance(entry.get("shape"), list)
-            and all(isinstance(n, int) for n in entry["shape"])
+            and all(is_int(n) for n in entry["shape"])
             and isinstance(entry.get("sha256"), str)
         ):
             raise DatasetError(

@@ -300,7 +300,7 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise DatasetError(
             path, f"format is {meta.get('format')!r}, expected {FORMAT!r}"
         )
-    if meta.get("version") != VERSION:
+    if not is_int(meta.get("version")) or meta.get("version") != VERSION:
         raise DatasetError(
             path,
             f"unknown version {meta.get('version')!r} (this graphwire reads "
@@ -318,16 +318,17 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
         ("offsets", list),
         ("parts", list),
     ):
-        if not isinstance(meta.get(name), kind):
+        value = meta.get(name)
+        if not (is_int(value) if kind is int else isinstance(value, kind)):
             raise DatasetError(
                 path,
-                f"field {name!r} must be a {kind.__name__}, found {meta.get(name)!r}",
+                f"field {name!r} must be a {kind.__name__}, found {value!r}",
             )
     num_parts, offsets = meta["num_parts"], meta["offsets"]
     if (
         num_parts < 1
         or len(offsets) != num_parts + 1
-        or not all(isinstance(o, int) for o in offsets)
+        or not all(is_int(o) for o in offsets)
         or offsets[0] != 0
         or offsets[-1] != meta["num_nodes"]
         or any(b < a for a, b in zip(offsets, offsets[1:], strict=False))
@@ -389,7 +390,7 @@ def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
             isinstance(spec, dict)
             and isinstance(spec.get("dtype"), str)
             and isinstance(spec.get("shape"), list)
-            and all(isinstance(n, int) for n in spec["shape"])
+            and all(is_int(n) for n in spec["shape"])
             and isinstance(spec.get("sha256"), str)
         ):
             raise DatasetError(

@@ -192,6 +192,30 @@ BAD_FOLDERS: list[tuple[str, Callable[[Path], object], str, str]] = [
         "meta.json",
         "field 'num_nodes' must be a int",
     ),
+    (  # JSON's true is 1 to Python, and 1.0 equals 1: both were taken
+        "version true",
+        edit_meta(lambda m: m.update(version=True)),
+        "meta.json",
+        "unknown version True",
+    ),
+    (
+        "version float",
+        edit_meta(lambda m: m.update(version=1.0)),
+        "meta.json",
+        "unknown version 1.0",
+    ),
+    (
+        "bool count",
+        edit_meta(lambda m: m.update(num_edges=True)),
+        "meta.json",
+        "field 'num_edges' must be a int, found True",
+    ),
+    (
+        "bool shape",
+        edit_meta(lambda m: m["arrays"]["y"].update(shape=[True])),
+        "meta.json",
+        "arrays.y must be",
+    ),
     (
         "unknown array",
         edit_meta(lambda m: m["arrays"].update(z=m["arrays"]["x"])),

@@ -286,6 +286,11 @@ def test_missing_and_corrupt_meta(tmp_path: Path) -> None:
         ({"parts": []}, "parts lists 0 entries, num_parts is 3"),
         ({"num_classes": "40"}, "field 'num_classes' must be a int"),
         ({"num_features": -1}, "field 'num_features' must be >= 0, found -1"),
+        # JSON's true is 1 to Python, and 1.0 equals 1: both were taken
+        ({"version": True}, "unknown version True"),
+        ({"version": 1.0}, "unknown version 1.0"),
+        ({"num_classes": True}, "field 'num_classes' must be a int, found True"),
+        ({"offsets": [False, 10, 20, 40]}, "offsets must be 4 non-decreasing ints"),
     ],
 )
 def test_bad_meta_fields(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
