@@ -362,13 +362,17 @@ def test_a_dataset_that_cannot_be_trained_is_refused_before_anything_is_written(
     empty_val = save_npz(
         graph.replace(val_idx=graph.val_idx[:0]), tmp_path / "empty-val.npz"
     )
-    for dataset, said in (
-        ("synthetic:rmat?scale=8", "training needs features, labels and a split"),
-        (f"npz:{empty_val}", "val_idx holds no node"),
-    ):
+    tiny = "synthetic:products?nodes=200&degree=8&features=4&classes=2"
+    cases = [
+        ("synthetic:rmat?scale=8", workers, "training needs features, labels and"),
+        (f"npz:{empty_val}", workers, "val_idx holds no node"),
+    ]
+    if workers == "2":  # it said 'num_parts: must be <= the number of nodes'
+        cases.append((tiny, "300", "300 workers (--workers, or torchrun's world): "))
+    for dataset, world, said in cases:
         out = tmp_path / "run"
         argv = ["train", "--dataset", dataset, "--mode", "minibatch", "--quiet"]
-        assert main([*argv, "--workers", workers, "--out", str(out)]) == 2
+        assert main([*argv, "--workers", world, "--out", str(out)]) == 2
         assert said in capsys.readouterr().err
         assert not out.exists()
 

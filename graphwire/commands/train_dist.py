@@ -211,6 +211,11 @@ def _partitioned_folder(
 
     graph = load_with_status(args.dataset, args.quiet)
     check_trainable_dataset(graph, args.dataset)
+    if world > graph.num_nodes:
+        raise ValueError(
+            f"{world} workers (--workers, or torchrun's world): more than the "
+            f"{graph.num_nodes} nodes of {args.dataset}; each worker owns a part"
+        )
     write_parts(
         graph, args.partition or "metis", world, int(args.seed), folder, args.quiet
     )
