@@ -36,10 +36,17 @@ _FEATURE_CHUNK_ROWS = 1 << 16
 
 @dataclass(kw_only=True, slots=True)
 class ProductsConfig:
-    """Parameters of the products-like DC-SBM graph."""
+    """Parameters of the products-like DC-SBM graph.
+
+    ``degree`` is a target mean in-degree: ``round(nodes * degree / 2)`` node
+    pairs are drawn and both directions of each are kept. Self-loops and
+    repeated pairs are then dropped, so the realised mean is lower, more so on
+    small graphs: degree=20 gives about 15.7 at 5,000 nodes, 17.3 at 20,000,
+    18.6 at 100,000 and 18.8 at 200,000.
+    """
 
     nodes: int = 200_000
-    degree: float = 20.0  # mean number of in-edges per node after symmetrising
+    degree: float = 20.0  # target mean in-degree, before the drops above
     features: int = 100
     classes: int = 47
     homophily: float = 0.8  # probability that an edge stays inside its class
