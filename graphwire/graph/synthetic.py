@@ -21,87 +21,156 @@ seed. Shapes: see :class:`graphwire.graph.graph.Graph`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import check_seed
 
 __all__ = ["ProductsConfig", "RmatConfig", "products_graph", "rmat_graph"]
 
 # Features are generated in row chunks so the float64 noise never exists whole.
 _FEATURE_CHUNK_ROWS = 1 << 16
+# Edge keys are lo * nodes + hi in int64: 2**31 nodes keep them below 2**62.
+_MAX_NODES = 1 << 31
 
 
 @dataclass(kw_only=True, slots=True)
 class ProductsConfig:
     """Parameters of the products-like DC-SBM graph.
 
-    ``degree`` is a target mean in-degree: ``round(nodes * degree / 2)`` node
-    pairs are drawn and both directions of each are kept. Self-loops and
-    repeated pairs are then dropped, so the realised mean is lower, more so on
-    small graphs: degree=20 gives about 15.7 at 5,000 nodes, 17.3 at 20,000,
-    18.6 at 100,000 and 18.8 at 200,000.
+    Attributes:
+        nodes: Number of nodes N, in [2, 2**31] (edge keys ``lo * N + hi`` must
+            fit in int64).
+        degree: Target mean in-degree, in (0, nodes): ``round(N * degree / 2)``
+            node pairs are drawn and both directions of each are kept. Self-loops
+            and repeated pairs are then dropped, so the realised mean is lower,
+            more so on small graphs: degree=20 gives about 15.7 at 5,000 nodes,
+            17.3 at 20,000, 18.6 at 100,000 and 18.8 at 200,000.
+        features: Feature columns F, 0 for none.
+        classes: Number of classes, at least 2.
+        homophily: Probability, in [0, 1], that an edge's second end is drawn
+            from its first end's class rather than from all nodes.
+        exponent: Power-law exponent of the degree propensity, finite and > 1.
+        signal: Length of each class's mean feature vector relative to noise of
+            std 1 per entry, in [0, 1e6]. 0 makes the features pure noise; a few
+            units already separate the classes from features alone. The cap keeps
+            the float32 features far from overflow.
+        train_fraction: Share of nodes (the most popular ones) that train, in
+            (0, 1).
+        val_fraction: Share of nodes that validate (the next most popular), in
+            [0, 1); ``train_fraction + val_fraction`` must be below 1.
+        seed: Random seed, an int in [0, 2**63).
     """
 
     nodes: int = 200_000
-    degree: float = 20.0  # target mean in-degree, before the drops above
+    degree: float = 20.0
     features: int = 100
     classes: int = 47
-    homophily: float = 0.8  # probability that an edge stays inside its class
-    exponent: float = 2.5  # power-law exponent of the degree propensity
-    signal: float = 0.6  # norm of the class signal relative to per-entry noise 1
+    homophily: float = 0.8
+    exponent: float = 2.5
+    signal: float = 0.6
     train_fraction: float = 0.08
     val_fraction: float = 0.02
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.nodes < 2:
-            raise ValueError(f"nodes: need at least 2, got {self.nodes}")
-        if not 0 < self.degree < self.nodes:
-            raise ValueError(f"degree: must be in (0, nodes), got {self.degree}")
-        if self.features < 0:
-            raise ValueError(f"features: must be >= 0, got {self.features}")
+        self.seed = check_seed(self.seed)
+        _check(2 <= self.nodes <= _MAX_NODES, "nodes", "in [2, 2**31]", self.nodes)
+        _check(
+            _finite(self.degree) and 0 < self.degree < self.nodes,
+            "degree",
+            f"a number in (0, nodes={self.nodes})",
+            self.degree,
+        )
+        _check(self.features >= 0, "features", ">= 0", self.features)
         if self.classes < 2:
             # One class makes every prediction right: a test_acc of 1.0 that
             # measures nothing.
             raise ValueError(f"classes: need at least 2, got {self.classes}")
-        if not 0.0 <= self.homophily <= 1.0:
-            raise ValueError(f"homophily: must be in [0, 1], got {self.homophily}")
-        if self.exponent <= 1.0:
-            raise ValueError(f"exponent: must be > 1, got {self.exponent}")
-        if self.train_fraction <= 0 or self.val_fraction < 0:
-            raise ValueError("train_fraction must be > 0 and val_fraction >= 0")
+        _check(
+            _finite(self.homophily) and 0 <= self.homophily <= 1,
+            "homophily",
+            "a number in [0, 1]",
+            self.homophily,
+        )
+        _check(
+            _finite(self.exponent) and self.exponent > 1,
+            "exponent",
+            "a finite number > 1",
+            self.exponent,
+        )
+        _check(
+            _finite(self.signal) and 0 <= self.signal <= 1e6,
+            "signal",
+            "a number in [0, 1e6]",
+            self.signal,
+        )
+        _check(
+            _finite(self.train_fraction) and 0 < self.train_fraction < 1,
+            "train_fraction",
+            "a number in (0, 1)",
+            self.train_fraction,
+        )
+        _check(
+            _finite(self.val_fraction) and 0 <= self.val_fraction < 1,
+            "val_fraction",
+            "a number in [0, 1)",
+            self.val_fraction,
+        )
         if self.train_fraction + self.val_fraction >= 1.0:
-            raise ValueError("train_fraction + val_fraction must be < 1")
+            raise ValueError(
+                "train_fraction + val_fraction must be < 1, got "
+                f"{self.train_fraction} + {self.val_fraction}"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
 class RmatConfig:
-    """Parameters of the Graph500 R-MAT generator."""
+    """Parameters of the Graph500 R-MAT generator.
 
-    scale: int = 16  # 2**scale nodes
-    edge_factor: int = 16  # edges per node before symmetrising and deduplicating
+    Attributes:
+        scale: ``2**scale`` nodes, scale in [1, 31].
+        edge_factor: Edges drawn per node (at least 1), before self-loops and
+            repeated pairs are dropped and both directions kept.
+        a, b, c: Shares of the top-left, top-right and bottom-left quadrants of
+            the adjacency matrix at each level, finite and >= 0 with
+            ``a + b + c < 1`` (the bottom-right quadrant takes the rest).
+        features: Random float32 feature columns, 0 for none.
+        classes: Random labels: 0 for none, else from 2 up to the number of
+            nodes.
+        seed: Random seed, an int in [0, 2**63).
+    """
+
+    scale: int = 16
+    edge_factor: int = 16
     a: float = 0.57
     b: float = 0.19
     c: float = 0.19
-    features: int = 0  # random features on request
-    classes: int = 0  # random labels on request
+    features: int = 0
+    classes: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.scale <= 31:
-            raise ValueError(f"scale: must be in [1, 31], got {self.scale}")
-        if self.edge_factor < 1:
-            raise ValueError(f"edge_factor: must be >= 1, got {self.edge_factor}")
-        if min(self.a, self.b, self.c) < 0 or self.a + self.b + self.c >= 1.0:
-            raise ValueError("a, b, c must be >= 0 with a + b + c < 1")
-        if self.features < 0:
-            raise ValueError(f"features: must be >= 0, got {self.features}")
-        if self.classes < 0 or self.classes == 1:
+        self.seed = check_seed(self.seed)
+        _check(1 <= self.scale <= 31, "scale", "in [1, 31]", self.scale)
+        _check(self.edge_factor >= 1, "edge_factor", ">= 1", self.edge_factor)
+        for name, share in (("a", self.a), ("b", self.b), ("c", self.c)):
+            _check(_finite(share) and share >= 0, name, "a finite number >= 0", share)
+        if self.a + self.b + self.c >= 1.0:
             raise ValueError(
-                f"classes: must be 0 (no labels) or at least 2, got {self.classes}"
+                "a, b, c: a + b + c must be < 1, got "
+                f"{self.a} + {self.b} + {self.c} = {self.a + self.b + self.c}"
+            )
+        _check(self.features >= 0, "features", ">= 0", self.features)
+        if not (self.classes == 0 or 2 <= self.classes <= 1 << self.scale):
+            raise ValueError(
+                "classes: must be 0 (no labels) or at least 2 and at most the "
+                f"2**scale = {1 << self.scale} nodes, got {self.classes}"
             )
 
 
@@ -213,6 +282,21 @@ def rmat_graph(config: RmatConfig | None = None) -> Graph:
         node_data["val_idx"] = torch.from_numpy(np.sort(split[a:b]))
         node_data["test_idx"] = torch.from_numpy(np.sort(split[b:]))
     return graph.replace(name=f"rmat-s{cfg.scale}-e{cfg.edge_factor}", **node_data)
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (NaN fails every range check
+    silently, since comparisons with NaN are all false)."""
+    try:
+        return math.isfinite(value)
+    except (TypeError, OverflowError):
+        return False
+
+
+def _check(ok: bool, name: str, expected: str, value: Any) -> None:
+    """Raise ``ValueError("NAME: must be EXPECTED, got VALUE")`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{name}: must be {expected}, got {value}")
 
 
 def _lookup(cumulative: np.ndarray, queries: np.ndarray) -> np.ndarray:

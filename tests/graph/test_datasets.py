@@ -60,6 +60,49 @@ def test_bad_specs_are_named(spec: str, message: str) -> None:
         load_dataset(spec)
 
 
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        # NaN passes comparison-based range checks: these made all-NaN features,
+        # graphs with no edges, or a numpy error that named no option.
+        (
+            "synthetic:products?nodes=300&signal=nan",
+            r"^dataset synthetic:products: signal: must be a number in \[0, 1e6\], "
+            r"got nan$",
+        ),
+        ("synthetic:products?nodes=300&signal=-1", r"signal: .*, got -1.0$"),
+        (
+            "synthetic:products?nodes=300&exponent=nan",
+            r"exponent: must be a finite number > 1, got nan$",
+        ),
+        (
+            "synthetic:products?nodes=300&train_fraction=nan",
+            r"train_fraction: must be a number in \(0, 1\), got nan$",
+        ),
+        (
+            "synthetic:rmat?scale=4&a=nan",
+            r"^dataset synthetic:rmat: a: must be a finite number >= 0, got nan$",
+        ),
+        # Seeds: numpy's "expected non-negative integer" named no option, and
+        # seeds past 2**63 (the limit of --seed) were taken.
+        (
+            "synthetic:products?nodes=300&seed=-1",
+            r"^dataset synthetic:products: seed: expected an int in \[0, 2\*\*63\), "
+            r"got -1$",
+        ),
+        ("synthetic:products?nodes=300&seed=1e20", r"seed: .*, got 1(0){20}$"),
+        # A numpy MemoryError; and above 2**31 nodes, edge keys overflow int64.
+        (
+            "synthetic:products?nodes=1000000000000",
+            r"nodes: must be in \[2, 2\*\*31\], got 1000000000000$",
+        ),
+    ],
+)
+def test_bad_synthetic_options_are_named(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_dataset(spec)
+
+
 def test_a_path_object_loads_like_its_string(tmp_path: Path) -> None:
     """``load_dataset(Path(...))`` failed with "'PosixPath' object has no
     attribute 'partition'"."""

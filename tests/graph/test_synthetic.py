@@ -13,6 +13,8 @@ from graphwire.graph.synthetic import (
     rmat_graph,
 )
 
+NAN, INF = float("nan"), float("inf")
+
 
 def _assert_simple_symmetric(graph) -> None:
     src, dst = (t.numpy() for t in graph.edge_index())
@@ -63,18 +65,6 @@ def test_products_features_carry_class_signal() -> None:
     assert own > 0.3  # better than the 0.25 chance of 4 classes
 
 
-def test_products_degree_is_a_target_before_dedup() -> None:
-    """``degree`` sets how many pairs are drawn; self-loops and repeats are
-    dropped afterwards, so the realised mean is lower on small graphs, as the
-    docstring says (15.7 at 5,000 nodes, 17.3 at 20,000 for degree=20)."""
-    means = []
-    for nodes in (5000, 20_000):
-        graph = products_graph(ProductsConfig(nodes=nodes, features=0, seed=0))
-        means.append(graph.num_edges / nodes)
-    assert means[0] == pytest.approx(15.7, abs=0.1)
-    assert means[1] == pytest.approx(17.3, abs=0.1)
-
-
 def test_rmat_structure_and_options() -> None:
     graph = rmat_graph(RmatConfig(scale=12, edge_factor=8, features=5, classes=3))
     _assert_simple_symmetric(graph)
@@ -101,11 +91,44 @@ def test_rmat_structure_and_options() -> None:
         dict(classes=1),
         dict(classes=0),
         dict(features=-1),
+        dict(nodes=2**31 + 1),  # edge keys lo * nodes + hi would overflow int64
+        # NaN passes every comparison-based range check: these gave all-NaN
+        # features, an edgeless graph or a numpy error deep inside.
+        dict(degree=NAN),
+        dict(homophily=NAN),
+        dict(exponent=NAN),
+        dict(exponent=INF),
+        dict(signal=NAN),
+        dict(signal=INF),
+        dict(signal=-1.0),  # signal had no range check at all
+        dict(train_fraction=NAN),
+        dict(val_fraction=NAN),
+        dict(seed=-1),  # numpy's "expected non-negative integer" named no option
+        dict(seed=2**63),
     ],
 )
 def test_products_rejects_bad_config(bad) -> None:
-    with pytest.raises(ValueError, match=next(iter(bad))):  # names the option
+    with pytest.raises(ValueError, match=f"^{next(iter(bad))}"):  # names the option
         ProductsConfig(**bad)
+
+
+def test_products_signal_range_is_inclusive() -> None:
+    """0 (pure-noise features) and the cap 1e6 are both allowed."""
+    for signal in (0.0, 1e6):
+        graph = products_graph(ProductsConfig(nodes=200, degree=4, signal=signal))
+        assert graph.x is not None and bool(torch.isfinite(graph.x).all())
+
+
+def test_products_degree_is_a_target_before_dedup() -> None:
+    """``degree`` sets how many pairs are drawn; self-loops and repeats are
+    dropped afterwards, so the realised mean is lower on small graphs, as the
+    docstring says (15.7 at 5,000 nodes, 17.3 at 20,000 for degree=20)."""
+    means = []
+    for nodes in (5000, 20_000):
+        graph = products_graph(ProductsConfig(nodes=nodes, features=0, seed=0))
+        means.append(graph.num_edges / nodes)
+    assert means[0] == pytest.approx(15.7, abs=0.1)
+    assert means[1] == pytest.approx(17.3, abs=0.1)
 
 
 def test_rmat_rejects_bad_config() -> None:
@@ -119,3 +142,12 @@ def test_rmat_rejects_bad_config() -> None:
             RmatConfig(classes=classes)
     with pytest.raises(ValueError, match="features: must be >= 0"):
         RmatConfig(features=-1)
+    # NaN shares passed the range check and gave a graph with no edges.
+    for share in ("a", "b", "c"):
+        for value in (NAN, INF, -0.1):
+            with pytest.raises(ValueError, match=f"^{share}: must be a finite"):
+                RmatConfig(**{share: value})
+    with pytest.raises(ValueError, match=r"^classes: .* at most the 2\*\*scale = 16"):
+        RmatConfig(scale=4, classes=17)
+    with pytest.raises(ValueError, match=r"^seed: expected an int in \[0, 2\*\*63\)"):
+        RmatConfig(seed=-1)
