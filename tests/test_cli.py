@@ -69,6 +69,7 @@ def test_bad_dataset_is_a_clear_error(capsys) -> None:
     [
         ("signal=nan", "signal: must be a number in [0, 1e6], got nan"),  # was NaN x
         ("seed=-1", "seed: expected an int in [0, 2**63), got -1"),
+        ("features=1000000000", "10.9 TiB for x"),  # was a MemoryError traceback
     ],
 )
 def test_data_info_names_a_bad_synthetic_option(capsys, option: str, said: str) -> None:

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import check_seed
+from graphwire.runlog import format_bytes
 
 __all__ = ["ProductsConfig", "RmatConfig", "products_graph", "rmat_graph"]
 
@@ -177,8 +179,22 @@ class RmatConfig:
 def products_graph(config: ProductsConfig | None = None) -> Graph:
     """Generate the products-like labelled community graph (see module doc)."""
     cfg = config or ProductsConfig()
-    rng = np.random.default_rng(cfg.seed)
     n, num_classes = cfg.nodes, cfg.classes
+    num_pairs = int(round(n * cfg.degree / 2))
+    _check_memory(
+        "products",
+        f"nodes={n} with degree={cfg.degree}, features={cfg.features} "
+        f"and classes={num_classes}",
+        {
+            "x": 4 * n * cfg.features,
+            # Drawing: both ends and two sort buffers, int64 per pair at once.
+            "the edge arrays": 32 * num_pairs,
+            "the node arrays": 32 * n,  # labels, theta, by_class, cum_theta
+            # Class weights, then class means drawn in float64 and kept in float32.
+            "the class arrays": num_classes * (16 + 12 * cfg.features),
+        },
+    )
+    rng = np.random.default_rng(cfg.seed)
 
     # Classes: Zipf-like sizes (ogbn-products' classes are very uneven).
     class_weight = 1.0 / np.arange(1, num_classes + 1) ** 0.8
@@ -197,7 +213,6 @@ def products_graph(config: ProductsConfig | None = None) -> Graph:
     class_hi = cum_theta[class_end - 1]
     class_lo = np.concatenate([[0.0], class_hi[:-1]])
 
-    num_pairs = int(round(n * cfg.degree / 2))
     first = by_class[_lookup(cum_theta, rng.random(num_pairs) * total)]
     inside = rng.random(num_pairs) < cfg.homophily
     cls = labels[first]
@@ -245,9 +260,19 @@ def products_graph(config: ProductsConfig | None = None) -> Graph:
 def rmat_graph(config: RmatConfig | None = None) -> Graph:
     """Generate an R-MAT graph (Graph500 parameters), symmetric, deduplicated."""
     cfg = config or RmatConfig()
-    rng = np.random.default_rng(cfg.seed)
     n = 1 << cfg.scale
     num_edges = n * cfg.edge_factor
+    _check_memory(
+        "rmat",
+        f"scale={cfg.scale} with edge_factor={cfg.edge_factor} "
+        f"and features={cfg.features}",
+        {
+            "x": 4 * n * cfg.features,
+            "the edge arrays": 24 * num_edges,  # src, dst and one float64 draw
+            "the node arrays": 16 * n,  # permutation and indptr
+        },
+    )
+    rng = np.random.default_rng(cfg.seed)
     src = np.zeros(num_edges, dtype=np.int64)
     dst = np.zeros(num_edges, dtype=np.int64)
     ab, abc = cfg.a + cfg.b, cfg.a + cfg.b + cfg.c
@@ -297,6 +322,40 @@ def _check(ok: bool, name: str, expected: str, value: Any) -> None:
     """Raise ``ValueError("NAME: must be EXPECTED, got VALUE")`` unless ``ok``."""
     if not ok:
         raise ValueError(f"{name}: must be {expected}, got {value}")
+
+
+def _machine_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return int(psutil.virtual_memory().total)
+
+
+def _check_memory(generator: str, settings: str, parts: dict[str, int]) -> None:
+    """Refuse a graph whose arrays cannot fit in this machine's memory.
+
+    Called before anything is allocated, so that the user reads which options
+    are too large instead of a numpy MemoryError from deep inside. ``parts`` are
+    the generator's largest arrays in bytes; their sum estimates its peak. At the
+    sizes measured (up to 200,000 nodes) the peak was higher than the sum, as
+    temporaries made while drawing edges add up to twice the edge arrays; where
+    x dominates, the peak can be lower by up to half of the edge arrays.
+
+    Raises:
+        ValueError: naming the generator, its size options, the bytes needed
+            and the machine's memory.
+    """
+    need = sum(parts.values())
+    have = _machine_memory()
+    if need <= have:
+        return
+    detail = ", ".join(
+        f"{format_bytes(size)} for {what}"
+        for what, size in sorted(parts.items(), key=lambda item: -item[1])
+        if size
+    )
+    raise ValueError(
+        f"synthetic:{generator}: {settings} needs {format_bytes(need)} of memory "
+        f"({detail}), more than this machine's {format_bytes(have)}"
+    )
 
 
 def _lookup(cumulative: np.ndarray, queries: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from graphwire.graph import synthetic
 from graphwire.graph.datasets import load_dataset, parse_spec, spec_paths
 from graphwire.graph.graph import Graph
 from graphwire.graph.native import save_graph
@@ -96,9 +97,25 @@ def test_bad_specs_are_named(spec: str, message: str) -> None:
             "synthetic:products?nodes=1000000000000",
             r"nodes: must be in \[2, 2\*\*31\], got 1000000000000$",
         ),
+        # Too big for memory: numpy's MemoryError, or "Maximum allowed
+        # dimension exceeded", named no option.
+        (
+            "synthetic:products?nodes=3000&features=1000000000",
+            r"^synthetic:products: nodes=3000 with degree=20.0, features=1000000000 "
+            r"and classes=47 needs [0-9.]+ TiB of memory \(10.9 TiB for x, .*\), "
+            r"more than this machine's 64 GiB$",
+        ),
+        (
+            "synthetic:rmat?scale=20&edge_factor=100000",
+            r"^synthetic:rmat: scale=20 with edge_factor=100000 and features=0 needs "
+            r"2.29 TiB of memory \(2.29 TiB for the edge arrays, ",
+        ),
     ],
 )
-def test_bad_synthetic_options_are_named(spec: str, message: str) -> None:
+def test_bad_synthetic_options_are_named(
+    monkeypatch: pytest.MonkeyPatch, spec: str, message: str
+) -> None:
+    monkeypatch.setattr(synthetic, "_machine_memory", lambda: 64 << 30)
     with pytest.raises(ValueError, match=message):
         load_dataset(spec)
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from graphwire.graph import synthetic
 from graphwire.graph.synthetic import (
     ProductsConfig,
     RmatConfig,
@@ -129,6 +130,36 @@ def test_products_degree_is_a_target_before_dedup() -> None:
         means.append(graph.num_edges / nodes)
     assert means[0] == pytest.approx(15.7, abs=0.1)
     assert means[1] == pytest.approx(17.3, abs=0.1)
+
+
+def test_a_graph_too_big_for_memory_is_refused_before_allocating(
+    monkeypatch,
+) -> None:
+    """numpy's MemoryError (or "Maximum allowed dimension exceeded") named no
+    option; now the size options and the bytes they need are named."""
+    monkeypatch.setattr(synthetic, "_machine_memory", lambda: 1 << 20)
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("the generator started before the size check")
+
+    monkeypatch.setattr(np.random, "default_rng", no_allocation)
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^synthetic:products: nodes=1000 with degree=20.0, features=1000 and "
+            r"classes=47 needs [0-9.]+ MiB of memory \(3.81 MiB for x, .* KiB "
+            r"for the edge arrays, .*\), more than this machine's 1 MiB$"
+        ),
+    ):
+        products_graph(ProductsConfig(nodes=1000, features=1000))
+    with pytest.raises(ValueError, match=r"^synthetic:rmat: scale=16 with edge"):
+        rmat_graph(RmatConfig(scale=16))
+    with pytest.raises(ValueError, match=r"features=1048576 needs .*\(1 GiB for x"):
+        rmat_graph(RmatConfig(scale=8, edge_factor=1, features=1 << 20))
+    monkeypatch.undo()
+    # The same check lets a small graph through.
+    monkeypatch.setattr(synthetic, "_machine_memory", lambda: 1 << 20)
+    assert products_graph(ProductsConfig(nodes=1000, features=0)).num_nodes == 1000
 
 
 def test_rmat_rejects_bad_config() -> None:
