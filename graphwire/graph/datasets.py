@@ -15,8 +15,10 @@ to it as keyword arguments (typed from the loader's config where one exists).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -97,10 +99,7 @@ def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
     for key, text in options.items():
         default = getattr(defaults, key)
         try:
-            value = float(text)
-            if isinstance(default, int) and not value.is_integer():
-                raise ValueError(text)
-            kwargs[key] = int(value) if isinstance(default, int) else value
+            kwargs[key] = _integer(text) if isinstance(default, int) else float(text)
         except ValueError as error:
             raise ValueError(
                 f"dataset {spec_name}: option {key}={text!r} is not "
@@ -110,6 +109,27 @@ def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
         return config_type(**kwargs)
     except ValueError as error:  # the config names the option and its value
         raise ValueError(f"dataset {spec_name}: {error}") from error
+
+
+def _integer(text: str) -> int:
+    """``text`` as an exact int: digits as written, or a whole number written
+    with a point or an exponent (``2e3``, ``2.5e3``). Nothing goes through a
+    float, which would round ``seed=9007199254740993`` (2**53 + 1) to 2**53.
+
+    Raises:
+        ValueError: ``text`` is not a whole number.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        # float() first: it refuses what is not a number, and turns an absurd
+        # exponent (1e999999999) into inf before Decimal could expand it.
+        if not math.isfinite(float(text)):
+            raise ValueError(text) from None
+        exact = Decimal(text.strip())
+        if exact != exact.to_integral_value():
+            raise ValueError(text) from None
+        return int(exact)
 
 
 def _synthetic(target: str, options: dict[str, str]) -> Graph:

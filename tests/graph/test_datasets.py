@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from graphwire.graph import synthetic
 from graphwire.graph.datasets import load_dataset, parse_spec, spec_paths
 from graphwire.graph.graph import Graph
 from graphwire.graph.native import save_graph
+from graphwire.graph.synthetic import RmatConfig, rmat_graph
 
 
 def test_parse_spec() -> None:
@@ -106,6 +108,10 @@ def test_bad_specs_are_named(spec: str, message: str) -> None:
             r"more than this machine's 64 GiB$",
         ),
         (
+            "synthetic:products?nodes=3000&features=1e30",
+            r"^synthetic:products: .*features=1(0){30} and .* for x, ",
+        ),
+        (
             "synthetic:rmat?scale=20&edge_factor=100000",
             r"^synthetic:rmat: scale=20 with edge_factor=100000 and features=0 needs "
             r"2.29 TiB of memory \(2.29 TiB for the edge arrays, ",
@@ -118,6 +124,19 @@ def test_bad_synthetic_options_are_named(
     monkeypatch.setattr(synthetic, "_machine_memory", lambda: 64 << 30)
     with pytest.raises(ValueError, match=message):
         load_dataset(spec)
+
+
+def test_integer_options_are_read_exactly() -> None:
+    """Integers went through a float: ``seed=2**53 + 1`` became ``2**53``, a
+    different graph with no word said."""
+    seed = 2**53 + 1
+    from_spec = load_dataset(f"synthetic:rmat?scale=4&edge_factor=2&seed={seed}")
+    direct = rmat_graph(RmatConfig(scale=4, edge_factor=2, seed=seed))
+    assert torch.equal(from_spec.indices, direct.indices)
+    assert load_dataset(f"synthetic:rmat?scale=4&seed={2**63 - 1}").num_nodes == 16
+    assert load_dataset("synthetic:rmat?scale=0.2e1&seed=1e1").num_nodes == 4
+    with pytest.raises(ValueError, match="seed='3.0000000000000000001' is not an"):
+        load_dataset("synthetic:rmat?scale=4&seed=3.0000000000000000001")
 
 
 def test_a_path_object_loads_like_its_string(tmp_path: Path) -> None:
