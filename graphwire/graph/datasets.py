@@ -2,7 +2,8 @@
 
     synthetic:products?nodes=200000&degree=20&features=100&classes=47&seed=0
     synthetic:rmat?scale=20&edge_factor=16
-    planetoid:PATH/cora          (the folder holding ind.cora.*, then the name)
+    planetoid:PATH/cora          (the folder holding ind.cora.*, then the name;
+                                  ?normalize_features=no keeps raw features)
     ogb:PATH                     (an OGB node-property-prediction folder)
     npz:FILE                     (arrays src, dst, x, y, split indices)
     edgelist:FILE                (lines "src dst")
@@ -31,7 +32,7 @@ from graphwire.graph.synthetic import (
     rmat_graph,
 )
 
-__all__ = ["DEFAULT_SPEC", "load_dataset", "parse_spec", "spec_paths"]
+__all__ = ["DEFAULT_SPEC", "load_dataset", "parse_flag", "parse_spec", "spec_paths"]
 
 DEFAULT_SPEC = (
     "synthetic:products?nodes=100000&degree=20&features=100&classes=47&seed=0"
@@ -85,6 +86,24 @@ def load_dataset(spec: str | os.PathLike[str]) -> Graph:
         )
     scheme, target, options = parse_spec(spec)
     return _LOADERS[scheme](target, options)
+
+
+def parse_flag(value: bool | str, name: str) -> bool:
+    """A yes/no option: a bool as it is, or ``true/false``, ``yes/no`` or ``1/0``
+    in any case, spaces around allowed (``?symmetrize=no``).
+
+    Raises:
+        ValueError: naming ``name``, for any other value (``off``, ``maybe``,
+            an empty string), rather than taking it silently one way or the other.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{name}: expected true/false, yes/no or 1/0, found {value!r}")
 
 
 def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
@@ -149,7 +168,9 @@ def _planetoid(target: str, options: dict[str, str]) -> Graph:
     from graphwire.graph.planetoid import load_planetoid
 
     path = Path(target)
-    normalize = options.pop("normalize_features", "1") not in ("0", "false", "False")
+    normalize = parse_flag(
+        options.pop("normalize_features", True), "normalize_features"
+    )
     _no_options(options, "planetoid")
     return load_planetoid(path.parent, path.name, normalize_features=normalize)
 
