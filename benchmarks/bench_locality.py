@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
         "--degree",
         type=float,
         default=20.0,
-        help="mean degree of the products-like graph (default 20)",
+        help="target mean degree of the products-like graph, before repeated "
+        "edges and self-loops are dropped (default 20)",
     )
     parser.add_argument(
         "--parts",

@@ -90,6 +90,21 @@ def test_a_write_cut_short_is_one_line_naming_the_file(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("signal=nan", "signal: must be a number in [0, 1e6], got nan"),  # was NaN x
+        ("seed=-1", "seed: expected an int in [0, 2**63), got -1"),
+        ("features=1000000000", "10.9 TiB for x"),  # was a MemoryError traceback
+    ],
+)
+def test_data_info_names_a_bad_synthetic_option(capsys, option: str, said: str) -> None:
+    spec = f"synthetic:products?nodes=3000&{option}"
+    assert main(["data", "info", "--dataset", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphwire: error: ") and said in err
+
+
 def test_an_error_is_one_write(monkeypatch) -> None:
     """The ranks torchrun starts on a node share its stderr: an error line
     written in two pieces (``print`` writes the newline apart) ran into the

@@ -2,7 +2,8 @@
 
     synthetic:products?nodes=200000&degree=20&features=100&classes=47&seed=0
     synthetic:rmat?scale=20&edge_factor=16
-    planetoid:PATH/cora          (the folder holding ind.cora.*, then the name)
+    planetoid:PATH/cora          (the folder holding ind.cora.*, then the name;
+                                  ?normalize_features=no keeps raw features)
     ogb:PATH                     (an OGB node-property-prediction folder)
     npz:FILE                     (arrays src, dst, x, y, split indices)
     edgelist:FILE                (lines "src dst")
@@ -15,8 +16,10 @@ to it as keyword arguments (typed from the loader's config where one exists).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -29,7 +32,7 @@ from graphwire.graph.synthetic import (
     rmat_graph,
 )
 
-__all__ = ["DEFAULT_SPEC", "load_dataset", "parse_spec", "spec_paths"]
+__all__ = ["DEFAULT_SPEC", "load_dataset", "parse_flag", "parse_spec", "spec_paths"]
 
 DEFAULT_SPEC = (
     "synthetic:products?nodes=100000&degree=20&features=100&classes=47&seed=0"
@@ -85,6 +88,24 @@ def load_dataset(spec: str | os.PathLike[str]) -> Graph:
     return _LOADERS[scheme](target, options)
 
 
+def parse_flag(value: bool | str, name: str) -> bool:
+    """A yes/no option: a bool as it is, or ``true/false``, ``yes/no`` or ``1/0``
+    in any case, spaces around allowed (``?symmetrize=no``).
+
+    Raises:
+        ValueError: naming ``name``, for any other value (``off``, ``maybe``,
+            an empty string), rather than taking it silently one way or the other.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{name}: expected true/false, yes/no or 1/0, found {value!r}")
+
+
 def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(config_type)}
     unknown = sorted(set(options) - set(fields))
@@ -97,10 +118,7 @@ def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
     for key, text in options.items():
         default = getattr(defaults, key)
         try:
-            value = float(text)
-            if isinstance(default, int) and not value.is_integer():
-                raise ValueError(text)
-            kwargs[key] = int(value) if isinstance(default, int) else value
+            kwargs[key] = _integer(text) if isinstance(default, int) else float(text)
         except ValueError as error:
             raise ValueError(
                 f"dataset {spec_name}: option {key}={text!r} is not "
@@ -110,6 +128,27 @@ def _typed(config_type: type, options: dict[str, str], spec_name: str) -> Any:
         return config_type(**kwargs)
     except ValueError as error:  # the config names the option and its value
         raise ValueError(f"dataset {spec_name}: {error}") from error
+
+
+def _integer(text: str) -> int:
+    """``text`` as an exact int: digits as written, or a whole number written
+    with a point or an exponent (``2e3``, ``2.5e3``). Nothing goes through a
+    float, which would round ``seed=9007199254740993`` (2**53 + 1) to 2**53.
+
+    Raises:
+        ValueError: ``text`` is not a whole number.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        # float() first: it refuses what is not a number, and turns an absurd
+        # exponent (1e999999999) into inf before Decimal could expand it.
+        if not math.isfinite(float(text)):
+            raise ValueError(text) from None
+        exact = Decimal(text.strip())
+        if exact != exact.to_integral_value():
+            raise ValueError(text) from None
+        return int(exact)
 
 
 def _synthetic(target: str, options: dict[str, str]) -> Graph:
@@ -129,7 +168,9 @@ def _planetoid(target: str, options: dict[str, str]) -> Graph:
     from graphwire.graph.planetoid import load_planetoid
 
     path = Path(target)
-    normalize = options.pop("normalize_features", "1") not in ("0", "false", "False")
+    normalize = parse_flag(
+        options.pop("normalize_features", True), "normalize_features"
+    )
     _no_options(options, "planetoid")
     return load_planetoid(path.parent, path.name, normalize_features=normalize)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphwire.graph.datasets import parse_flag
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.files import read_table
 from graphwire.graph.graph import Graph, GraphError
@@ -44,7 +45,8 @@ def load_ogb(
         scheme: The folder under ``split/`` to use (e.g. ``"time"``,
             ``"sales_ranking"``); may be left out when there is only one.
         symmetrize: Add the reverse of every edge and drop duplicates. Strings
-            ``"1"/"true"/"0"/"false"`` are accepted (dataset spec options).
+            ``true/false``, ``yes/no`` and ``1/0`` are accepted (dataset spec
+            options), see :func:`graphwire.graph.datasets.parse_flag`.
 
     Returns:
         A :class:`Graph` named after ``folder``.
@@ -57,7 +59,7 @@ def load_ogb(
     """
     folder = Path(folder)
     raw = folder / "raw"
-    symmetric = _flag(symmetrize, "symmetrize")
+    symmetric = parse_flag(symmetrize, "symmetrize")
     edge_path = raw / "edge.csv.gz"
     if not raw.is_dir():
         raise DatasetError(
@@ -175,14 +177,3 @@ def _check_range(path: Path, ids: np.ndarray, num_nodes: int) -> None:
             f"node IDs must lie in [0, {num_nodes}), found range "
             f"[{int(ids.min())}, {int(ids.max())}]",
         )
-
-
-def _flag(value: bool | str, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes"):
-        return True
-    if text in ("0", "false", "no"):
-        return False
-    raise ValueError(f"{name}: expected true/false or 1/0, found {value!r}")

@@ -21,88 +21,180 @@ seed. Shapes: see :class:`graphwire.graph.graph.Graph`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import psutil
 import torch
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import check_seed
+from graphwire.runlog import format_bytes
 
 __all__ = ["ProductsConfig", "RmatConfig", "products_graph", "rmat_graph"]
 
 # Features are generated in row chunks so the float64 noise never exists whole.
 _FEATURE_CHUNK_ROWS = 1 << 16
+# Edge keys are lo * nodes + hi in int64: 2**31 nodes keep them below 2**62.
+_MAX_NODES = 1 << 31
 
 
 @dataclass(kw_only=True, slots=True)
 class ProductsConfig:
-    """Parameters of the products-like DC-SBM graph."""
+    """Parameters of the products-like DC-SBM graph.
+
+    Attributes:
+        nodes: Number of nodes N, in [2, 2**31] (edge keys ``lo * N + hi`` must
+            fit in int64).
+        degree: Target mean in-degree, in (0, nodes): ``round(N * degree / 2)``
+            node pairs are drawn and both directions of each are kept. Self-loops
+            and repeated pairs are then dropped, so the realised mean is lower,
+            more so on small graphs: degree=20 gives about 15.7 at 5,000 nodes,
+            17.3 at 20,000, 18.6 at 100,000 and 18.8 at 200,000.
+        features: Feature columns F, 0 for none.
+        classes: Number of classes, at least 2.
+        homophily: Probability, in [0, 1], that an edge's second end is drawn
+            from its first end's class rather than from all nodes.
+        exponent: Power-law exponent of the degree propensity, finite and > 1.
+        signal: Length of each class's mean feature vector relative to noise of
+            std 1 per entry, in [0, 1e6]. 0 makes the features pure noise; a few
+            units already separate the classes from features alone. The cap keeps
+            the float32 features far from overflow.
+        train_fraction: Share of nodes (the most popular ones) that train, in
+            (0, 1).
+        val_fraction: Share of nodes that validate (the next most popular), in
+            [0, 1); ``train_fraction + val_fraction`` must be below 1.
+        seed: Random seed, an int in [0, 2**63).
+    """
 
     nodes: int = 200_000
-    degree: float = 20.0  # mean number of in-edges per node after symmetrising
+    degree: float = 20.0
     features: int = 100
     classes: int = 47
-    homophily: float = 0.8  # probability that an edge stays inside its class
-    exponent: float = 2.5  # power-law exponent of the degree propensity
-    signal: float = 0.6  # norm of the class signal relative to per-entry noise 1
+    homophily: float = 0.8
+    exponent: float = 2.5
+    signal: float = 0.6
     train_fraction: float = 0.08
     val_fraction: float = 0.02
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.nodes < 2:
-            raise ValueError(f"nodes: need at least 2, got {self.nodes}")
-        if not 0 < self.degree < self.nodes:
-            raise ValueError(f"degree: must be in (0, nodes), got {self.degree}")
-        if self.features < 0:
-            raise ValueError(f"features: must be >= 0, got {self.features}")
+        self.seed = check_seed(self.seed)
+        _check(2 <= self.nodes <= _MAX_NODES, "nodes", "in [2, 2**31]", self.nodes)
+        _check(
+            _finite(self.degree) and 0 < self.degree < self.nodes,
+            "degree",
+            f"a number in (0, nodes={self.nodes})",
+            self.degree,
+        )
+        _check(self.features >= 0, "features", ">= 0", self.features)
         if self.classes < 2:
             # One class makes every prediction right: a test_acc of 1.0 that
             # measures nothing.
             raise ValueError(f"classes: need at least 2, got {self.classes}")
-        if not 0.0 <= self.homophily <= 1.0:
-            raise ValueError(f"homophily: must be in [0, 1], got {self.homophily}")
-        if self.exponent <= 1.0:
-            raise ValueError(f"exponent: must be > 1, got {self.exponent}")
-        if self.train_fraction <= 0 or self.val_fraction < 0:
-            raise ValueError("train_fraction must be > 0 and val_fraction >= 0")
+        _check(
+            _finite(self.homophily) and 0 <= self.homophily <= 1,
+            "homophily",
+            "a number in [0, 1]",
+            self.homophily,
+        )
+        _check(
+            _finite(self.exponent) and self.exponent > 1,
+            "exponent",
+            "a finite number > 1",
+            self.exponent,
+        )
+        _check(
+            _finite(self.signal) and 0 <= self.signal <= 1e6,
+            "signal",
+            "a number in [0, 1e6]",
+            self.signal,
+        )
+        _check(
+            _finite(self.train_fraction) and 0 < self.train_fraction < 1,
+            "train_fraction",
+            "a number in (0, 1)",
+            self.train_fraction,
+        )
+        _check(
+            _finite(self.val_fraction) and 0 <= self.val_fraction < 1,
+            "val_fraction",
+            "a number in [0, 1)",
+            self.val_fraction,
+        )
         if self.train_fraction + self.val_fraction >= 1.0:
-            raise ValueError("train_fraction + val_fraction must be < 1")
+            raise ValueError(
+                "train_fraction + val_fraction must be < 1, got "
+                f"{self.train_fraction} + {self.val_fraction}"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
 class RmatConfig:
-    """Parameters of the Graph500 R-MAT generator."""
+    """Parameters of the Graph500 R-MAT generator.
 
-    scale: int = 16  # 2**scale nodes
-    edge_factor: int = 16  # edges per node before symmetrising and deduplicating
+    Attributes:
+        scale: ``2**scale`` nodes, scale in [1, 31].
+        edge_factor: Edges drawn per node (at least 1), before self-loops and
+            repeated pairs are dropped and both directions kept.
+        a, b, c: Shares of the top-left, top-right and bottom-left quadrants of
+            the adjacency matrix at each level, finite and >= 0 with
+            ``a + b + c < 1`` (the bottom-right quadrant takes the rest).
+        features: Random float32 feature columns, 0 for none.
+        classes: Random labels: 0 for none, else from 2 up to the number of
+            nodes.
+        seed: Random seed, an int in [0, 2**63).
+    """
+
+    scale: int = 16
+    edge_factor: int = 16
     a: float = 0.57
     b: float = 0.19
     c: float = 0.19
-    features: int = 0  # random features on request
-    classes: int = 0  # random labels on request
+    features: int = 0
+    classes: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.scale <= 31:
-            raise ValueError(f"scale: must be in [1, 31], got {self.scale}")
-        if self.edge_factor < 1:
-            raise ValueError(f"edge_factor: must be >= 1, got {self.edge_factor}")
-        if min(self.a, self.b, self.c) < 0 or self.a + self.b + self.c >= 1.0:
-            raise ValueError("a, b, c must be >= 0 with a + b + c < 1")
-        if self.features < 0:
-            raise ValueError(f"features: must be >= 0, got {self.features}")
-        if self.classes < 0 or self.classes == 1:
+        self.seed = check_seed(self.seed)
+        _check(1 <= self.scale <= 31, "scale", "in [1, 31]", self.scale)
+        _check(self.edge_factor >= 1, "edge_factor", ">= 1", self.edge_factor)
+        for name, share in (("a", self.a), ("b", self.b), ("c", self.c)):
+            _check(_finite(share) and share >= 0, name, "a finite number >= 0", share)
+        if self.a + self.b + self.c >= 1.0:
             raise ValueError(
-                f"classes: must be 0 (no labels) or at least 2, got {self.classes}"
+                "a, b, c: a + b + c must be < 1, got "
+                f"{self.a} + {self.b} + {self.c} = {self.a + self.b + self.c}"
+            )
+        _check(self.features >= 0, "features", ">= 0", self.features)
+        if not (self.classes == 0 or 2 <= self.classes <= 1 << self.scale):
+            raise ValueError(
+                "classes: must be 0 (no labels) or at least 2 and at most the "
+                f"2**scale = {1 << self.scale} nodes, got {self.classes}"
             )
 
 
 def products_graph(config: ProductsConfig | None = None) -> Graph:
     """Generate the products-like labelled community graph (see module doc)."""
     cfg = config or ProductsConfig()
-    rng = np.random.default_rng(cfg.seed)
     n, num_classes = cfg.nodes, cfg.classes
+    num_pairs = int(round(n * cfg.degree / 2))
+    _check_memory(
+        "products",
+        f"nodes={n} with degree={cfg.degree}, features={cfg.features} "
+        f"and classes={num_classes}",
+        {
+            "x": 4 * n * cfg.features,
+            # Drawing: both ends and two sort buffers, int64 per pair at once.
+            "the edge arrays": 32 * num_pairs,
+            "the node arrays": 32 * n,  # labels, theta, by_class, cum_theta
+            # Class weights, then class means drawn in float64 and kept in float32.
+            "the class arrays": num_classes * (16 + 12 * cfg.features),
+        },
+    )
+    rng = np.random.default_rng(cfg.seed)
 
     # Classes: Zipf-like sizes (ogbn-products' classes are very uneven).
     class_weight = 1.0 / np.arange(1, num_classes + 1) ** 0.8
@@ -121,7 +213,6 @@ def products_graph(config: ProductsConfig | None = None) -> Graph:
     class_hi = cum_theta[class_end - 1]
     class_lo = np.concatenate([[0.0], class_hi[:-1]])
 
-    num_pairs = int(round(n * cfg.degree / 2))
     first = by_class[_lookup(cum_theta, rng.random(num_pairs) * total)]
     inside = rng.random(num_pairs) < cfg.homophily
     cls = labels[first]
@@ -169,9 +260,19 @@ def products_graph(config: ProductsConfig | None = None) -> Graph:
 def rmat_graph(config: RmatConfig | None = None) -> Graph:
     """Generate an R-MAT graph (Graph500 parameters), symmetric, deduplicated."""
     cfg = config or RmatConfig()
-    rng = np.random.default_rng(cfg.seed)
     n = 1 << cfg.scale
     num_edges = n * cfg.edge_factor
+    _check_memory(
+        "rmat",
+        f"scale={cfg.scale} with edge_factor={cfg.edge_factor} "
+        f"and features={cfg.features}",
+        {
+            "x": 4 * n * cfg.features,
+            "the edge arrays": 24 * num_edges,  # src, dst and one float64 draw
+            "the node arrays": 16 * n,  # permutation and indptr
+        },
+    )
+    rng = np.random.default_rng(cfg.seed)
     src = np.zeros(num_edges, dtype=np.int64)
     dst = np.zeros(num_edges, dtype=np.int64)
     ab, abc = cfg.a + cfg.b, cfg.a + cfg.b + cfg.c
@@ -206,6 +307,55 @@ def rmat_graph(config: RmatConfig | None = None) -> Graph:
         node_data["val_idx"] = torch.from_numpy(np.sort(split[a:b]))
         node_data["test_idx"] = torch.from_numpy(np.sort(split[b:]))
     return graph.replace(name=f"rmat-s{cfg.scale}-e{cfg.edge_factor}", **node_data)
+
+
+def _finite(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (NaN fails every range check
+    silently, since comparisons with NaN are all false)."""
+    try:
+        return math.isfinite(value)
+    except (TypeError, OverflowError):
+        return False
+
+
+def _check(ok: bool, name: str, expected: str, value: Any) -> None:
+    """Raise ``ValueError("NAME: must be EXPECTED, got VALUE")`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{name}: must be {expected}, got {value}")
+
+
+def _machine_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return int(psutil.virtual_memory().total)
+
+
+def _check_memory(generator: str, settings: str, parts: dict[str, int]) -> None:
+    """Refuse a graph whose arrays cannot fit in this machine's memory.
+
+    Called before anything is allocated, so that the user reads which options
+    are too large instead of a numpy MemoryError from deep inside. ``parts`` are
+    the generator's largest arrays in bytes; their sum estimates its peak. At the
+    sizes measured (up to 200,000 nodes) the peak was higher than the sum, as
+    temporaries made while drawing edges add up to twice the edge arrays; where
+    x dominates, the peak can be lower by up to half of the edge arrays.
+
+    Raises:
+        ValueError: naming the generator, its size options, the bytes needed
+            and the machine's memory.
+    """
+    need = sum(parts.values())
+    have = _machine_memory()
+    if need <= have:
+        return
+    detail = ", ".join(
+        f"{format_bytes(size)} for {what}"
+        for what, size in sorted(parts.items(), key=lambda item: -item[1])
+        if size
+    )
+    raise ValueError(
+        f"synthetic:{generator}: {settings} needs {format_bytes(need)} of memory "
+        f"({detail}), more than this machine's {format_bytes(have)}"
+    )
 
 
 def _lookup(cumulative: np.ndarray, queries: np.ndarray) -> np.ndarray:

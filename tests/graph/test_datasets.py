@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from graphwire.graph import synthetic
 from graphwire.graph.datasets import load_dataset, parse_spec, spec_paths
 from graphwire.graph.graph import Graph
 from graphwire.graph.native import save_graph
+from graphwire.graph.synthetic import RmatConfig, rmat_graph
 
 
 def test_parse_spec() -> None:
@@ -58,6 +61,82 @@ def test_synthetic_spec_options_are_typed() -> None:
 def test_bad_specs_are_named(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_dataset(spec)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        # NaN passes comparison-based range checks: these made all-NaN features,
+        # graphs with no edges, or a numpy error that named no option.
+        (
+            "synthetic:products?nodes=300&signal=nan",
+            r"^dataset synthetic:products: signal: must be a number in \[0, 1e6\], "
+            r"got nan$",
+        ),
+        ("synthetic:products?nodes=300&signal=-1", r"signal: .*, got -1.0$"),
+        (
+            "synthetic:products?nodes=300&exponent=nan",
+            r"exponent: must be a finite number > 1, got nan$",
+        ),
+        (
+            "synthetic:products?nodes=300&train_fraction=nan",
+            r"train_fraction: must be a number in \(0, 1\), got nan$",
+        ),
+        (
+            "synthetic:rmat?scale=4&a=nan",
+            r"^dataset synthetic:rmat: a: must be a finite number >= 0, got nan$",
+        ),
+        # Seeds: numpy's "expected non-negative integer" named no option, and
+        # seeds past 2**63 (the limit of --seed) were taken.
+        (
+            "synthetic:products?nodes=300&seed=-1",
+            r"^dataset synthetic:products: seed: expected an int in \[0, 2\*\*63\), "
+            r"got -1$",
+        ),
+        ("synthetic:products?nodes=300&seed=1e20", r"seed: .*, got 1(0){20}$"),
+        # A numpy MemoryError; and above 2**31 nodes, edge keys overflow int64.
+        (
+            "synthetic:products?nodes=1000000000000",
+            r"nodes: must be in \[2, 2\*\*31\], got 1000000000000$",
+        ),
+        # Too big for memory: numpy's MemoryError, or "Maximum allowed
+        # dimension exceeded", named no option.
+        (
+            "synthetic:products?nodes=3000&features=1000000000",
+            r"^synthetic:products: nodes=3000 with degree=20.0, features=1000000000 "
+            r"and classes=47 needs [0-9.]+ TiB of memory \(10.9 TiB for x, .*\), "
+            r"more than this machine's 64 GiB$",
+        ),
+        (
+            "synthetic:products?nodes=3000&features=1e30",
+            r"^synthetic:products: .*features=1(0){30} and .* for x, ",
+        ),
+        (
+            "synthetic:rmat?scale=20&edge_factor=100000",
+            r"^synthetic:rmat: scale=20 with edge_factor=100000 and features=0 needs "
+            r"2.29 TiB of memory \(2.29 TiB for the edge arrays, ",
+        ),
+    ],
+)
+def test_bad_synthetic_options_are_named(
+    monkeypatch: pytest.MonkeyPatch, spec: str, message: str
+) -> None:
+    monkeypatch.setattr(synthetic, "_machine_memory", lambda: 64 << 30)
+    with pytest.raises(ValueError, match=message):
+        load_dataset(spec)
+
+
+def test_integer_options_are_read_exactly() -> None:
+    """Integers went through a float: ``seed=2**53 + 1`` became ``2**53``, a
+    different graph with no word said."""
+    seed = 2**53 + 1
+    from_spec = load_dataset(f"synthetic:rmat?scale=4&edge_factor=2&seed={seed}")
+    direct = rmat_graph(RmatConfig(scale=4, edge_factor=2, seed=seed))
+    assert torch.equal(from_spec.indices, direct.indices)
+    assert load_dataset(f"synthetic:rmat?scale=4&seed={2**63 - 1}").num_nodes == 16
+    assert load_dataset("synthetic:rmat?scale=0.2e1&seed=1e1").num_nodes == 4
+    with pytest.raises(ValueError, match="seed='3.0000000000000000001' is not an"):
+        load_dataset("synthetic:rmat?scale=4&seed=3.0000000000000000001")
 
 
 def test_a_path_object_loads_like_its_string(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from graphwire.graph.datasets import load_dataset
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import GraphError
 from graphwire.graph.planetoid import _read_pickle, load_planetoid
@@ -141,6 +142,34 @@ def test_isolated_test_nodes_are_padded_and_edges_cleaned(tmp_path: Path) -> Non
     )
     torch.testing.assert_close(normalized, torch.from_numpy(expected))
     assert not bool(normalized[[5, 7, 10]].any())
+
+
+def test_normalize_features_spec_option_is_a_strict_flag(tmp_path: Path) -> None:
+    """``?normalize_features=no`` (or ``off``, ``maybe``) normalised silently:
+    only ``0``/``false``/``False`` turned it off. It reads like ``symmetrize=``
+    of an OGB spec now: true/false, yes/no or 1/0, anything else refused."""
+    write_planetoid(tmp_path, "toy", **toy_parts())
+    raw = load_planetoid(tmp_path, "toy", normalize_features=False).x
+    normalized = load_planetoid(tmp_path, "toy").x
+    assert raw is not None and normalized is not None
+    spec = f"planetoid:{tmp_path}/toy"
+    for value in ("no", "No", "false", "0"):
+        x = load_dataset(f"{spec}?normalize_features={value}").x
+        assert x is not None and torch.equal(x, raw), value
+    for value in ("yes", "TRUE", "1"):
+        x = load_dataset(f"{spec}?normalize_features={value}").x
+        assert x is not None and torch.equal(x, normalized), value
+    x = load_dataset(spec).x  # normalised by default
+    assert x is not None and torch.equal(x, normalized)
+    for value in ("off", "maybe", ""):
+        with pytest.raises(
+            ValueError,
+            match=(
+                "^normalize_features: expected true/false, yes/no or 1/0, "
+                f"found '{value}'$"
+            ),
+        ):
+            load_dataset(f"{spec}?normalize_features={value}")
 
 
 def test_more_training_rows_than_allx_is_named(tmp_path: Path) -> None:

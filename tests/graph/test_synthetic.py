@@ -6,12 +6,15 @@ import numpy as np
 import pytest
 import torch
 
+from graphwire.graph import synthetic
 from graphwire.graph.synthetic import (
     ProductsConfig,
     RmatConfig,
     products_graph,
     rmat_graph,
 )
+
+NAN, INF = float("nan"), float("inf")
 
 
 def _assert_simple_symmetric(graph) -> None:
@@ -89,11 +92,74 @@ def test_rmat_structure_and_options() -> None:
         dict(classes=1),
         dict(classes=0),
         dict(features=-1),
+        dict(nodes=2**31 + 1),  # edge keys lo * nodes + hi would overflow int64
+        # NaN passes every comparison-based range check: these gave all-NaN
+        # features, an edgeless graph or a numpy error deep inside.
+        dict(degree=NAN),
+        dict(homophily=NAN),
+        dict(exponent=NAN),
+        dict(exponent=INF),
+        dict(signal=NAN),
+        dict(signal=INF),
+        dict(signal=-1.0),  # signal had no range check at all
+        dict(train_fraction=NAN),
+        dict(val_fraction=NAN),
+        dict(seed=-1),  # numpy's "expected non-negative integer" named no option
+        dict(seed=2**63),
     ],
 )
 def test_products_rejects_bad_config(bad) -> None:
-    with pytest.raises(ValueError, match=next(iter(bad))):  # names the option
+    with pytest.raises(ValueError, match=f"^{next(iter(bad))}"):  # names the option
         ProductsConfig(**bad)
+
+
+def test_products_signal_range_is_inclusive() -> None:
+    """0 (pure-noise features) and the cap 1e6 are both allowed."""
+    for signal in (0.0, 1e6):
+        graph = products_graph(ProductsConfig(nodes=200, degree=4, signal=signal))
+        assert graph.x is not None and bool(torch.isfinite(graph.x).all())
+
+
+def test_products_degree_is_a_target_before_dedup() -> None:
+    """``degree`` sets how many pairs are drawn; self-loops and repeats are
+    dropped afterwards, so the realised mean is lower on small graphs, as the
+    docstring says (15.7 at 5,000 nodes, 17.3 at 20,000 for degree=20)."""
+    means = []
+    for nodes in (5000, 20_000):
+        graph = products_graph(ProductsConfig(nodes=nodes, features=0, seed=0))
+        means.append(graph.num_edges / nodes)
+    assert means[0] == pytest.approx(15.7, abs=0.1)
+    assert means[1] == pytest.approx(17.3, abs=0.1)
+
+
+def test_a_graph_too_big_for_memory_is_refused_before_allocating(
+    monkeypatch,
+) -> None:
+    """numpy's MemoryError (or "Maximum allowed dimension exceeded") named no
+    option; now the size options and the bytes they need are named."""
+    monkeypatch.setattr(synthetic, "_machine_memory", lambda: 1 << 20)
+
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("the generator started before the size check")
+
+    monkeypatch.setattr(np.random, "default_rng", no_allocation)
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^synthetic:products: nodes=1000 with degree=20.0, features=1000 and "
+            r"classes=47 needs [0-9.]+ MiB of memory \(3.81 MiB for x, .* KiB "
+            r"for the edge arrays, .*\), more than this machine's 1 MiB$"
+        ),
+    ):
+        products_graph(ProductsConfig(nodes=1000, features=1000))
+    with pytest.raises(ValueError, match=r"^synthetic:rmat: scale=16 with edge"):
+        rmat_graph(RmatConfig(scale=16))
+    with pytest.raises(ValueError, match=r"features=1048576 needs .*\(1 GiB for x"):
+        rmat_graph(RmatConfig(scale=8, edge_factor=1, features=1 << 20))
+    monkeypatch.undo()
+    # The same check lets a small graph through.
+    monkeypatch.setattr(synthetic, "_machine_memory", lambda: 1 << 20)
+    assert products_graph(ProductsConfig(nodes=1000, features=0)).num_nodes == 1000
 
 
 def test_rmat_rejects_bad_config() -> None:
@@ -107,3 +173,12 @@ def test_rmat_rejects_bad_config() -> None:
             RmatConfig(classes=classes)
     with pytest.raises(ValueError, match="features: must be >= 0"):
         RmatConfig(features=-1)
+    # NaN shares passed the range check and gave a graph with no edges.
+    for share in ("a", "b", "c"):
+        for value in (NAN, INF, -0.1):
+            with pytest.raises(ValueError, match=f"^{share}: must be a finite"):
+                RmatConfig(**{share: value})
+    with pytest.raises(ValueError, match=r"^classes: .* at most the 2\*\*scale = 16"):
+        RmatConfig(scale=4, classes=17)
+    with pytest.raises(ValueError, match=r"^seed: expected an int in \[0, 2\*\*63\)"):
+        RmatConfig(seed=-1)
