@@ -96,11 +96,14 @@ class FetchOptions:
 
     Attributes:
         fetch: ``on-demand`` (DistDGL) or ``rapid`` (RapidGNN).
-        n_hot: rows of the hot cache (rapid). None: the distinct remote nodes
-            of the whole presampled run (the paper's Eq. 2 counts accesses
-            over all epochs), so that with rows kept across epochs each remote
-            row is fetched once per run, but at most what fits ``cache_mb``.
-            Fetches grow as it shrinks (the paper's Fig. 5 curve).
+        n_hot: rows of the hot cache (rapid), at most the distinct remote
+            nodes of the whole presampled run (no other node is ever hot, so
+            a larger value is cut to that before the buffers are allocated;
+            the counters' ``n_hot`` is the value used). None: that many (the
+            paper's Eq. 2 counts accesses over all epochs), so that with rows
+            kept across epochs each remote row is fetched once per run, but
+            at most what fits ``cache_mb``. Fetches grow as it shrinks (the
+            paper's Fig. 5 curve).
         cache_mb: with ``n_hot`` None, the most memory the two cache buffers
             may take (``2 n_hot F 4`` bytes, reported as ``cache_bytes``).
         prefetch: Q, batches the prefetcher keeps ready (rapid).
@@ -240,13 +243,16 @@ class _Loop:
 
     def start_rapid(self, first: int, hot_ids: torch.Tensor | None) -> None:
         epoch0 = self.epochs[first]
+        # A buffer holds an epoch's hot set and rows kept from earlier ones:
+        # remote inputs of the presampled epochs, never any other node. More
+        # rows than there are of those would stay empty, yet be allocated.
+        touched = torch.unique(torch.cat([e.hot_ids for e in self.epochs.values()]))
         n_hot = self.options.n_hot
         if n_hot is None:
-            touched = torch.unique(torch.cat([e.hot_ids for e in self.epochs.values()]))
             fits = int(self.options.cache_mb * 2**20) // (2 * self.store.dim * 4)
             n_hot = min(touched.numel(), fits)
-        self.counters["n_hot"] = n_hot
-        self.cache = HotCache(self.store, n_hot)
+        self.cache = HotCache(self.store, min(n_hot, touched.numel()))
+        self.counters["n_hot"] = self.cache.n_hot  # the rows allocated
         self.cache.fill(first, epoch0.hot_ids if hot_ids is None else hot_ids)
         keys = [
             (e, i) for e in range(first, self.config.epochs) for i in range(self.steps)

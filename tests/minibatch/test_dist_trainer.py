@@ -5,7 +5,8 @@
 - ``rapid`` and ``on-demand`` train on bitwise-identical batches and end with
   identical parameters (2 and 4 gloo processes, and in-process);
 - remote rows fetched do not grow with ``n_hot``; cache + prefetch memory stays
-  within ``(2 n_hot + Q max_batch_inputs) F 4`` bytes;
+  within ``(2 n_hot + Q max_batch_inputs) F 4`` bytes; ``n_hot`` is cut to
+  the remote nodes the run reads;
 - Cora on 4 workers is within 1 point of single-process mini-batch training;
 - a dead worker ends the run promptly naming it; a resumed run sees the same
   batches and ends with the same parameters.
@@ -147,6 +148,22 @@ def test_remote_rows_do_not_grow_with_n_hot_and_memory_stays_bounded(
             assert c["prefetch"]["peak_alive"] <= 2
     assert all(a >= b for a, b in zip(fetched, fetched[1:], strict=False)), fetched
     assert fetched[-1] < fetched[0]
+
+
+def test_n_hot_is_cut_to_the_remote_nodes_the_run_reads(
+    parts: dict[int, str],
+) -> None:
+    """Only the presampled run's remote input nodes are ever hot, so a larger
+    ``n_hot`` (``--n-hot 20000`` on Cora's 2,708 nodes) is cut to their
+    number before the buffers are allocated, and the counters say so: every
+    row of a buffer is filled, and each once."""
+    options = FetchOptions(fetch="rapid", n_hot=10**5, prefetch=2)
+    results = run_local(lambda t: train(t, parts[2], _config(epochs=3), options), 2)
+    for r in results:
+        c = r["counters"]
+        assert 0 < c["n_hot"] < 1200  # nodes of the graph
+        assert c["cache"]["filled_rows"] == c["n_hot"]
+        assert c["cache_bytes"] == 2 * c["n_hot"] * 6 * 4
 
 
 def test_cora_on_four_workers_is_within_a_point_of_one_process(
