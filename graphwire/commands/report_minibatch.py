@@ -1,8 +1,10 @@
 """The report of a distributed mini-batch run (rank 0 / the parent process).
 
 ``metrics.jsonl`` gets every rank's per-epoch records; stdout gets the time
-split per rank, the feature traffic per rank (rows and bytes by purpose:
-on-demand pulls, prefetches, cache fills), and the summary line with
+split per rank (sample, fetch, wait, compute, sync: disjoint parts of the
+training time, compute being ``forward_s + backward_s``, the optimizer step
+included; then eval), the feature traffic per rank (rows and bytes by
+purpose: on-demand pulls, prefetches, cache fills), and the summary line with
 ``remote_rows=``, ``remote_bytes=``, ``cache_hit_rate=`` and ``seeds_per_s=``.
 
 Global seeds/s of an epoch is all ranks' seeds over the slowest rank's
@@ -105,13 +107,14 @@ def _time_table(reports: list[RankReport]) -> None:
                 t["sample_s"],
                 t["fetch_s"],
                 t["wait_s"],
-                t["forward_s"],
+                t["forward_s"] + t["backward_s"],
                 t["sync_s"],
                 t["eval_s"],
             )
         )
     print_table(
-        "time split per rank (all epochs, seconds)",
+        "time split per rank (all epochs, seconds; compute: forward, backward "
+        "and the optimizer step)",
         ["rank", "seeds", "sample", "fetch", "wait", "compute", "sync", "eval"],
         rows,
     )

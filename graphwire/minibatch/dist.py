@@ -19,6 +19,13 @@ its trainer, and takes the same number of steps per epoch (DistDGL, ARCHITECTURE
 5. the gradients are averaged over ranks (``sync.grad``), and every rank takes
    the same Adam step.
 
+An epoch's record times these phases as a single process's does
+(:class:`~graphwire.training.EpochRecord`): ``sample_s`` (on-demand),
+``fetch_s`` and ``wait_s`` (step 3; ``wait_s`` for the prefetcher, rapid),
+``forward_s`` (step 4's forward and loss), ``backward_s`` (its backward and
+the optimizer step) and ``sync_s`` (the gradients' all-reduce); they are
+disjoint parts of the epoch's ``train_s``.
+
 Both fetch modes see the same blocks and the same feature values, so they take
 bitwise-identical steps: ``rapid`` changes only where rows come from.
 
@@ -309,30 +316,36 @@ class _Loop:
             stats[name] += value
         stats["seeds"] += sampled.seeds.numel()
         stats["edges"] += sampled.num_sampled_edges
-        loss = self.train_on(sampled, x, y, batch.dropout_seed)
-        computed = time.perf_counter()
-        stats["compute_s"] += computed - fetched
+        loss = self.loss_of(sampled, x, y, batch.dropout_seed)
+        forwarded = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        backwarded = time.perf_counter()
         sync_gradients(self.model, self.transport)
         for p in self.model.parameters():
             assert p.grad is not None
             p.grad /= self.world
+        synced = time.perf_counter()
         self.optimizer.step()
-        stats["sync_s"] += time.perf_counter() - computed
+        stepped = time.perf_counter()
+        stats["forward_s"] += forwarded - fetched
+        # The step counts with the backward, as in a single process's
+        # records; sync_s is the gradients' all-reduce alone.
+        stats["backward_s"] += (backwarded - forwarded) + (stepped - synced)
+        stats["sync_s"] += synced - backwarded
         if self.prefetcher is not None:
             self.prefetcher.release((batch.epoch, batch.index))
-        return loss
+        return float(loss.detach())
 
-    def train_on(
+    def loss_of(
         self, sampled: SampledBatch, x: torch.Tensor, y: torch.Tensor, seed: int
-    ) -> float:
+    ) -> torch.Tensor:
+        """The forward: the batch's mean cross-entropy over its seeds."""
         self.model.train()
         logits = self.model(
             sampled.blocks, x, row_ids=sampled.input_nid, dropout_seed=seed
         )
-        loss = F.cross_entropy(logits, y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        return float(loss.detach())
+        return F.cross_entropy(logits, y)
 
     def evaluate(self, loss: float) -> dict[str, float]:
         self.model.eval()
@@ -436,7 +449,8 @@ _STATS = (
     "sample_s",
     "fetch_s",
     "wait_s",
-    "compute_s",
+    "forward_s",
+    "backward_s",
     "sync_s",
     "seeds",
     "edges",
@@ -509,8 +523,8 @@ def _epoch(
             "sample_s": stats["sample_s"],
             "fetch_s": stats["fetch_s"],
             "wait_s": stats["wait_s"],
-            "forward_s": stats["compute_s"],
-            "backward_s": 0.0,
+            "forward_s": stats["forward_s"],
+            "backward_s": stats["backward_s"],
             "sync_s": stats["sync_s"],
             "eval_s": eval_s,
         },

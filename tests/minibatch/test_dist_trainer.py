@@ -7,6 +7,8 @@
 - remote rows fetched do not grow with ``n_hot``; cache + prefetch memory stays
   within ``(2 n_hot + Q max_batch_inputs) F 4`` bytes; ``n_hot`` is cut to
   the remote nodes the run reads;
+- an epoch's record times forward, backward (with the optimizer step) and
+  the gradient sync apart, as a single process's does;
 - Cora on 4 workers is within 1 point of single-process mini-batch training;
 - a dead worker ends the run promptly naming it; a resumed run sees the same
   batches and ends with the same parameters.
@@ -122,6 +124,23 @@ def test_rapid_and_on_demand_take_identical_steps(
         requests = store["pull"]["remote_requests"] + store["labels"]["remote_requests"]
         sent = sum(rec["extra"]["remote_messages"] for rec in r["records"])
         assert sent == 2 * requests > 0
+
+
+def test_epoch_times_split_forward_backward_and_sync_as_one_process_does(
+    parts: dict[int, str],
+) -> None:
+    """``backward_s`` was always 0.0: the backward was timed with the
+    forward, the optimizer step with the gradient sync. Now the fields mean
+    what a single process's do (forward and loss; backward with the step),
+    and ``sync_s`` is the all-reduce alone: disjoint parts of ``train_s``."""
+    results = run_local(lambda t: train(t, parts[2], _config(), FetchOptions()), 2)
+    phases = ("sample_s", "fetch_s", "wait_s", "forward_s", "backward_s", "sync_s")
+    for r in results:
+        for record in r["records"]:
+            times = record["times"]
+            assert times["forward_s"] > 0 and times["backward_s"] > 0
+            assert times["sync_s"] > 0
+            assert sum(times[k] for k in phases) <= record["extra"]["train_s"]
 
 
 def _remote_rows(results: list[dict[str, Any]]) -> int:
