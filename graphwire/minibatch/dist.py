@@ -32,6 +32,13 @@ bitwise-identical steps: ``rapid`` changes only where rows come from.
 Evaluation is exact full-graph inference through the ``halo`` engine (as the
 single-process loop evaluates on the whole graph), after the epochs
 :meth:`~graphwire.training.TrainConfig.evaluates` names.
+
+Each epoch's record counts the traffic of its window of the run
+(:mod:`~graphwire.minibatch.traffic`): ``comm`` and ``extra``'s
+``remote_rows``, ``remote_bytes`` and ``remote_messages``. What came before
+the first epoch (presampling, rapid's first cache fill) and after the last
+(closing the services) is the run's ``setup`` and ``teardown``
+(:attr:`MinibatchRun.counters`), so the three add up to the run's totals.
 """
 
 from __future__ import annotations
@@ -53,7 +60,6 @@ from graphwire.feature.dist import DistFeatureStore
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import (
     _global_metrics,
-    _ledger_delta,
     _split_sizes,
     build_engine,
     forward_loss,
@@ -74,6 +80,7 @@ from graphwire.minibatch.schedule import (
     split_train,
     steps_per_epoch,
 )
+from graphwire.minibatch.traffic import TrafficWindows
 from graphwire.nn.models import LAYER_KINDS
 from graphwire.partition.local import LocalPart
 from graphwire.sampler.base import SampledBatch
@@ -90,7 +97,6 @@ __all__ = [
     "FETCH_MODES",
     "FetchOptions",
     "MinibatchRun",
-    "fetch_traffic",
     "train_minibatch_distributed",
 ]
 
@@ -144,7 +150,14 @@ class MinibatchRun:
     Attributes:
         result: accuracies, records and weights.
         ledger: this rank's ledger snapshot for the whole run.
-        counters: sampler, cache and prefetcher counters, and the setup.
+        counters: sampler, cache and prefetcher counters, and the setup;
+            ``phases``: the traffic before the first epoch and after the
+            last, ``{"setup": w, "teardown": w}`` with ``w`` = ``{"seconds",
+            "comm", "extra": {"remote_rows", "remote_bytes",
+            "remote_messages"}}`` (as an epoch record holds its own; the
+            set-up's seconds count from this function's start). With the
+            records of the epochs this process ran they add up to ``ledger``
+            and the store's remote rows (:mod:`~graphwire.minibatch.traffic`).
         batches: per step ``(epoch, index, seeds checksum)`` (tests use it).
         first_epoch: the epoch this process started at (resumed: the ledger
             and counters count the epochs from there only).
@@ -404,8 +417,10 @@ def train_minibatch_distributed(
     Returns:
         The run, with accuracies over all ranks' nodes.
     """
+    began = time.perf_counter()
     options = options or FetchOptions()
     loop = _Loop(part, transport, config, options)
+    windows = TrafficWindows(transport, loop.store)
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
     first, hot_ids = 0, None
@@ -420,9 +435,12 @@ def train_minibatch_distributed(
         if options.fetch == "rapid" and first < config.epochs:
             loop.presample(first)
             loop.start_rapid(first, hot_ids)
+        phases = {"setup": _phase(windows.cut(), began)}
         meter = ResourceMeter()
+        ended = time.perf_counter()  # the last window's end
         for epoch in range(first, config.epochs):
-            record, stopped = _epoch(loop, epoch, best, meter, seen)
+            record, stopped = _epoch(loop, epoch, best, meter, seen, windows)
+            ended = time.perf_counter()
             records.append(record)
             if on_epoch is not None:
                 on_epoch(record)
@@ -436,10 +454,12 @@ def train_minibatch_distributed(
         loop.close(collective=False)
         raise
     loop.close()
+    ledger = transport.ledger.snapshot()
+    phases["teardown"] = _phase(windows.cut(ledger), ended)
     return MinibatchRun(
         result=best.result(records, loop.model),
-        ledger=transport.ledger.snapshot(),
-        counters=_counters(loop),
+        ledger=ledger,
+        counters=_counters(loop) | {"phases": phases},
         batches=seen,
         first_epoch=first,
     )
@@ -467,10 +487,9 @@ def _epoch(
     best: BestEpoch,
     meter: ResourceMeter,
     seen: list[tuple[int, int, int]],
+    windows: TrafficWindows,
 ) -> tuple[EpochRecord, bool]:
-    transport, config = loop.transport, loop.config
-    before = transport.ledger.snapshot()
-    cache_before = _cache_rows(loop.store)
+    config = loop.config
     meter.start()
     began = time.perf_counter()
     stats = dict.fromkeys(_STATS, 0.0)
@@ -494,18 +513,14 @@ def _epoch(
         stopped = best.update(epoch, metrics, loop.model)
     eval_s = time.perf_counter() - eval_began
     reading = meter.stop()
-    after = transport.ledger.snapshot()
-    remote = stats["missed_rows"] + _cache_rows(loop.store) - cache_before
-    fetch_bytes, fetch_messages = (
-        a - b for a, b in zip(fetch_traffic(after), fetch_traffic(before), strict=True)
-    )
+    traffic = windows.cut()  # from the end of the last window
     extra = {
         "seeds": int(stats["seeds"]),
         "seeds_per_s": stats["seeds"] / train_s if train_s > 0 else 0.0,
         "sampled_edges": int(stats["edges"]),
-        "remote_rows": int(remote),
-        "remote_bytes": fetch_bytes,
-        "remote_messages": fetch_messages,
+        "remote_rows": traffic["remote_rows"],
+        "remote_bytes": traffic["remote_bytes"],
+        "remote_messages": traffic["remote_messages"],
         "missed_rows": int(stats["missed_rows"]),
         "cache_hits": int(stats["cache_hits"]),
         "local_rows": int(stats["local_rows"]),
@@ -529,30 +544,17 @@ def _epoch(
             "eval_s": eval_s,
         },
         peak_rss_mb=reading.peak_rss_mb,
-        comm=_ledger_delta(before, after),
+        comm=traffic["comm"],
         extra=extra,
     )
     return record, stopped
 
 
-def fetch_traffic(snapshot: dict[str, Any]) -> tuple[int, int]:
-    """``(bytes, messages)`` of this rank's feature fetches as a client: its
-    ``kv.*.req`` requests sent and the answers it received."""
-    requests = [
-        r for r in snapshot["sent"] if r[2].startswith("kv.") and r[2].endswith(".req")
-    ]
-    answers = [
-        r
-        for r in snapshot["recv"]
-        if r[2].startswith("kv.") and not r[2].endswith(".req")
-    ]
-    rows = requests + answers
-    return sum(r[3] for r in rows), sum(r[4] for r in rows)
-
-
-def _cache_rows(store: DistFeatureStore) -> int:
-    """Remote rows this rank has pulled into its hot cache so far."""
-    return int(store.stats().get("cache", {}).get("remote_rows", 0))
+def _phase(traffic: dict[str, Any], began: float) -> dict[str, Any]:
+    """A set-up or teardown window's traffic as an epoch record holds its
+    own (``comm``; the rest under ``extra``), with its length in seconds."""
+    comm = traffic.pop("comm")
+    return {"seconds": time.perf_counter() - began, "comm": comm, "extra": traffic}
 
 
 def _counters(loop: _Loop) -> dict[str, Any]:

@@ -253,6 +253,20 @@ def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
     assert float(spawned["cache_hit_rate"]) == 0.0
     assert float(launched["cache_hit_rate"]) > 0.0
     assert int(launched["remote_rows"]) < int(spawned["remote_rows"])
+    # metrics.jsonl: every rank's set-up, epoch and teardown records add up
+    # to the summary (rapid's first cache fill was in none of them).
+    for out, summary in (("spawned", spawned), ("torchrun", launched)):
+        records = [
+            json.loads(line) for line in (tmp_path / out / "metrics.jsonl").open()
+        ]
+        kinds = [r["kind"] for r in records]
+        ranks = ["setup"] * 2 + ["epoch"] * 6 + ["teardown"] * 2
+        assert kinds == ["config", *ranks, "summary"], kinds
+        windows = [r for r in records if r["kind"] in ("setup", "epoch", "teardown")]
+        for key in ("bytes_sent", "bytes_recv"):
+            assert sum(w["comm"][key] for w in windows) == int(summary[key]), key
+        for key in ("remote_rows", "remote_bytes"):
+            assert sum(w["extra"][key] for w in windows) == int(summary[key]), key
 
 
 def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) -> None:
