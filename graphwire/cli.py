@@ -177,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--n-hot",
         type=int,
-        help="rapid: hot-cache rows (default: the distinct remote nodes of the "
-        "run's schedule, within --cache-mb; memory 2 x n_hot x F x 4 bytes)",
+        help="rapid: hot-cache rows, at most the distinct remote nodes of the "
+        "run's schedule (more is cut to that; the default: that many, within "
+        "--cache-mb; memory 2 x n_hot x F x 4 bytes)",
     )
     train.add_argument(
         "--cache-mb",

@@ -214,7 +214,10 @@ class EpochRecord:
 
     ``times`` holds seconds per phase: ``sample_s``, ``forward_s``,
     ``backward_s`` (including the optimizer step) and ``eval_s``; distributed
-    runs add ``comm_s`` (inside forward/backward) and ``sync_s``. ``comm`` holds
+    runs add ``sync_s`` (the gradients' all-reduce; the full-graph loop times
+    its optimizer step there, not in ``backward_s``), full-graph ones
+    ``comm_s`` (inside forward/backward), mini-batch ones ``fetch_s`` and
+    ``wait_s`` (the batches' input features). ``comm`` holds
     the epoch's bytes by tag and by peer (distributed runs only; full-graph
     runs add ``by_rank``, every rank's training bytes per layer:
     :func:`~graphwire.fullgraph.distributed.traffic_by_rank`); ``extra``

@@ -17,7 +17,9 @@ naming the rank that failed first: when every failure is a peer's timeout
 (``TransportError``) and exactly one rank never reported, that rank, which
 stopped responding. Each child's collectives are bounded by ``timeout_s``;
 the whole run only by ``run_timeout_s``, when given (a training run may take
-hours). SIGTERM ends the launcher as Ctrl-C does.
+hours). SIGTERM ends the launcher as Ctrl-C does: under the command line
+(whose handler raises ``KeyboardInterrupt``) with ``graphwire: interrupted``
+and exit 130, elsewhere with ``SystemExit(143)``.
 Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
 
 Each run gets a scratch folder (``graphwire-run-*`` in the system's temporary
@@ -217,10 +219,14 @@ def launch_local(
 
 class _SigtermAsExit:
     """While a launcher runs, SIGTERM (what ``timeout`` and job schedulers
-    send) raises ``SystemExit`` in the main thread, so the launcher stops its
-    workers and removes its scratch folder as it does on Ctrl-C. Nothing is
-    installed off the main thread, or where SIGTERM is ignored or handled
-    outside Python."""
+    send) ends it as Ctrl-C does: it stops its workers and removes its
+    scratch folder. A Python handler installed before (the command line's,
+    :func:`~graphwire.sigterm.interrupt_on_sigterm`, which raises
+    ``KeyboardInterrupt``) is called first, so its exception is the one that
+    propagates and the caller ends as it would on Ctrl-C; if it returns, or
+    SIGTERM had its default action, ``SystemExit(143)`` is raised: the
+    launcher never carries on after a SIGTERM. Nothing is installed off the
+    main thread, or where SIGTERM is ignored or handled outside Python."""
 
     def __init__(self) -> None:
         self.before: Any = None
@@ -231,6 +237,8 @@ class _SigtermAsExit:
             return
 
         def terminate(signum: int, frame: Any) -> None:
+            if callable(before):  # a Python handler; SIG_DFL is not callable
+                before(signum, frame)
             raise SystemExit(128 + signum)
 
         signal.signal(signal.SIGTERM, terminate)

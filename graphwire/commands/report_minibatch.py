@@ -1,8 +1,23 @@
 """The report of a distributed mini-batch run (rank 0 / the parent process).
 
-``metrics.jsonl`` gets every rank's per-epoch records; stdout gets the time
-split per rank, the feature traffic per rank (rows and bytes by purpose:
-on-demand pulls, prefetches, cache fills), and the summary line with
+``metrics.jsonl`` gets the ``config`` record, every rank's ``setup`` record,
+every rank's per-epoch records, every rank's ``teardown`` record and the
+``summary``. The set-up is everything before the rank's first epoch (the
+set-up collectives, rapid's presampling and first hot-cache fill), the
+teardown what followed its last (closing the services); each holds its
+traffic as an epoch record does (``comm``, and ``extra``'s ``remote_rows``,
+``remote_bytes``, ``remote_messages``) and ``seconds``, its length (the
+set-up's ``time`` is 0.0, the teardown's the rank's end). Every byte and row
+falls in one of them (:mod:`~graphwire.minibatch.traffic`), so over ranks
+they add up to the summary's ``bytes_sent``, ``bytes_recv``,
+``remote_rows`` and ``remote_bytes``; of a resumed run, the records of the
+epochs from ``resumed_at`` on do, with its own set-up and teardown.
+
+Stdout gets the time
+split per rank (sample, fetch, wait, compute, sync: disjoint parts of the
+training time, compute being ``forward_s + backward_s``, the optimizer step
+included; then eval), the feature traffic per rank (rows and bytes by
+purpose: on-demand pulls, prefetches, cache fills), and the summary line with
 ``remote_rows=``, ``remote_bytes=``, ``cache_hit_rate=`` and ``seeds_per_s=``.
 
 Global seeds/s of an epoch is all ranks' seeds over the slowest rank's
@@ -22,14 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.commands.common import console, print_table
-from graphwire.commands.train_dist import ledger_span, run_seconds, write_epochs
+from graphwire.commands.train_dist import (
+    ledger_span,
+    run_seconds,
+    write_epoch_records,
+)
 from graphwire.fullgraph.job import RankReport, RunLog
-from graphwire.minibatch.dist import fetch_traffic
+from graphwire.minibatch.traffic import FETCH_KINDS, fetch_traffic, fetched_rows
 from graphwire.runlog import MetricsLog, format_summary
 
 __all__ = ["report_minibatch", "summarise"]
-
-_KINDS = ("pull", "prefetch", "cache")
 
 
 def summarise(reports: list[RankReport]) -> dict[str, Any]:
@@ -46,12 +63,7 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
     ]
     hits = sum(rec["extra"]["cache_hits"] for rec in own)
     missed = sum(rec["extra"]["missed_rows"] for rec in own)
-    remote_rows = sum(
-        r.counters["store"][k]["remote_rows"]
-        for r in reports
-        for k in _KINDS
-        if k in r.counters["store"]
-    )
+    remote_rows = sum(fetched_rows(r.counters["store"]) for r in reports)
     sent = sum(row[3] for r in reports for row in r.ledger["sent"])
     recv = sum(row[3] for r in reports for row in r.ledger["recv"])
     feature_bytes = sum(fetch_traffic(r.ledger)[0] for r in reports)
@@ -80,7 +92,15 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
 
 def report_minibatch(run: RunLog, reports: list[RankReport]) -> None:
     with MetricsLog(run.out) as log:
-        write_epochs(log, run, reports)
+        log.write("config", time=0.0, **run.header)
+        for report in reports:
+            setup = report.counters["phases"]["setup"]
+            log.write("setup", time=0.0, rank=report.rank, **setup)
+        write_epoch_records(log, reports)
+        for report in reports:
+            end = round(report.seconds, 4)
+            teardown = report.counters["phases"]["teardown"]
+            log.write("teardown", time=end, rank=report.rank, **teardown)
         _time_table(reports)
         _traffic_table(reports)
         summary = summarise(reports)
@@ -105,13 +125,14 @@ def _time_table(reports: list[RankReport]) -> None:
                 t["sample_s"],
                 t["fetch_s"],
                 t["wait_s"],
-                t["forward_s"],
+                t["forward_s"] + t["backward_s"],
                 t["sync_s"],
                 t["eval_s"],
             )
         )
     print_table(
-        "time split per rank (all epochs, seconds)",
+        "time split per rank (all epochs, seconds; compute: forward, backward "
+        "and the optimizer step)",
         ["rank", "seeds", "sample", "fetch", "wait", "compute", "sync", "eval"],
         rows,
     )
@@ -124,7 +145,7 @@ def _traffic_table(reports: list[RankReport]) -> None:
         recv: dict[str, int] = defaultdict(int)
         for _, _, tag, num_bytes, _ in report.ledger["recv"]:
             recv[tag] += num_bytes
-        for kind in _KINDS:
+        for kind in FETCH_KINDS:
             if kind not in store:
                 continue
             rows.append(

@@ -51,6 +51,7 @@ __all__ = [
     "run_seconds",
     "run_distributed",
     "training_bytes_by_peer",
+    "write_epoch_records",
     "write_epochs",
 ]
 
@@ -315,9 +316,15 @@ def _report(run: RunLog, reports: list[RankReport]) -> None:
 
 
 def write_epochs(log: MetricsLog, run: RunLog, reports: list[RankReport]) -> None:
-    """The ``config`` record, then every rank's epoch records, epoch by
-    epoch, each at the time its rank stamped it."""
+    """The ``config`` record, then every rank's epoch records
+    (:func:`write_epoch_records`)."""
     log.write("config", time=0.0, **run.header)
+    write_epoch_records(log, reports)
+
+
+def write_epoch_records(log: MetricsLog, reports: list[RankReport]) -> None:
+    """Every rank's epoch records, epoch by epoch, each at the time its rank
+    stamped it."""
     for epoch in range(max(len(r.records) for r in reports)):
         for report in reports:
             if epoch < len(report.records):

@@ -57,18 +57,20 @@ class HotCache:
 
     Args:
         store: where rows come from (remote rows with ``kind="cache"``).
-        n_hot: rows per buffer.
+        n_hot: rows per buffer, at most ``store.num_nodes`` (a buffer holds
+            distinct nodes; a larger value is cut to that, and ``n_hot`` is
+            the value used).
     """
 
     def __init__(self, store: FeatureStore, n_hot: int) -> None:
         if n_hot < 0:
             raise ValueError(f"n_hot: expected >= 0, got {n_hot}")
         self.store = store
-        self.n_hot = n_hot
+        self.n_hot = min(n_hot, store.num_nodes)
         empty = torch.empty(0, dtype=torch.int64)
         self._buffers = [
-            _Buffer(empty, torch.zeros(n_hot, store.dim)),
-            _Buffer(empty, torch.zeros(n_hot, store.dim)),
+            _Buffer(empty, torch.zeros(self.n_hot, store.dim)),
+            _Buffer(empty, torch.zeros(self.n_hot, store.dim)),
         ]
         self._cond = threading.Condition()
         self._builder: threading.Thread | None = None

@@ -19,12 +19,26 @@ its trainer, and takes the same number of steps per epoch (DistDGL, ARCHITECTURE
 5. the gradients are averaged over ranks (``sync.grad``), and every rank takes
    the same Adam step.
 
+An epoch's record times these phases as a single process's does
+(:class:`~graphwire.training.EpochRecord`): ``sample_s`` (on-demand),
+``fetch_s`` and ``wait_s`` (step 3; ``wait_s`` for the prefetcher, rapid),
+``forward_s`` (step 4's forward and loss), ``backward_s`` (its backward and
+the optimizer step) and ``sync_s`` (the gradients' all-reduce); they are
+disjoint parts of the epoch's ``train_s``.
+
 Both fetch modes see the same blocks and the same feature values, so they take
 bitwise-identical steps: ``rapid`` changes only where rows come from.
 
 Evaluation is exact full-graph inference through the ``halo`` engine (as the
 single-process loop evaluates on the whole graph), after the epochs
 :meth:`~graphwire.training.TrainConfig.evaluates` names.
+
+Each epoch's record counts the traffic of its window of the run
+(:mod:`~graphwire.minibatch.traffic`): ``comm`` and ``extra``'s
+``remote_rows``, ``remote_bytes`` and ``remote_messages``. What came before
+the first epoch (presampling, rapid's first cache fill) and after the last
+(closing the services) is the run's ``setup`` and ``teardown``
+(:attr:`MinibatchRun.counters`), so the three add up to the run's totals.
 """
 
 from __future__ import annotations
@@ -46,7 +60,6 @@ from graphwire.feature.dist import DistFeatureStore
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import (
     _global_metrics,
-    _ledger_delta,
     _split_sizes,
     build_engine,
     forward_loss,
@@ -67,6 +80,7 @@ from graphwire.minibatch.schedule import (
     split_train,
     steps_per_epoch,
 )
+from graphwire.minibatch.traffic import TrafficWindows
 from graphwire.nn.models import LAYER_KINDS
 from graphwire.partition.local import LocalPart
 from graphwire.sampler.base import SampledBatch
@@ -83,7 +97,6 @@ __all__ = [
     "FETCH_MODES",
     "FetchOptions",
     "MinibatchRun",
-    "fetch_traffic",
     "train_minibatch_distributed",
 ]
 
@@ -96,11 +109,14 @@ class FetchOptions:
 
     Attributes:
         fetch: ``on-demand`` (DistDGL) or ``rapid`` (RapidGNN).
-        n_hot: rows of the hot cache (rapid). None: the distinct remote nodes
-            of the whole presampled run (the paper's Eq. 2 counts accesses
-            over all epochs), so that with rows kept across epochs each remote
-            row is fetched once per run, but at most what fits ``cache_mb``.
-            Fetches grow as it shrinks (the paper's Fig. 5 curve).
+        n_hot: rows of the hot cache (rapid), at most the distinct remote
+            nodes of the whole presampled run (no other node is ever hot, so
+            a larger value is cut to that before the buffers are allocated;
+            the counters' ``n_hot`` is the value used). None: that many (the
+            paper's Eq. 2 counts accesses over all epochs), so that with rows
+            kept across epochs each remote row is fetched once per run, but
+            at most what fits ``cache_mb``. Fetches grow as it shrinks (the
+            paper's Fig. 5 curve).
         cache_mb: with ``n_hot`` None, the most memory the two cache buffers
             may take (``2 n_hot F 4`` bytes, reported as ``cache_bytes``).
         prefetch: Q, batches the prefetcher keeps ready (rapid).
@@ -134,7 +150,14 @@ class MinibatchRun:
     Attributes:
         result: accuracies, records and weights.
         ledger: this rank's ledger snapshot for the whole run.
-        counters: sampler, cache and prefetcher counters, and the setup.
+        counters: sampler, cache and prefetcher counters, and the setup;
+            ``phases``: the traffic before the first epoch and after the
+            last, ``{"setup": w, "teardown": w}`` with ``w`` = ``{"seconds",
+            "comm", "extra": {"remote_rows", "remote_bytes",
+            "remote_messages"}}`` (as an epoch record holds its own; the
+            set-up's seconds count from this function's start). With the
+            records of the epochs this process ran they add up to ``ledger``
+            and the store's remote rows (:mod:`~graphwire.minibatch.traffic`).
         batches: per step ``(epoch, index, seeds checksum)`` (tests use it).
         first_epoch: the epoch this process started at (resumed: the ledger
             and counters count the epochs from there only).
@@ -240,13 +263,16 @@ class _Loop:
 
     def start_rapid(self, first: int, hot_ids: torch.Tensor | None) -> None:
         epoch0 = self.epochs[first]
+        # A buffer holds an epoch's hot set and rows kept from earlier ones:
+        # remote inputs of the presampled epochs, never any other node. More
+        # rows than there are of those would stay empty, yet be allocated.
+        touched = torch.unique(torch.cat([e.hot_ids for e in self.epochs.values()]))
         n_hot = self.options.n_hot
         if n_hot is None:
-            touched = torch.unique(torch.cat([e.hot_ids for e in self.epochs.values()]))
             fits = int(self.options.cache_mb * 2**20) // (2 * self.store.dim * 4)
             n_hot = min(touched.numel(), fits)
-        self.counters["n_hot"] = n_hot
-        self.cache = HotCache(self.store, n_hot)
+        self.cache = HotCache(self.store, min(n_hot, touched.numel()))
+        self.counters["n_hot"] = self.cache.n_hot  # the rows allocated
         self.cache.fill(first, epoch0.hot_ids if hot_ids is None else hot_ids)
         keys = [
             (e, i) for e in range(first, self.config.epochs) for i in range(self.steps)
@@ -303,30 +329,36 @@ class _Loop:
             stats[name] += value
         stats["seeds"] += sampled.seeds.numel()
         stats["edges"] += sampled.num_sampled_edges
-        loss = self.train_on(sampled, x, y, batch.dropout_seed)
-        computed = time.perf_counter()
-        stats["compute_s"] += computed - fetched
+        loss = self.loss_of(sampled, x, y, batch.dropout_seed)
+        forwarded = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        backwarded = time.perf_counter()
         sync_gradients(self.model, self.transport)
         for p in self.model.parameters():
             assert p.grad is not None
             p.grad /= self.world
+        synced = time.perf_counter()
         self.optimizer.step()
-        stats["sync_s"] += time.perf_counter() - computed
+        stepped = time.perf_counter()
+        stats["forward_s"] += forwarded - fetched
+        # The step counts with the backward, as in a single process's
+        # records; sync_s is the gradients' all-reduce alone.
+        stats["backward_s"] += (backwarded - forwarded) + (stepped - synced)
+        stats["sync_s"] += synced - backwarded
         if self.prefetcher is not None:
             self.prefetcher.release((batch.epoch, batch.index))
-        return loss
+        return float(loss.detach())
 
-    def train_on(
+    def loss_of(
         self, sampled: SampledBatch, x: torch.Tensor, y: torch.Tensor, seed: int
-    ) -> float:
+    ) -> torch.Tensor:
+        """The forward: the batch's mean cross-entropy over its seeds."""
         self.model.train()
         logits = self.model(
             sampled.blocks, x, row_ids=sampled.input_nid, dropout_seed=seed
         )
-        loss = F.cross_entropy(logits, y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        return float(loss.detach())
+        return F.cross_entropy(logits, y)
 
     def evaluate(self, loss: float) -> dict[str, float]:
         self.model.eval()
@@ -385,8 +417,10 @@ def train_minibatch_distributed(
     Returns:
         The run, with accuracies over all ranks' nodes.
     """
+    began = time.perf_counter()
     options = options or FetchOptions()
     loop = _Loop(part, transport, config, options)
+    windows = TrafficWindows(transport, loop.store)
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
     first, hot_ids = 0, None
@@ -401,9 +435,12 @@ def train_minibatch_distributed(
         if options.fetch == "rapid" and first < config.epochs:
             loop.presample(first)
             loop.start_rapid(first, hot_ids)
+        phases = {"setup": _phase(windows.cut(), began)}
         meter = ResourceMeter()
+        ended = time.perf_counter()  # the last window's end
         for epoch in range(first, config.epochs):
-            record, stopped = _epoch(loop, epoch, best, meter, seen)
+            record, stopped = _epoch(loop, epoch, best, meter, seen, windows)
+            ended = time.perf_counter()
             records.append(record)
             if on_epoch is not None:
                 on_epoch(record)
@@ -417,10 +454,12 @@ def train_minibatch_distributed(
         loop.close(collective=False)
         raise
     loop.close()
+    ledger = transport.ledger.snapshot()
+    phases["teardown"] = _phase(windows.cut(ledger), ended)
     return MinibatchRun(
         result=best.result(records, loop.model),
-        ledger=transport.ledger.snapshot(),
-        counters=_counters(loop),
+        ledger=ledger,
+        counters=_counters(loop) | {"phases": phases},
         batches=seen,
         first_epoch=first,
     )
@@ -430,7 +469,8 @@ _STATS = (
     "sample_s",
     "fetch_s",
     "wait_s",
-    "compute_s",
+    "forward_s",
+    "backward_s",
     "sync_s",
     "seeds",
     "edges",
@@ -447,10 +487,9 @@ def _epoch(
     best: BestEpoch,
     meter: ResourceMeter,
     seen: list[tuple[int, int, int]],
+    windows: TrafficWindows,
 ) -> tuple[EpochRecord, bool]:
-    transport, config = loop.transport, loop.config
-    before = transport.ledger.snapshot()
-    cache_before = _cache_rows(loop.store)
+    config = loop.config
     meter.start()
     began = time.perf_counter()
     stats = dict.fromkeys(_STATS, 0.0)
@@ -474,18 +513,14 @@ def _epoch(
         stopped = best.update(epoch, metrics, loop.model)
     eval_s = time.perf_counter() - eval_began
     reading = meter.stop()
-    after = transport.ledger.snapshot()
-    remote = stats["missed_rows"] + _cache_rows(loop.store) - cache_before
-    fetch_bytes, fetch_messages = (
-        a - b for a, b in zip(fetch_traffic(after), fetch_traffic(before), strict=True)
-    )
+    traffic = windows.cut()  # from the end of the last window
     extra = {
         "seeds": int(stats["seeds"]),
         "seeds_per_s": stats["seeds"] / train_s if train_s > 0 else 0.0,
         "sampled_edges": int(stats["edges"]),
-        "remote_rows": int(remote),
-        "remote_bytes": fetch_bytes,
-        "remote_messages": fetch_messages,
+        "remote_rows": traffic["remote_rows"],
+        "remote_bytes": traffic["remote_bytes"],
+        "remote_messages": traffic["remote_messages"],
         "missed_rows": int(stats["missed_rows"]),
         "cache_hits": int(stats["cache_hits"]),
         "local_rows": int(stats["local_rows"]),
@@ -503,36 +538,23 @@ def _epoch(
             "sample_s": stats["sample_s"],
             "fetch_s": stats["fetch_s"],
             "wait_s": stats["wait_s"],
-            "forward_s": stats["compute_s"],
-            "backward_s": 0.0,
+            "forward_s": stats["forward_s"],
+            "backward_s": stats["backward_s"],
             "sync_s": stats["sync_s"],
             "eval_s": eval_s,
         },
         peak_rss_mb=reading.peak_rss_mb,
-        comm=_ledger_delta(before, after),
+        comm=traffic["comm"],
         extra=extra,
     )
     return record, stopped
 
 
-def fetch_traffic(snapshot: dict[str, Any]) -> tuple[int, int]:
-    """``(bytes, messages)`` of this rank's feature fetches as a client: its
-    ``kv.*.req`` requests sent and the answers it received."""
-    requests = [
-        r for r in snapshot["sent"] if r[2].startswith("kv.") and r[2].endswith(".req")
-    ]
-    answers = [
-        r
-        for r in snapshot["recv"]
-        if r[2].startswith("kv.") and not r[2].endswith(".req")
-    ]
-    rows = requests + answers
-    return sum(r[3] for r in rows), sum(r[4] for r in rows)
-
-
-def _cache_rows(store: DistFeatureStore) -> int:
-    """Remote rows this rank has pulled into its hot cache so far."""
-    return int(store.stats().get("cache", {}).get("remote_rows", 0))
+def _phase(traffic: dict[str, Any], began: float) -> dict[str, Any]:
+    """A set-up or teardown window's traffic as an epoch record holds its
+    own (``comm``; the rest under ``extra``), with its length in seconds."""
+    comm = traffic.pop("comm")
+    return {"seconds": time.perf_counter() - began, "comm": comm, "extra": traffic}
 
 
 def _counters(loop: _Loop) -> dict[str, Any]:

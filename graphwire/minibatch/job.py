@@ -66,7 +66,7 @@ def _show(record: EpochRecord) -> None:
         f"val {format_acc(record.val_acc)}  test {format_acc(record.test_acc)}  "
         f"rank0 seeds/s {extra['seeds_per_s']:.0f}  "
         f"sample {t['sample_s']:.2f}s fetch {t['fetch_s']:.2f}s "
-        f"wait {t['wait_s']:.2f}s compute {t['forward_s']:.2f}s "
+        f"wait {t['wait_s']:.2f}s compute {t['forward_s'] + t['backward_s']:.2f}s "
         f"sync {t['sync_s']:.2f}s  remote rows {extra['remote_rows']} "
         f"({extra['remote_messages']} messages, "
         f"{extra['remote_bytes'] / 2**20:.2f} MiB)  hit rate {rate:.3f}  "

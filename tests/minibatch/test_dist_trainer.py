@@ -5,7 +5,10 @@
 - ``rapid`` and ``on-demand`` train on bitwise-identical batches and end with
   identical parameters (2 and 4 gloo processes, and in-process);
 - remote rows fetched do not grow with ``n_hot``; cache + prefetch memory stays
-  within ``(2 n_hot + Q max_batch_inputs) F 4`` bytes;
+  within ``(2 n_hot + Q max_batch_inputs) F 4`` bytes; ``n_hot`` is cut to
+  the remote nodes the run reads;
+- an epoch's record times forward, backward (with the optimizer step) and
+  the gradient sync apart, as a single process's does;
 - Cora on 4 workers is within 1 point of single-process mini-batch training;
 - a dead worker ends the run promptly naming it; a resumed run sees the same
   batches and ends with the same parameters.
@@ -123,6 +126,23 @@ def test_rapid_and_on_demand_take_identical_steps(
         assert sent == 2 * requests > 0
 
 
+def test_epoch_times_split_forward_backward_and_sync_as_one_process_does(
+    parts: dict[int, str],
+) -> None:
+    """``backward_s`` was always 0.0: the backward was timed with the
+    forward, the optimizer step with the gradient sync. Now the fields mean
+    what a single process's do (forward and loss; backward with the step),
+    and ``sync_s`` is the all-reduce alone: disjoint parts of ``train_s``."""
+    results = run_local(lambda t: train(t, parts[2], _config(), FetchOptions()), 2)
+    phases = ("sample_s", "fetch_s", "wait_s", "forward_s", "backward_s", "sync_s")
+    for r in results:
+        for record in r["records"]:
+            times = record["times"]
+            assert times["forward_s"] > 0 and times["backward_s"] > 0
+            assert times["sync_s"] > 0
+            assert sum(times[k] for k in phases) <= record["extra"]["train_s"]
+
+
 def _remote_rows(results: list[dict[str, Any]]) -> int:
     return sum(
         r["counters"]["store"][k]["remote_rows"]
@@ -147,6 +167,22 @@ def test_remote_rows_do_not_grow_with_n_hot_and_memory_stays_bounded(
             assert c["prefetch"]["peak_alive"] <= 2
     assert all(a >= b for a, b in zip(fetched, fetched[1:], strict=False)), fetched
     assert fetched[-1] < fetched[0]
+
+
+def test_n_hot_is_cut_to_the_remote_nodes_the_run_reads(
+    parts: dict[int, str],
+) -> None:
+    """Only the presampled run's remote input nodes are ever hot, so a larger
+    ``n_hot`` (``--n-hot 20000`` on Cora's 2,708 nodes) is cut to their
+    number before the buffers are allocated, and the counters say so: every
+    row of a buffer is filled, and each once."""
+    options = FetchOptions(fetch="rapid", n_hot=10**5, prefetch=2)
+    results = run_local(lambda t: train(t, parts[2], _config(epochs=3), options), 2)
+    for r in results:
+        c = r["counters"]
+        assert 0 < c["n_hot"] < 1200  # nodes of the graph
+        assert c["cache"]["filled_rows"] == c["n_hot"]
+        assert c["cache_bytes"] == 2 * c["n_hot"] * 6 * 4
 
 
 def test_cora_on_four_workers_is_within_a_point_of_one_process(

@@ -115,6 +115,15 @@ def test_swap_waits_for_the_next_buffer_to_be_complete() -> None:
     assert cache.counters["filled_rows"] == 5 + 3
 
 
+def test_a_cache_never_allocates_more_rows_than_the_graph_has() -> None:
+    """A buffer holds distinct nodes: ``n_hot`` above the node count was
+    allocated as asked (``torch.zeros(n_hot, F)``, twice)."""
+    cache = HotCache(_SlowStore(50, 3, delay=0.0), n_hot=10**6)
+    assert cache.n_hot == 50 and cache.nbytes == 2 * 50 * 3 * 4
+    cache.fill(0, torch.arange(49, -1, -1))
+    assert torch.equal(cache.lookup(torch.arange(50))[1], _truth(torch.arange(50)))
+
+
 def test_assemble_takes_cache_then_local_then_pulls_the_rest() -> None:
     store = _SlowStore(50, 3, delay=0.0)
     cache = HotCache(store, n_hot=2)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from graphwire.comm.launch import free_port
+from tests.comm.launchers import worker_children
 
 SPEC = "synthetic:products?nodes=2000&degree=8&features=16&classes=4&seed=3"
 TRAIN = ["train", "--model", "sage", "--exchange", "g3", "--bin-rows", "64"]
@@ -187,6 +188,46 @@ def _open_paths(process: psutil.Process) -> set[str]:
         return set()
 
 
+def test_sigterm_ends_a_run_with_workers_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM to ``graphwire train --workers 2`` (``timeout``, a job
+    scheduler, ``kill PID``) ended it with 143 and no message: the
+    launcher's handler replaced the command line's. Now it ends as a
+    single-process run does: its workers stopped, its scratch folder
+    removed, ``graphwire: interrupted``, exit 130."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    argv += ["--mode", "minibatch", "--workers", "2", "--fanouts", "3,3"]
+    argv += ["--epochs", "300", "--quiet", "--timeout", "120", "--out", str(out)]
+    run = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl.partial").exists():  # it trains
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no epoch streamed in 120 s"
+            time.sleep(0.1)
+        workers = worker_children(run.pid)
+        assert len(workers) == 2
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "graphwire: interrupted"
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == []
+    assert list(scratch.glob("graphwire-*")) == []
+
+
 def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
     tmp_path: Path,
 ) -> None:
@@ -212,6 +253,20 @@ def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
     assert float(spawned["cache_hit_rate"]) == 0.0
     assert float(launched["cache_hit_rate"]) > 0.0
     assert int(launched["remote_rows"]) < int(spawned["remote_rows"])
+    # metrics.jsonl: every rank's set-up, epoch and teardown records add up
+    # to the summary (rapid's first cache fill was in none of them).
+    for out, summary in (("spawned", spawned), ("torchrun", launched)):
+        records = [
+            json.loads(line) for line in (tmp_path / out / "metrics.jsonl").open()
+        ]
+        kinds = [r["kind"] for r in records]
+        ranks = ["setup"] * 2 + ["epoch"] * 6 + ["teardown"] * 2
+        assert kinds == ["config", *ranks, "summary"], kinds
+        windows = [r for r in records if r["kind"] in ("setup", "epoch", "teardown")]
+        for key in ("bytes_sent", "bytes_recv"):
+            assert sum(w["comm"][key] for w in windows) == int(summary[key]), key
+        for key in ("remote_rows", "remote_bytes"):
+            assert sum(w["extra"][key] for w in windows) == int(summary[key]), key
 
 
 def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) -> None:
