@@ -352,8 +352,8 @@ class TorchTransport(Transport):
 
 class _Heartbeat:
     """This rank's heartbeat: a daemon thread adds 1 to the rank's counter in
-    the run's rendezvous store (``MASTER_ADDR:MASTER_PORT``: rank 0's, or
-    under torchrun node 0's agent's) every ``_BEAT_S``.
+    the run's rendezvous store (``MASTER_ADDR:MASTER_PORT``: the launcher's
+    under ``--workers``, node 0's agent's under torchrun) every ``_BEAT_S``.
 
     After a failed collective, :meth:`lost` tells which ranks are gone: those
     whose counter did not move in ``_SILENT_S`` and that did not report a

@@ -1,9 +1,12 @@
 """`launch_local`: run a function on N local worker processes, as torchrun would.
 
-The parent picks a fresh free loopback port, spawns ``world_size`` processes
-(multiprocessing "spawn" context: no forked CUDA or thread state), and gives
-each the ``torchrun`` variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``). Each child builds its
+The parent hosts the run's rendezvous store on a fresh loopback port, as
+torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``: every rank joins it
+as a client, so it outlives any of them and a survivor can still ask it whose
+heartbeat stopped), spawns ``world_size`` processes (multiprocessing "spawn"
+context: no forked CUDA or thread state), and gives each the ``torchrun``
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``,
+``MASTER_PORT``). Each child builds its
 :class:`WorkerContext` from them and calls ``fn(ctx, *args)``; its return value
 or its traceback comes back through a pipe.
 
@@ -60,6 +63,7 @@ from typing import Any, TypeVar
 
 import psutil
 import torch
+import torch.distributed as dist
 
 from graphwire.comm.base import TransportError
 from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
@@ -180,9 +184,14 @@ def launch_local(
             f"were asked for and {torch.cuda.device_count()} CUDA device(s) are "
             "visible; use 'gloo' on CPU"
         )
-    port = free_port()
+    # The rendezvous store, hosted here as torchrun's agent hosts it: rank 0
+    # hosting it took it down when rank 0 ended, while the others asked it
+    # whose heartbeat had stopped (comm.dist._Heartbeat).
+    store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
+    port = store.port
     scratch = Scratch.create()
     env = {**_loopback_env(), "TMPDIR": str(scratch.path)}
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # join it, do not host it
     mp = get_context("spawn")
     run_bound = run_timeout_s or math.inf
     deadline = time.monotonic() + run_bound
@@ -213,6 +222,7 @@ def launch_local(
             for pipe in pipes:
                 pipe.close()
             scratch.remove()
+            del store  # its server stops with it
         finally:
             term.restore()
 

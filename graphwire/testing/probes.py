@@ -31,6 +31,7 @@ __all__ = [
     "gather_payload",
     "id_block",
     "kill_on_rank",
+    "leave_and_kill",
     "p2p_message",
     "raise_on_rank",
     "reduce_input",
@@ -168,6 +169,17 @@ def kill_on_rank(transport: Transport, bad_rank: int, note: str | None = None) -
         os.kill(os.getpid(), signal.SIGKILL)
     world = transport.world_size
     transport.all_to_all([torch.ones(1)] * world, [1] * world, "doomed")
+
+
+def leave_and_kill(transport: Transport, bad_rank: int) -> None:
+    """As :func:`kill_on_rank`, and rank 0 ends its process at once, as a
+    rank that met the failure first and exited does: the others, blocked in
+    an ``all_to_all`` with both, must still tell which ranks stopped beating
+    (the rendezvous store is not rank 0's to take with it)."""
+    transport.barrier()
+    if transport.rank == 0:
+        os._exit(3)
+    kill_on_rank(transport, bad_rank)
 
 
 def quick_steps(transport: Transport, steps: int, step_s: float) -> int:

@@ -22,6 +22,7 @@ from graphwire.testing import run_workers
 from graphwire.testing.probes import (
     hang_on_rank,
     kill_on_rank,
+    leave_and_kill,
     quick_steps,
     raise_on_rank,
     sleep_forever,
@@ -74,6 +75,20 @@ def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
     for folder in folders:
         assert folder.parent.name.startswith("graphwire-run-"), folder
         assert not folder.parent.exists(), folder
+
+
+def test_survivors_name_the_lost_ranks_after_rank_0_has_ended() -> None:
+    """Rank 0 hosted the rendezvous store, so once it had ended (first to
+    fail, first to exit: on a loaded machine, often) the others could no
+    longer ask whose heartbeat stopped, and said only gloo's words. The
+    launcher hosts it now, as torchrun's agent does."""
+    with pytest.raises(WorkerFailed) as caught:
+        run_workers(leave_and_kill, 4, 3, timeout_s=120)
+    # Each survivor fails in the barrier or in the all-to-all after it, or
+    # is still waiting when the launcher stops it; one that reports names.
+    failures = caught.value.failures
+    named = r"failed: (rank 0|ranks 0, 3) stopped beating \(died,"
+    assert any(re.search(named, failures[rank]) for rank in (1, 2)), failures
 
 
 def test_of_two_ranks_the_survivor_names_the_one_that_died() -> None:
