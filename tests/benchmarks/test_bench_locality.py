@@ -20,8 +20,11 @@ import bench_locality  # noqa: E402
         (["--parts", "1"], "--parts: expected counts >= 2, got [1]"),
         (["--parts", "4", "0"], "--parts: expected counts >= 2, got [4, 0]"),
         (["--nodes", "50", "--parts", "60"], "--parts: expected at most the 50 "),
-        (["--nodes", "0"], "--nodes: need at least 2, got 0"),
-        (["--degree", "-3"], "--degree: must be in (0, nodes), got -3.0"),
+        (["--nodes", "0"], "--nodes: must be in [2, 2**31], got 0"),
+        (
+            ["--degree", "-3"],
+            "--degree: must be a number in (0, nodes=200000), got -3.0",
+        ),
         (["--seed", "-1"], "--seed: expected an int in [0, 2**63), got -1"),
         (["--dataset", "/no/such/graph"], "dataset '/no/such/graph': not a known"),
     ],
