@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,14 @@ from graphwire.graph.graph import Graph, GraphError
 from graphwire.graph.labels import check_labels
 from graphwire.graph.seeds import is_int
 
-__all__ = ["FORMAT", "VERSION", "is_graph_folder", "load_graph", "save_graph"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "is_graph_folder",
+    "load_array",
+    "load_graph",
+    "save_graph",
+]
 
 FORMAT = "graphwire.graph"
 VERSION = 1
@@ -122,7 +130,7 @@ def load_graph(
     meta = read_meta(folder)
     arrays: dict[str, np.ndarray] = {}
     for name, entry in meta["arrays"].items():
-        arrays[name] = _load_array(folder / f"{name}.npy", entry, mmap, verify)
+        arrays[name] = load_array(folder / f"{name}.npy", entry, mmap, verify)
     meta_path = folder / META
     for field, found in (
         ("num_nodes", arrays["indptr"].shape[0] - 1),
@@ -234,9 +242,23 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def _load_array(
+# numpy parses .npy headers with ast.literal_eval, which CPython 3.11 cannot run
+# in two threads at once ("AST constructor recursion depth mismatch"); ranks
+# that are threads of one process (the in-process transport) load parts at once.
+_NPY_LOCK = threading.Lock()
+
+
+def load_array(
     path: Path, entry: dict[str, Any], mmap: bool, verify: bool
 ) -> np.ndarray:
+    """The array of ``path``, as ``entry`` (its ``meta.json`` entry:
+    ``dtype``, ``shape``, ``sha256``) describes it; the checksum is read only
+    with ``verify``. Graph and partitioned folders store arrays alike.
+
+    Raises:
+        DatasetError: naming ``path``: missing, changed (``verify``), cut
+            short or corrupt, or other than ``entry`` says.
+    """
     if not path.is_file():
         raise DatasetError(path, "missing (listed in meta.json)")
     if verify:
@@ -245,10 +267,11 @@ def _load_array(
             raise DatasetError(
                 path,
                 f"checksum mismatch: sha256 is {digest}, meta.json says "
-                f"{entry['sha256']} (the file changed after it was saved)",
+                f"{entry['sha256']} (the file changed after it was written)",
             )
     try:
-        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        with _NPY_LOCK:
+            array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
         raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
     if not isinstance(array, np.ndarray):

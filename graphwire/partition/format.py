@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -46,12 +45,12 @@ from graphwire.fsutil import (
     atomic_dir,
     check_replaceable,
     save_npy,
-    sha256_file,
     write_json,
 )
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
 from graphwire.graph.labels import check_labels
+from graphwire.graph.native import load_array
 from graphwire.graph.seeds import is_int
 from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
@@ -242,7 +241,7 @@ def load_part(
     entry = meta["parts"][part_id]
     where = part_folder(folder, part_id)
     arrays = {
-        name: _load_array(where / f"{name}.npy", spec, mmap, verify)
+        name: load_array(where / f"{name}.npy", spec, mmap, verify)
         for name, spec in entry["arrays"].items()
     }
     offsets = torch.tensor(meta["offsets"], dtype=torch.int64)
@@ -439,48 +438,6 @@ def _check_part_counts(
             if "x" in arrays
             else f"{where} has no x, but num_features is {meta['num_features']}",
         )
-
-
-# numpy parses .npy headers with ast.literal_eval, which CPython 3.11 cannot run
-# in two threads at once ("AST constructor recursion depth mismatch"); ranks
-# that are threads of one process (the in-process transport) load parts at once.
-_NPY_LOCK = threading.Lock()
-
-
-def _load_array(
-    path: Path, spec: dict[str, Any], mmap: bool, verify: bool
-) -> np.ndarray:
-    if not path.is_file():
-        raise DatasetError(path, "missing (listed in meta.json)")
-    if verify:
-        digest = sha256_file(path)
-        if digest != spec["sha256"]:
-            raise DatasetError(
-                path,
-                f"checksum mismatch: sha256 is {digest}, meta.json says "
-                f"{spec['sha256']} (the file changed after it was written)",
-            )
-    try:
-        with _NPY_LOCK:
-            array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
-    if not isinstance(array, np.ndarray):
-        raise DatasetError(path, "expected one array, found an archive")
-    if array.dtype.name != spec["dtype"] or list(array.shape) != spec["shape"]:
-        raise DatasetError(
-            path,
-            f"holds {array.dtype.name} {list(array.shape)}, but meta.json says "
-            f"{spec['dtype']} {spec['shape']}",
-        )
-    if not array.dtype.isnative:
-        order = "big" if array.dtype.byteorder == ">" else "little"
-        raise DatasetError(
-            path,
-            f"{order}-endian, not in this machine's byte order (convert it: "
-            "a.astype(a.dtype.newbyteorder('=')))",
-        )
-    return array
 
 
 def _check_part(

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import graphwire.partition.format as fmt
+from graphwire.fsutil import sha256_file
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
 from graphwire.partition import (
@@ -156,7 +157,7 @@ def test_meta_records_partition_and_stats(tmp_path: Path) -> None:
     }  # fmt: skip
     for name, spec in entry["arrays"].items():
         path = folder / "part_1" / f"{name}.npy"
-        assert fmt.sha256_file(path) == spec["sha256"]
+        assert sha256_file(path) == spec["sha256"]
 
 
 def test_graph_without_node_data(tmp_path: Path) -> None:
@@ -376,7 +377,7 @@ def replace_array(folder: Path, part_id: int, name: str, values: np.ndarray) -> 
     np.save(path, values)
     meta = json.loads((folder / "meta.json").read_text())
     meta["parts"][part_id]["arrays"][name].update(
-        shape=list(values.shape), sha256=fmt.sha256_file(path)
+        shape=list(values.shape), sha256=sha256_file(path)
     )
     (folder / "meta.json").write_text(json.dumps(meta))
 
