@@ -174,15 +174,32 @@ def is_graph_folder(path: str | os.PathLike[str]) -> bool:
     return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
-def read_meta(folder: Path) -> dict[str, Any]:
-    """Read and check ``folder/meta.json`` (format, version, field types)."""
+def read_folder_meta(
+    folder: Path,
+    what: str,
+    form: str,
+    version: int,
+    fields: tuple[tuple[str, type], ...],
+) -> dict[str, Any]:
+    """``folder/meta.json``, read and checked as far as every graphwire folder
+    shares: a JSON object naming format ``form`` and ``version``,
+    with ``fields`` of their types (an int is not a bool: JSON's true is 1 to
+    Python, and 1.0 equals 1).
+
+    Args:
+        what: what ``folder`` should be, for the errors (``"graphwire graph
+            folder"``).
+
+    Raises:
+        DatasetError: naming the folder, or ``meta.json`` and what is wrong.
+    """
     path = folder / META
     if not folder.is_dir():
-        raise DatasetError(folder, "not a folder (expected a graphwire graph folder)")
+        raise DatasetError(folder, f"not a folder (expected a {what})")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as error:
-        raise DatasetError(path, "missing (not a graphwire graph folder)") from error
+        raise DatasetError(path, f"missing (not a {what})") from error
     except (OSError, UnicodeDecodeError) as error:
         raise DatasetError(path, f"cannot be read ({error})") from error
     try:
@@ -191,28 +208,33 @@ def read_meta(folder: Path) -> dict[str, Any]:
         raise DatasetError(path, f"not valid JSON ({error})") from error
     if not isinstance(meta, dict):
         raise DatasetError(path, f"expected a JSON object, found {type(meta).__name__}")
-    if meta.get("format") != FORMAT:
-        raise DatasetError(
-            path, f"format is {meta.get('format')!r}, expected {FORMAT!r}"
-        )
-    if not is_int(meta.get("version")) or meta.get("version") != VERSION:
+    if meta.get("format") != form:
+        raise DatasetError(path, f"format is {meta.get('format')!r}, expected {form!r}")
+    if not is_int(meta.get("version")) or meta.get("version") != version:
         raise DatasetError(
             path,
             f"unknown version {meta.get('version')!r} (this graphwire reads "
-            f"version {VERSION}; a newer graphwire may have written it)",
+            f"version {version}; a newer graphwire may have written it)",
         )
-    for field, kind in (
-        ("name", str),
-        ("num_nodes", int),
-        ("num_edges", int),
-        ("arrays", dict),
-    ):
+    for field, kind in fields:
         value = meta.get(field)
         if not (is_int(value) if kind is int else isinstance(value, kind)):
             raise DatasetError(
-                path,
-                f"field {field!r} must be a {kind.__name__}, found {value!r}",
+                path, f"field {field!r} must be a {kind.__name__}, found {value!r}"
             )
+    return meta
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """Read and check ``folder/meta.json`` (format, version, field types)."""
+    path = folder / META
+    meta = read_folder_meta(
+        folder,
+        "graphwire graph folder",
+        FORMAT,
+        VERSION,
+        (("name", str), ("num_nodes", int), ("num_edges", int), ("arrays", dict)),
+    )
     for field in ("num_features", "num_classes"):
         value = meta.get(field, 0)
         if not is_int(value) or value < 0:  # (JSON: a plain int, not a bool)

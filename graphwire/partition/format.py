@@ -32,7 +32,6 @@ the one part's files, never another part's.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -50,7 +49,7 @@ from graphwire.fsutil import (
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
 from graphwire.graph.labels import check_labels
-from graphwire.graph.native import load_array
+from graphwire.graph.native import load_array, read_folder_meta
 from graphwire.graph.seeds import is_int
 from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
@@ -283,46 +282,24 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """
     folder = Path(folder)
     path = folder / META
-    if not folder.is_dir():
-        raise DatasetError(folder, "not a folder (expected a partitioned graph)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as error:
-        raise DatasetError(path, "missing (not a partitioned graph folder)") from error
-    except (OSError, UnicodeDecodeError) as error:
-        raise DatasetError(path, f"cannot be read ({error})") from error
-    except (json.JSONDecodeError, RecursionError) as error:
-        raise DatasetError(path, f"not valid JSON ({error})") from error
-    if not isinstance(meta, dict):
-        raise DatasetError(path, f"expected a JSON object, found {type(meta).__name__}")
-    if meta.get("format") != FORMAT:
-        raise DatasetError(
-            path, f"format is {meta.get('format')!r}, expected {FORMAT!r}"
-        )
-    if not is_int(meta.get("version")) or meta.get("version") != VERSION:
-        raise DatasetError(
-            path,
-            f"unknown version {meta.get('version')!r} (this graphwire reads "
-            f"version {VERSION}; a newer graphwire may have written it)",
-        )
-    for name, kind in (
-        ("name", str),
-        ("num_nodes", int),
-        ("num_edges", int),
-        ("num_features", int),
-        ("num_classes", int),
-        ("num_parts", int),
-        ("method", str),
-        ("params", dict),
-        ("offsets", list),
-        ("parts", list),
-    ):
-        value = meta.get(name)
-        if not (is_int(value) if kind is int else isinstance(value, kind)):
-            raise DatasetError(
-                path,
-                f"field {name!r} must be a {kind.__name__}, found {value!r}",
-            )
+    meta = read_folder_meta(
+        folder,
+        "partitioned graph folder",
+        FORMAT,
+        VERSION,
+        (
+            ("name", str),
+            ("num_nodes", int),
+            ("num_edges", int),
+            ("num_features", int),
+            ("num_classes", int),
+            ("num_parts", int),
+            ("method", str),
+            ("params", dict),
+            ("offsets", list),
+            ("parts", list),
+        ),
+    )
     num_parts, offsets = meta["num_parts"], meta["offsets"]
     if (
         num_parts < 1
