@@ -79,12 +79,18 @@ def atomic_dir(
 def _make_parents(target: Path) -> Path | None:
     """Make the folders above ``target`` that are missing; the topmost of
     them (None: there were none), which a failed write removes again."""
-    top = None
-    above = target.parent
-    while not above.exists() and above != above.parent:
-        top, above = above, above.parent
+    _, top = _nearest_existing(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     return top
+
+
+def _nearest_existing(path: Path) -> tuple[Path, Path | None]:
+    """The nearest of ``path`` and the folders above it that exists, and the
+    topmost of those below it that do not (None: ``path`` exists)."""
+    above, top = path, None
+    while not above.exists() and above != above.parent:
+        top, above = above, above.parent
+    return above, top
 
 
 def _remove_made(folder: Path, top: Path | None) -> None:
@@ -240,9 +246,7 @@ def check_creatable(target: str | os.PathLike[str], name: str) -> None:
             that would hold it cannot be written.
     """
     path = Path(target)
-    above = path
-    while not above.exists() and above != above.parent:
-        above = above.parent
+    above, _ = _nearest_existing(path)
     if not above.is_dir():
         where = "is" if above == path else f"is under {above}, which is"
         raise ValueError(f"{name}: {where} a file, not a folder")
