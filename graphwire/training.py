@@ -214,8 +214,8 @@ class EpochRecord:
 
     ``times`` holds seconds per phase: ``sample_s``, ``forward_s``,
     ``backward_s`` (including the optimizer step) and ``eval_s``; distributed
-    runs add ``sync_s`` (the gradients' all-reduce; the full-graph loop times
-    its optimizer step there, not in ``backward_s``), full-graph ones
+    runs add ``sync_s`` (the gradients' all-reduce, or the wait for the
+    last of the layer-wise ones), full-graph ones
     ``comm_s`` (inside forward/backward), mini-batch ones ``fetch_s`` and
     ``wait_s`` (the batches' input features). ``comm`` holds
     the epoch's bytes by tag and by peer (distributed runs only; full-graph

@@ -7,16 +7,26 @@ general to specific: ``fwd.L1``, ``bwd.L0``, ``sync.grad``, ``setup.degree``.
 
 A ledger holds only its own rank's traffic; :func:`merge` adds several ranks'
 ledgers (as plain dicts, after an all-gather) into one cluster-wide account.
+:func:`ledger_delta` gives what moved between two snapshots, and
+:class:`LedgerWindows` cuts a run into consecutive windows (set-up, each
+epoch, teardown) that add up to the ledger's totals.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Ledger", "LedgerEntry", "merge"]
+__all__ = [
+    "Ledger",
+    "LedgerEntry",
+    "LedgerWindows",
+    "ledger_delta",
+    "merge",
+    "sent_between",
+]
 
 
 @dataclass(slots=True)
@@ -135,3 +145,59 @@ def merge(snapshots: Iterable[Mapping[str, Any]]) -> dict[Key, LedgerEntry]:
             entry.bytes += num_bytes
             entry.messages += messages
     return out
+
+
+def sent_between(
+    before: Mapping[str, Any], after: Mapping[str, Any]
+) -> Iterator[tuple[int, str, int]]:
+    """``(dst, tag, bytes)`` a rank sent between two of its ledger's
+    snapshots (each ``(dst, tag)`` with bytes, once)."""
+    old = {(r[1], r[2]): r[3] for r in before["sent"]}
+    for _, dst, tag, num_bytes, _ in after["sent"]:
+        delta = num_bytes - old.get((dst, tag), 0)
+        if delta:
+            yield dst, tag, delta
+
+
+def ledger_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """What a rank's ledger counted between two snapshots: ``bytes_sent``,
+    ``bytes_recv``, and the bytes sent ``by_tag`` and ``by_peer`` (a str)."""
+    by_tag: dict[str, int] = {}
+    by_peer: dict[str, int] = {}
+    for dst, tag, delta in sent_between(before, after):
+        by_tag[tag] = by_tag.get(tag, 0) + delta
+        by_peer[str(dst)] = by_peer.get(str(dst), 0) + delta
+    old_recv = {(r[0], r[2]): r[3] for r in before["recv"]}
+    recv = sum(r[3] - old_recv.get((r[0], r[2]), 0) for r in after["recv"])
+    return {
+        "bytes_sent": sum(by_tag.values()),
+        "bytes_recv": recv,
+        "by_tag": by_tag,
+        "by_peer": by_peer,
+    }
+
+
+class LedgerWindows:
+    """Cuts a ledger's count into consecutive windows, each starting where
+    the one before ended (the first, where the ledger started), so every
+    byte falls in exactly one window and the windows add up to the totals.
+
+    Args:
+        ledger: the rank's ledger.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.last: dict[str, Any] = {"sent": [], "recv": []}  # the last cut's
+
+    def cut(self, snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+        """:func:`ledger_delta` since the last cut.
+
+        Args:
+            snapshot: the ledger's snapshot now, if the caller has taken it
+                (the run's last, which it reports as its totals).
+        """
+        after = self.ledger.snapshot() if snapshot is None else snapshot
+        window = ledger_delta(self.last, after)
+        self.last = after
+        return window

@@ -40,7 +40,7 @@ from graphwire.commands.common import console, print_table
 from graphwire.commands.train_dist import (
     ledger_span,
     run_seconds,
-    write_epoch_records,
+    write_epochs,
 )
 from graphwire.fullgraph.job import RankReport, RunLog
 from graphwire.minibatch.traffic import FETCH_KINDS, fetch_traffic, fetched_rows
@@ -92,15 +92,7 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
 
 def report_minibatch(run: RunLog, reports: list[RankReport]) -> None:
     with MetricsLog(run.out) as log:
-        log.write("config", time=0.0, **run.header)
-        for report in reports:
-            setup = report.counters["phases"]["setup"]
-            log.write("setup", time=0.0, rank=report.rank, **setup)
-        write_epoch_records(log, reports)
-        for report in reports:
-            end = round(report.seconds, 4)
-            teardown = report.counters["phases"]["teardown"]
-            log.write("teardown", time=end, rank=report.rank, **teardown)
+        write_epochs(log, run, reports)
         _time_table(reports)
         _traffic_table(reports)
         summary = summarise(reports)

@@ -51,7 +51,6 @@ __all__ = [
     "run_seconds",
     "run_distributed",
     "training_bytes_by_peer",
-    "write_epoch_records",
     "write_epochs",
 ]
 
@@ -316,10 +315,22 @@ def _report(run: RunLog, reports: list[RankReport]) -> None:
 
 
 def write_epochs(log: MetricsLog, run: RunLog, reports: list[RankReport]) -> None:
-    """The ``config`` record, then every rank's epoch records
-    (:func:`write_epoch_records`)."""
+    """The ``config`` record, every rank's ``setup`` record, every rank's
+    epoch records (:func:`write_epoch_records`) and every rank's ``teardown``
+    record. The set-up and teardown hold the traffic before the rank's first
+    epoch and after its last (``comm``, as an epoch record holds its own, and
+    ``extra`` where the loop counts more) and ``seconds``, their length; the
+    set-up's ``time`` is 0.0, the teardown's the rank's end. With the epochs
+    from the rank's first on, they add up to the summary's bytes."""
     log.write("config", time=0.0, **run.header)
+    for report in reports:
+        setup = report.counters["phases"]["setup"]
+        log.write("setup", time=0.0, rank=report.rank, **setup)
     write_epoch_records(log, reports)
+    for report in reports:
+        end = round(report.seconds, 4)
+        teardown = report.counters["phases"]["teardown"]
+        log.write("teardown", time=end, rank=report.rank, **teardown)
 
 
 def write_epoch_records(log: MetricsLog, reports: list[RankReport]) -> None:

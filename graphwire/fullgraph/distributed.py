@@ -17,6 +17,14 @@ runs the same epochs in lockstep. One epoch:
    stops early at the same epoch; so are the bytes every rank sent and
    received in the epoch's training, per layer (:func:`traffic_by_rank`).
 
+An epoch's ``comm`` counts this rank's traffic in its window of the run
+(:class:`~graphwire.comm.ledger.LedgerWindows`): from the end of the window
+before (so a checkpoint's collectives count in the next epoch) to the end of
+its evaluation and sums. What came before the first epoch (loading the parts,
+the engine's plans, a resumed checkpoint) is the ``setup`` window, what
+followed the last (its checkpoint) the ``teardown``; with the epochs, they
+add up to the ledger's totals.
+
 Parity with :func:`graphwire.fullgraph.trainer.train_fullgraph` holds up to
 float summation order, GAT attention dropout included: its masks are hashed from
 each edge's original (source, destination) IDs and the head
@@ -28,7 +36,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
+from graphwire.comm.ledger import LedgerWindows, sent_between
 from graphwire.fullgraph.base import Engine, get_engine, sum_gradients
 from graphwire.fullgraph.checkpoint import (
     CheckpointConfig,
@@ -64,6 +73,7 @@ __all__ = [
     "build_engine",
     "forward_loss",
     "load_on_every_rank",
+    "phase_record",
     "restore_training_state",
     "save_on_every_rank",
     "seeded_model",
@@ -81,14 +91,17 @@ class DistributedResult:
     Attributes:
         result: as :func:`train_fullgraph` returns, with global accuracies.
         ledger: this rank's :meth:`Ledger.snapshot` for the whole run.
-        counters: engine counters (rows recomputed, bins, ...).
+        counters: engine counters (rows recomputed, bins, ...) and
+            ``phases``: ``{"setup": w, "teardown": w}``, the traffic before
+            the first epoch and after the last (module docstring), with
+            ``w`` = ``{"seconds", "comm"}``.
         first_epoch: the first epoch this process ran (0, or the one after
             the checkpoint it resumed from); ``ledger`` counts from there.
     """
 
     result: TrainResult
     ledger: dict[str, Any]
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, Any] = field(default_factory=dict)
     first_epoch: int = 0
 
 
@@ -199,6 +212,8 @@ def train_distributed(
             f"part {part.part_id}: meta.json says num_classes is "
             f"{num_classes}; training needs labelled classes"
         )
+    began = time.perf_counter()
+    windows = LedgerWindows(transport.ledger)
     sizes = _split_sizes(part, transport)  # first: it checks no split is empty
     engine = build_engine(part, transport, config, exchange, options)
     model = seeded_model(part.x.shape[1], num_classes, config)
@@ -212,6 +227,8 @@ def train_distributed(
             first = restore_training_state(state, model, optimizer, best, records)
             if on_restore is not None:
                 on_restore(list(records))
+    phases = {"setup": phase_record(windows.cut(), began)}
+    ended = time.perf_counter()  # the last window's end
     stopped = False
     for epoch in range(first, config.epochs):
         if stopped:
@@ -229,6 +246,7 @@ def train_distributed(
         loss.backward()
         sync_start = time.perf_counter()
         engine.sync_gradients(model)
+        sync_done = time.perf_counter()
         optimizer.step()
         backward_done = time.perf_counter()
         comm_s = engine.comm_s
@@ -246,8 +264,9 @@ def train_distributed(
             )
             metrics = {"loss": float(summed[0])}
         eval_done = time.perf_counter()
-        comm = _ledger_delta(before, transport.ledger.snapshot())
-        comm["by_rank"] = traffic_by_rank(before, trained, transport, config.num_layers)
+        by_rank = traffic_by_rank(before, trained, transport, config.num_layers)
+        comm = windows.cut() | {"by_rank": by_rank}
+        ended = time.perf_counter()
         record = EpochRecord(
             epoch=epoch,
             loss=metrics.pop("loss"),
@@ -257,8 +276,8 @@ def train_distributed(
             times={
                 "sample_s": 0.0,
                 "forward_s": forward_done - start,
-                "backward_s": sync_start - forward_done,
-                "sync_s": backward_done - sync_start,
+                "backward_s": (sync_start - forward_done) + (backward_done - sync_done),
+                "sync_s": sync_done - sync_start,
                 "eval_s": eval_done - backward_done,
                 "comm_s": comm_s,
             },
@@ -271,12 +290,22 @@ def train_distributed(
         stopped = bool(metrics) and best.update(epoch, metrics, model)
         if checkpoint is not None and (epoch + 1) % checkpoint.every == 0:
             _save(checkpoint, epoch, transport, model, optimizer, best, records)
+    ledger = transport.ledger.snapshot()
+    phases["teardown"] = phase_record(windows.cut(ledger), ended)
     return DistributedResult(
         result=best.result(records, model),
-        ledger=transport.ledger.snapshot(),
-        counters=dict(engine.counters),
+        ledger=ledger,
+        counters=dict(engine.counters) | {"phases": phases},
         first_epoch=first,
     )
+
+
+def phase_record(comm: dict[str, Any], began: float, **extra: Any) -> dict[str, Any]:
+    """A set-up or teardown window that began at ``began`` (a perf_counter)
+    and ends now, as an epoch record holds its traffic: ``comm`` and, if
+    given, ``extra``; with its length in ``seconds``."""
+    out = {"seconds": time.perf_counter() - began, "comm": comm}
+    return out | ({"extra": extra} if extra else {})
 
 
 def _split_sizes(part: LocalPart, transport: Transport) -> dict[str, int]:
@@ -320,34 +349,6 @@ def _global_metrics(
     return out
 
 
-def _sent_between(
-    before: dict[str, Any], after: dict[str, Any]
-) -> Iterator[tuple[int, str, int]]:
-    """``(dst, tag, bytes)`` this rank sent between two ledger snapshots."""
-    old = {(r[1], r[2]): r[3] for r in before["sent"]}
-    for _, dst, tag, num_bytes, _ in after["sent"]:
-        delta = num_bytes - old.get((dst, tag), 0)
-        if delta:
-            yield dst, tag, delta
-
-
-def _ledger_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Bytes sent this epoch by tag and by peer (this rank's sends)."""
-    by_tag: dict[str, int] = {}
-    by_peer: dict[str, int] = {}
-    for dst, tag, delta in _sent_between(before, after):
-        by_tag[tag] = by_tag.get(tag, 0) + delta
-        by_peer[str(dst)] = by_peer.get(str(dst), 0) + delta
-    old_recv = {(r[0], r[2]): r[3] for r in before["recv"]}
-    recv = sum(r[3] - old_recv.get((r[0], r[2]), 0) for r in after["recv"])
-    return {
-        "bytes_sent": sum(by_tag.values()),
-        "bytes_recv": recv,
-        "by_tag": by_tag,
-        "by_peer": by_peer,
-    }
-
-
 # The tags of an epoch's training traffic: each layer's exchanges and the
 # parameter gradients' sums (set-up, evaluation and metrics are not).
 TRAINING_TAGS = ("fwd.", "bwd.", "sync.grad")
@@ -375,7 +376,7 @@ def traffic_by_rank(
     kinds += ["sync.grad", "other"]
     position = {kind: k for k, kind in enumerate(kinds)}
     counts = torch.zeros((2, len(kinds), transport.world_size), dtype=torch.float64)
-    for dst, tag, delta in _sent_between(before, after):
+    for dst, tag, delta in sent_between(before, after):
         if tag.startswith("sync.grad"):
             tag = "sync.grad"
         k = position.get(tag, len(kinds) - 1)

@@ -64,6 +64,7 @@ from graphwire.fullgraph.distributed import (
     build_engine,
     forward_loss,
     load_on_every_rank,
+    phase_record,
     restore_training_state,
     save_on_every_rank,
     seeded_model,
@@ -551,10 +552,8 @@ def _epoch(
 
 
 def _phase(traffic: dict[str, Any], began: float) -> dict[str, Any]:
-    """A set-up or teardown window's traffic as an epoch record holds its
-    own (``comm``; the rest under ``extra``), with its length in seconds."""
-    comm = traffic.pop("comm")
-    return {"seconds": time.perf_counter() - began, "comm": comm, "extra": traffic}
+    """A set-up or teardown window's traffic (``comm``; the rest ``extra``)."""
+    return phase_record(traffic.pop("comm"), began, **traffic)
 
 
 def _counters(loop: _Loop) -> dict[str, Any]:

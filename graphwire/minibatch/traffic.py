@@ -34,8 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 from graphwire.comm.base import Transport
+from graphwire.comm.ledger import LedgerWindows
 from graphwire.feature.base import FeatureStore
-from graphwire.fullgraph.distributed import _ledger_delta
 
 __all__ = ["FETCH_KINDS", "TrafficWindows", "fetch_traffic", "fetched_rows"]
 
@@ -73,8 +73,8 @@ class TrafficWindows:
     """
 
     def __init__(self, transport: Transport, store: FeatureStore) -> None:
-        self.transport, self.store = transport, store
-        self._ledger: dict[str, Any] = {"sent": [], "recv": []}
+        self.store = store
+        self._ledger = LedgerWindows(transport.ledger)
         self._rows = 0
 
     def cut(self, snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -84,14 +84,14 @@ class TrafficWindows:
             snapshot: the ledger's snapshot now, if the caller has taken it
                 (the run's last, which it reports as its totals).
         """
-        after = self.transport.ledger.snapshot() if snapshot is None else snapshot
+        after = self._ledger.ledger.snapshot() if snapshot is None else snapshot
         rows = fetched_rows(self.store.stats())
-        fetched, before = fetch_traffic(after), fetch_traffic(self._ledger)
+        fetched, before = fetch_traffic(after), fetch_traffic(self._ledger.last)
         window = {
-            "comm": _ledger_delta(self._ledger, after),
+            "comm": self._ledger.cut(after),
             "remote_rows": rows - self._rows,
             "remote_bytes": fetched[0] - before[0],
             "remote_messages": fetched[1] - before[1],
         }
-        self._ledger, self._rows = after, rows
+        self._rows = rows
         return window

@@ -93,6 +93,14 @@ def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
         assert 0 < times[0] < times[1] < times[2] < times[3]
     assert records[-1]["kind"] == "summary"
     assert records[-1]["time"] >= max(r["time"] for r in epochs)
+    # Every rank's set-up, epoch and teardown records add up to the summary
+    # (the set-up collectives and each epoch's table sum were in none).
+    kinds = [r["kind"] for r in records]
+    ranks = ["setup"] * 2 + ["epoch"] * 8 + ["teardown"] * 2
+    assert kinds == ["config", *ranks, "summary"], kinds
+    windows = [r for r in records if r["kind"] in ("setup", "epoch", "teardown")]
+    for key in ("bytes_sent", "bytes_recv"):
+        assert sum(w["comm"][key] for w in windows) == int(launched[key]), key
 
 
 @pytest.mark.parametrize(
