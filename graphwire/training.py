@@ -316,6 +316,13 @@ class BestEpoch:
             self._stale = 0
         else:
             self._stale += 1
+        return self.stopped
+
+    @property
+    def stopped(self) -> bool:
+        """Whether ``patience`` evaluated epochs in a row brought no better
+        one (kept through a checkpoint: a resumed run that had stopped stays
+        stopped, unless resumed with a larger patience)."""
         return self.patience is not None and self._stale >= self.patience
 
     def result(self, records: list[EpochRecord], model: torch.nn.Module) -> TrainResult:

@@ -136,6 +136,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         )
         reports = results[0]
         assert reports is not None
+    _say_if_stopped_before(reports, config)
     if minibatch:
         from graphwire.commands.report_minibatch import report_minibatch
 
@@ -143,6 +144,21 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
     else:
         _report(log, reports)
     return 0
+
+
+def _say_if_stopped_before(reports: list[RankReport], config: TrainConfig) -> None:
+    """A resumed run that trained nothing though ``--epochs`` left epochs:
+    the run it resumed had stopped early (and a resume keeps it stopped)."""
+    lead = reports[0]
+    first = lead.first_epoch
+    trained = any(r["epoch"] >= first for r in lead.records)
+    if first and first < config.epochs and not trained:
+        print(
+            f"--resume: the run stopped early after epoch {first - 1} (no better "
+            f"validation since epoch {lead.best_epoch}, --patience "
+            f"{config.patience}); reporting the run so far",
+            file=sys.stderr,
+        )
 
 
 def _header(

@@ -229,7 +229,7 @@ def train_distributed(
                 on_restore(list(records))
     phases = {"setup": phase_record(windows.cut(), began)}
     ended = time.perf_counter()  # the last window's end
-    stopped = False
+    stopped = best.stopped  # a resumed run that had stopped early
     for epoch in range(first, config.epochs):
         if stopped:
             break

@@ -433,13 +433,15 @@ def train_minibatch_distributed(
                 on_restore(list(records))
     seen: list[tuple[int, int, int]] = []
     try:
-        if options.fetch == "rapid" and first < config.epochs:
+        # a resumed run that had stopped early trains no further
+        epochs = range(first, first if best.stopped else config.epochs)
+        if options.fetch == "rapid" and epochs:
             loop.presample(first)
             loop.start_rapid(first, hot_ids)
         phases = {"setup": _phase(windows.cut(), began)}
         meter = ResourceMeter()
         ended = time.perf_counter()  # the last window's end
-        for epoch in range(first, config.epochs):
+        for epoch in epochs:
             record, stopped = _epoch(loop, epoch, best, meter, seen, windows)
             ended = time.perf_counter()
             records.append(record)

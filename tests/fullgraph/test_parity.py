@@ -273,3 +273,34 @@ def test_returning_only_the_read_gradients_changes_no_bit(
         returned = back(every, layer)
         if returned:
             assert back(pruned, layer) < returned, layer
+
+
+def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path) -> None:
+    """The epoch that stops a run early is also a checkpoint's: a resume of
+    the finished run (a job script may always pass --resume) used to train on
+    from there. It trains nothing now, and a larger patience goes on."""
+    from dataclasses import replace
+
+    from graphwire.comm.local import run_local
+    from graphwire.fullgraph.checkpoint import CheckpointConfig
+    from graphwire.fullgraph.distributed import train_distributed
+    from graphwire.partition import load_part
+
+    folder = write_parts(small_graph(), 2, tmp_path, "metis")
+    config = replace(config_for("gcn"), epochs=40, patience=1)
+    saved = str(tmp_path / "ckpt")
+
+    def train(transport, checkpoint, patience=1):
+        part = load_part(folder, transport.rank)
+        run = train_distributed(
+            part, transport, replace(config, patience=patience), checkpoint=checkpoint
+        )
+        return [r.epoch for r in run.result.records], run.first_epoch
+
+    ran, _ = run_local(lambda t: train(t, CheckpointConfig(saved, every=1)), 2)[0]
+    assert len(ran) < config.epochs  # it stopped early
+    resume = CheckpointConfig(saved, every=1, resume=True)
+    again, first = run_local(lambda t: train(t, resume), 2)[0]
+    assert (again, first) == (ran, len(ran))
+    longer, _ = run_local(lambda t: train(t, resume, patience=40), 2)[0]
+    assert len(longer) > len(ran)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -243,6 +244,28 @@ def test_resume_sees_the_same_batches_and_ends_with_the_same_parameters(
         assert resumed[rank]["batches"] == tail
         for name, tensor in whole[rank]["state"].items():
             assert torch.equal(tensor, resumed[rank]["state"][name]), name
+
+
+def test_a_run_that_stopped_early_stays_stopped_when_resumed(
+    parts: dict[int, str], tmp_path: Path
+) -> None:
+    """A resume of a run whose early stop fell on a checkpoint's epoch used
+    to train on from there; it trains nothing now (rapid: not even its
+    presampling), and a larger patience goes on."""
+    config = dataclasses.replace(_config(epochs=30), patience=1)
+    options = FetchOptions(fetch="rapid", n_hot=20, prefetch=2)
+    saving = CheckpointConfig(folder=str(tmp_path / "ckpt"), every=1)
+
+    def epochs(checkpoint: CheckpointConfig, patience: int = 1) -> list[list[int]]:
+        run = dataclasses.replace(config, patience=patience)
+        ranks = run_local(lambda t: train(t, parts[2], run, options, checkpoint), 2)
+        return [[r["epoch"] for r in rank["records"]] for rank in ranks]
+
+    ran = epochs(saving)
+    assert len(ran[0]) < config.epochs  # it stopped early
+    resume = dataclasses.replace(saving, resume=True)
+    assert epochs(resume) == ran
+    assert len(epochs(resume, patience=30)[0]) > len(ran[0])
 
 
 def test_a_split_empty_on_every_part_is_refused_before_serving(
