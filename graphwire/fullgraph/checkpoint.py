@@ -178,7 +178,13 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
         raise ValueError(
             f"{latest}: written by {saved_world} ranks, resuming with {world_size}"
         )
-    saved = meta.get("run") or {}
+    saved, parts = meta.get("run") or {}, meta.get("parts")
+    for name, value, kind in (("run", saved, dict), ("parts", parts, str | None)):
+        if not isinstance(value, kind):
+            raise ValueError(
+                f"{latest}: not a graphwire checkpoint index: its {name!r} is "
+                f"{type(value).__name__} {value!r:.40}"
+            )
     wanted = json.loads(json.dumps(config.run))  # as latest.json would hold it
     differ = [
         f"{name} {saved.get(name)!r} (now {wanted.get(name)!r})"
@@ -191,7 +197,6 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
             f"{', '.join(differ)}; resume with the same ones (the epoch count "
             f"and patience may change)"
         )
-    parts = meta.get("parts")
     if config.parts is not None and parts is not None and parts != config.parts:
         raise ValueError(
             f"{latest}: the run trained on other parts than these (their "

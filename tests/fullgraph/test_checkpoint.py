@@ -3,6 +3,8 @@ the checkpoints had other settings or another number of ranks."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from graphwire.fullgraph.checkpoint import (
@@ -96,6 +98,21 @@ def test_ranks_that_find_different_checkpoints_all_refuse_to_resume(
         caught.value
     )
     assert "rank 1 none)" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("run", "abc"), ("run", ["a"]), ("parts", 7)]
+)
+def test_a_latest_json_with_a_malformed_field_is_named(tmp_path, field, value) -> None:
+    """A ``run`` that is no object used to end in AttributeError."""
+    config = CheckpointConfig(str(tmp_path), run=RUN, parts="a" * 64)
+    mark_complete(config, 3, 2)
+    latest = tmp_path / "latest.json"
+    latest.write_text(json.dumps(json.loads(latest.read_text()) | {field: value}))
+    with pytest.raises(
+        ValueError, match=f"not a graphwire checkpoint index: its '{field}'"
+    ):
+        check_resume(config, 2)
 
 
 def test_checkpoints_written_without_settings_still_resume(tmp_path) -> None:
