@@ -206,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--timeout",
         type=float,
-        help="distributed: seconds any collective may wait (default 600)",
+        help="distributed: seconds any wait may last (joining the ranks, each "
+        "collective; default 600)",
     )
     train.add_argument(
         "--checkpoint-every", type=int, help="checkpoint every K epochs (distributed)"

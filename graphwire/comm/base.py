@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from graphwire.comm.service import Service
 
 __all__ = [
+    "JoinFailed",
     "PendingSum",
     "Transport",
     "TransportError",
@@ -45,6 +46,12 @@ __all__ = [
 
 class TransportError(RuntimeError):
     """A transfer failed: a peer died, timed out, or sent the wrong shape."""
+
+
+class JoinFailed(TransportError):
+    """The ranks did not all join the process group: an address no rank
+    hosts, a port taken, a timeout too short for the ranks to start. The
+    message says what and where; a traceback would add nothing."""
 
 
 class Work(Protocol):

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from graphwire.comm.base import (
+    JoinFailed,
     Transport,
     TransportError,
     Work,
@@ -136,9 +137,11 @@ class TorchTransport(Transport):
                 timeout=timedelta(seconds=ctx.timeout_s),
             )
         except RuntimeError as error:
-            raise TransportError(
+            said = str(error).strip().splitlines()
+            raise JoinFailed(
                 f"rank {ctx.rank}: joining {ctx.world_size} ranks at "
-                f"{ctx.init_method} ({ctx.backend}) failed: {error}"
+                f"{ctx.init_method} ({ctx.backend}) failed within the timeout of "
+                f"{ctx.timeout_s:g} s: {said[0] if said else type(error).__name__}"
             ) from error
         return cls(ctx, check_splits=check_splits, owns_group=True)
 

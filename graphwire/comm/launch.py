@@ -65,7 +65,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from graphwire.comm.base import TransportError
+from graphwire.comm.base import JoinFailed, TransportError
 from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
 from graphwire.comm.scratch import Scratch
 from graphwire.sigterm import interrupt_on_sigterm
@@ -288,7 +288,7 @@ def _child_main(
         report = (
             "error",
             f"{type(error).__qualname__}: {error}",
-            traceback.format_exc(),
+            "" if isinstance(error, JoinFailed) else traceback.format_exc(),
             isinstance(error, TransportError),
             isinstance(error, _USAGE_ERRORS),
         )

@@ -30,6 +30,7 @@ __all__ = [
     "feature_block",
     "gather_payload",
     "id_block",
+    "join_nowhere",
     "kill_on_rank",
     "leave_and_kill",
     "p2p_message",
@@ -150,6 +151,16 @@ def raise_on_rank(transport: Transport, bad_rank: int) -> None:
     if transport.rank == bad_rank:
         raise ValueError(f"probe failure on rank {bad_rank}")
     transport.barrier()
+
+
+def join_nowhere(ctx: WorkerContext, port: int, timeout_s: float) -> None:
+    """Join a process group at ``127.0.0.1:port``, where no store listens:
+    :class:`~graphwire.comm.base.JoinFailed` after ``timeout_s``."""
+    from dataclasses import replace
+
+    from graphwire.comm.dist import TorchTransport
+
+    TorchTransport.open(replace(ctx, master_port=port, timeout_s=timeout_s))
 
 
 def kill_on_rank(transport: Transport, bad_rank: int, note: str | None = None) -> None:

@@ -21,6 +21,7 @@ from graphwire.comm.launch import WorkerFailed, free_port, launch_local
 from graphwire.testing import run_workers
 from graphwire.testing.probes import (
     hang_on_rank,
+    join_nowhere,
     kill_on_rank,
     leave_and_kill,
     quick_steps,
@@ -45,6 +46,21 @@ def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
     assert 0 in error.failures  # the peer stuck in the barrier is accounted for
     assert elapsed < 30, f"took {elapsed:.1f}s"
     assert worker_children() == []
+
+
+def test_ranks_that_cannot_join_are_named_in_a_line_without_traceback() -> None:
+    """A join that fails (here: no store at the address; also a --timeout
+    too short for the ranks to start) used to end in a page of traceback
+    through torch's rendezvous; the message names where and within what."""
+    port = free_port()  # nothing listens there
+    with pytest.raises(WorkerFailed) as caught:
+        launch_local(join_nowhere, 2, port, 0.5, timeout_s=60)
+    message = str(caught.value)
+    first = message.splitlines()[0]
+    assert first.startswith(f"rank {caught.value.rank} raised JoinFailed: "), first
+    assert f"joining 2 ranks at tcp://127.0.0.1:{port} (gloo) failed within " in first
+    assert "the timeout of 0.5 s: " in first
+    assert "Traceback" not in message and "traceback of rank" not in message
 
 
 def test_sigkilled_worker_ends_the_run_promptly(tmp_path: Path) -> None:
