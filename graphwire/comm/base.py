@@ -76,6 +76,13 @@ class Transport(ABC):
         self.world_size = world_size
         self.ledger = Ledger(rank)
 
+    @property
+    def leads_machine(self) -> bool:
+        """Whether this rank writes what one rank per machine writes: files
+        of the run's folders, which machines may or may not share (here,
+        all ranks share one process: rank 0)."""
+        return self.rank == 0
+
     # ------------------------------------------------------------ primitives
     @abstractmethod
     def all_to_all(

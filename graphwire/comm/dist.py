@@ -96,6 +96,11 @@ class TorchTransport(Transport):
         self._closed = False
         self._heartbeat = _Heartbeat.start(ctx) if ctx.world_size > 2 else None
 
+    @property
+    def leads_machine(self) -> bool:
+        """The first rank of its machine (``LOCAL_RANK`` 0)."""
+        return self.ctx.local_rank == 0
+
     @classmethod
     def open(cls, ctx: WorkerContext, *, check_splits: bool = True) -> TorchTransport:
         """Join the run described by ``ctx`` (blocks until all ranks join).

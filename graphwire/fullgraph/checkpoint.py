@@ -2,7 +2,9 @@
 
 Every ``every`` epochs each rank writes ``rank{r}.pt`` for that epoch (model,
 optimizer, torch RNG state, early-stopping state, records so far) atomically;
-after a barrier rank 0 writes ``latest.json`` naming the epoch, so a checkpoint
+after a barrier the first rank of each machine writes ``latest.json`` naming
+the epoch (so a folder each machine keeps apart has its own; one they share
+gets the same file from each), so a checkpoint
 counts only once every rank has written it, and then removes the checkpoints
 before it but the newest ``keep`` (``--keep-checkpoints``, default 1: a
 resume reads only the latest; 0 keeps every one; a resume keeps the run's
@@ -23,6 +25,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,10 +111,13 @@ def save_checkpoint(
 
 
 def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None:
-    """Rank 0, after every rank saved ``epoch``: make it the latest, then
-    remove the checkpoints before it but the newest ``config.keep``, and the
-    folders of later epochs (left by an earlier attempt at this run that died
-    after them; this one has not got there)."""
+    """After every rank saved ``epoch`` (by the first rank of each machine):
+    make it the latest, then remove the checkpoints before it but the newest
+    ``config.keep``, and the folders of later epochs (left by an earlier
+    attempt at this run that died after them; this one has not got there).
+    Machines that share the folder write the same ``latest.json`` (each
+    atomically) and remove the same folders: what another has removed
+    already is passed over."""
     write_json(
         Path(config.folder) / "latest.json",
         {
@@ -130,7 +136,23 @@ def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None
     if config.keep:
         stale += done[: -config.keep]
     for old in stale:
-        shutil.rmtree(_epoch_dir(Path(config.folder), old))
+        _remove_shared(_epoch_dir(Path(config.folder), old))
+
+
+def _remove_shared(folder: Path) -> None:
+    """Remove ``folder``, which another machine may be removing at once:
+    what is gone from under ``rmtree`` is passed over, any other error
+    raised."""
+
+    def gone_already(function: Any, path: str, error: Any) -> None:
+        error = error[1] if isinstance(error, tuple) else error  # onerror's
+        if not isinstance(error, FileNotFoundError):
+            raise error
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(folder, onexc=gone_already)
+    else:  # onexc is new in 3.12, where onerror is deprecated
+        shutil.rmtree(folder, onerror=gone_already)
 
 
 def saved_schedule(folder: str | os.PathLike[str]) -> dict[str, int]:

@@ -452,7 +452,7 @@ def load_on_every_rank(
         raise ValueError(
             f"{checkpoint.folder}: the ranks found different checkpoints there "
             f"({said}); every rank must read the run's own (on several machines: "
-            "an --out they share, or its checkpoints folder copied to each)"
+            "the same --out each machine gave the run, shared or its own)"
         )
     return state
 
@@ -463,10 +463,14 @@ def save_on_every_rank(
     transport: Transport,
     state: dict[str, Any],
 ) -> None:
-    """Write this rank's ``state``; the checkpoint counts once all have."""
+    """Write this rank's ``state``; the checkpoint counts once all have. The
+    first rank of each machine then marks it complete in its folder
+    (:meth:`~graphwire.comm.base.Transport.leads_machine`): machines that do
+    not share the folder each keep their own ``latest.json`` and prune their
+    own; those that share it write the same file."""
     save_checkpoint(checkpoint, epoch, transport.rank, state)
     transport.barrier()  # every rank has written this epoch
-    if transport.rank == 0:
+    if transport.leads_machine:
         mark_complete(checkpoint, epoch, transport.world_size)
     transport.barrier()
 

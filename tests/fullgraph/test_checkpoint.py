@@ -254,3 +254,37 @@ def test_a_damaged_or_swapped_checkpoint_file_is_refused_naming_it(tmp_path) -> 
     torch.save([1, 2], latest / "rank1.pt")
     with pytest.raises(ValueError, match=r"rank1.pt: not a checkpoint"):
         load_checkpoint(resume, 1, 2)
+
+
+def test_machines_sharing_the_folder_mark_and_prune_it_together(tmp_path) -> None:
+    """The first rank of each machine marks every checkpoint complete: where
+    the machines share the folder, they write the same ``latest.json`` and
+    remove the same old epochs at once, neither failing on what the other
+    removed first."""
+    import threading
+
+    config = CheckpointConfig(str(tmp_path), every=1, run=RUN)
+    together = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def machine() -> None:
+        try:
+            for epoch in range(12):
+                together.wait()
+                if threading.current_thread().name == "m0":
+                    for rank in range(40):  # many files: removals overlap
+                        save_checkpoint(config, epoch, rank, _state(epoch))
+                together.wait()
+                mark_complete(config, epoch, 40)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+            together.abort()
+
+    threads = [threading.Thread(target=machine, name=f"m{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert saved_epochs(tmp_path) == [11]
+    assert check_resume(config, 40) == 11

@@ -44,10 +44,12 @@ def _torchrun() -> str:
     return torchrun
 
 
-def _spawned_g3(tmp_path: Path, workers: int) -> tuple[list[str], dict[str, str]]:
+def _spawned_g3(
+    tmp_path: Path, workers: int, *flags: str
+) -> tuple[list[str], dict[str, str]]:
     """METIS parts of SPEC for ``workers`` ranks; the ``graphwire train``
-    arguments (:data:`TRAIN` on them) and the summary of the run with
-    ``--workers``."""
+    arguments (:data:`TRAIN` on them, and ``flags``) and the summary of the
+    run with ``--workers``."""
     parts = tmp_path / "parts"
     subprocess.run(
         [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
@@ -55,7 +57,7 @@ def _spawned_g3(tmp_path: Path, workers: int) -> tuple[list[str], dict[str, str]
         check=True,
         capture_output=True,
     )
-    common = [*TRAIN, "--dataset", str(parts)]
+    common = [*TRAIN, "--dataset", str(parts), *flags]
     spawned = _run(
         [sys.executable, "-m", "graphwire", *common, "--workers", str(workers)]
         + ["--out", str(tmp_path / "spawned")]
@@ -277,18 +279,17 @@ def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
             assert sum(w["extra"][key] for w in windows) == int(summary[key]), key
 
 
-def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) -> None:
-    """``torchrun --nnodes 2``: two launchers (node ranks 0 and 1, as on two
-    machines; here both on loopback) of 2 processes each make one 4-rank job,
-    global ranks from the launchers, equal to ``--workers 4``."""
+def _two_nodes(common: list[str], tmp_path: Path, *flags: str) -> list[str]:
+    """``torchrun --nnodes 2`` of 2 processes each, as on two machines (here
+    both on loopback), each with its own ``--out`` (``node0``, ``node1``);
+    their stdouts."""
     torchrun = _torchrun()
-    common, spawned = _spawned_g3(tmp_path, 4)
     port = str(free_port())
     nodes = [
         subprocess.Popen(
             [torchrun, "--nnodes", "2", "--node-rank", str(node)]
             + ["--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-            + ["--master-port", port, "-m", "graphwire", *common]
+            + ["--master-port", port, "-m", "graphwire", *common, *flags]
             + ["--out", str(tmp_path / f"node{node}")],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -308,8 +309,19 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
                 node.communicate()
     for node, (_, stderr) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, stderr[-3000:]
+    return [stdout for stdout, _ in outputs]
+
+
+def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) -> None:
+    """``torchrun --nnodes 2``: two launchers (node ranks 0 and 1) make one
+    4-rank job, global ranks from the launchers, equal to ``--workers 4``.
+    The nodes share no ``--out``: each keeps its own ranks' checkpoints,
+    marked complete and pruned by its first rank, and a resume reads them
+    (node 1 used to get no ``latest.json``, and every rank refused)."""
+    common, spawned = _spawned_g3(tmp_path, 4, "--checkpoint-every", "1")
+    stdouts = _two_nodes(common, tmp_path)
     # Global rank 0 (on node 0) prints the summary and writes every rank's records.
-    launched = _summary(outputs[0][0])
+    launched = _summary(stdouts[0])
     assert launched["workers"] == spawned["workers"] == "4"
     for key in ("test_acc", "val_acc", "epochs", "bytes_sent", "bytes_recv"):
         assert spawned[key] == launched[key], key
@@ -318,9 +330,17 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
     ]
     ranks = {r["rank"] for r in records if r["kind"] == "epoch"}
     assert ranks == {0, 1, 2, 3}
-    assert "summary " not in outputs[1][0]
-    # Node 1's local rank 0 (global rank 2) writes nothing of the sort.
+    assert "summary " not in stdouts[1]
+    # Node 1's local rank 0 (global rank 2) writes no records, but marks its
+    # node's checkpoints: the newest epoch's, its own ranks' files only.
     assert not list((tmp_path / "node1").glob("metrics.jsonl*"))
+    for node, own in ((0, {"rank0.pt", "rank1.pt"}), (1, {"rank2.pt", "rank3.pt"})):
+        folder = tmp_path / f"node{node}" / "checkpoints"
+        assert json.loads((folder / "latest.json").read_text())["epoch"] == 3
+        assert sorted(p.name for p in folder.glob("epoch*")) == ["epoch000003"]
+        assert {p.name for p in (folder / "epoch000003").iterdir()} == own
+    resumed = _summary(_two_nodes(common, tmp_path, "--resume", "--epochs", "6")[0])
+    assert (resumed["resumed_at"], resumed["epochs"]) == ("4", "6")
 
 
 def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
