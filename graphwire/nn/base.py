@@ -110,10 +110,60 @@ class MessageGraph:
                 f"MessageGraph: num_src ({self.num_src}) must be >= num_dst "
                 f"({self.num_dst}): destinations are the first source rows"
             )
+        if self.indices.dim() != 1:
+            raise ValueError(
+                f"MessageGraph.indices: expected shape [E], found "
+                f"{tuple(self.indices.shape)}"
+            )
+        self._check_csr()
         if self.edge_weight is not None and self.edge_weight.shape != (self.num_edges,):
             raise ValueError(
                 f"MessageGraph.edge_weight: expected shape [E = {self.num_edges}], "
                 f"found {tuple(self.edge_weight.shape)}"
+            )
+
+    def _check_csr(self) -> None:
+        """Refuse a CSR the sparse kernels would read out of bounds.
+
+        The kernels run with ``check_invariants=False`` and read garbage memory
+        (or crash) on bad input. Samplers build a MessageGraph per layer per
+        batch, so this stays O(E) and vectorised: one min/max per array, one
+        host sync for all of them.
+        """
+        num_edges = self.num_edges
+        steps = self.indptr[1:] - self.indptr[:-1]
+        zero = self.indptr.new_zeros(1)
+        lo_idx, hi_idx = (
+            torch.aminmax(self.indices) if num_edges else (zero[0], zero[0])
+        )
+        stats = torch.stack(
+            [
+                self.indptr[0],
+                self.indptr[-1],
+                steps.min() if steps.numel() else zero[0],
+                lo_idx,
+                hi_idx,
+            ]
+        ).tolist()
+        first, last, min_step, lo, hi = stats
+        if first != 0:
+            raise ValueError(f"MessageGraph.indptr: must start at 0, found {first}")
+        if last != num_edges:
+            raise ValueError(
+                f"MessageGraph.indptr: must end at len(indices) = {num_edges}, "
+                f"found {last}"
+            )
+        if min_step < 0:
+            row = int(torch.nonzero(steps < 0)[0])
+            raise ValueError(
+                f"MessageGraph.indptr: must be non-decreasing, found "
+                f"indptr[{row}] = {int(self.indptr[row])} > "
+                f"indptr[{row + 1}] = {int(self.indptr[row + 1])}"
+            )
+        if num_edges and (lo < 0 or hi >= self.num_src):
+            raise ValueError(
+                f"MessageGraph.indices: source rows must lie in [0, num_src = "
+                f"{self.num_src}), found range [{lo}, {hi}]"
             )
 
     @classmethod

@@ -145,3 +145,32 @@ def test_bad_shapes_are_rejected() -> None:
     mg = MessageGraph(indptr, indices, 2, 2)
     with pytest.raises(ValueError, match="h_src"):
         spmm_sum(mg, torch.ones(3, 1))
+
+
+@pytest.mark.parametrize(
+    ("indptr", "indices", "match"),
+    [
+        (
+            [0, 1, 2],
+            [0, 5],
+            r"source rows must lie in \[0, num_src = 2\), found "
+            r"range \[0, 5\]",
+        ),
+        ([0, 1, 2], [0, -1], r"source rows .* found range \[-1, 0\]"),
+        ([0, 1, 5], [0, 1], r"indptr: must end at len\(indices\) = 2, found 5"),
+        ([1, 1, 2], [0, 1], r"indptr: must start at 0, found 1"),
+        ([0, 3, 2], [0, 1], r"non-decreasing, found indptr\[1\] = 3 > indptr\[2\]"),
+        ([0, 2], [0, 1], r"indptr: expected shape \[num_dst \+ 1 = 3\]"),
+    ],
+)
+def test_invalid_csr_is_refused(indptr, indices, match) -> None:
+    # The CSR kernels skip invariant checks: these read stray memory or crash.
+    with pytest.raises(ValueError, match=match):
+        MessageGraph(torch.tensor(indptr), torch.tensor(indices), 2, 2)
+
+
+def test_edgeless_csr_is_valid() -> None:
+    empty = torch.zeros(0, dtype=torch.int64)
+    mg = MessageGraph(torch.zeros(3, dtype=torch.int64), empty, 4, 2)
+    assert torch.equal(spmm_sum(mg, torch.ones(4, 2)), torch.zeros(2, 2))
+    assert MessageGraph(torch.zeros(1, dtype=torch.int64), empty, 0, 0).num_dst == 0
