@@ -34,7 +34,17 @@ class GraphError(ValueError):
     """A graph or its node data is malformed (wrong dtype, shape or index range)."""
 
 
-def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
+_INT64_MAX = 2**63 - 1
+
+
+def _as_tensor(
+    value: Any, dtype: torch.dtype, name: str, bool_hint: str = ""
+) -> torch.Tensor:
+    """``value`` as a host tensor of ``dtype``, refusing lossy conversions.
+
+    ``bool_hint`` is added to the error for a boolean array where integers were
+    expected.
+    """
     if isinstance(value, torch.Tensor):
         tensor = value.cpu()  # a Graph lives in host memory (a no-op there)
     else:
@@ -62,21 +72,28 @@ def _as_tensor(value: Any, dtype: torch.dtype, name: str) -> torch.Tensor:
             and tensor.numel() > 0
             and (tensor.dtype.is_floating_point or tensor.dtype == torch.bool)
         ):
-            hint = (
-                "; a boolean mask? pass its node indices, mask.nonzero().view(-1)"
-                if tensor.dtype == torch.bool and name.endswith("_idx")
-                else ""
-            )
+            hint = bool_hint if tensor.dtype == torch.bool else ""
             raise GraphError(
                 f"{name}: expected an integer dtype, found {tensor.dtype}{hint}"
             )
+        if dtype == torch.int64 and tensor.dtype == torch.uint64 and tensor.numel():
+            # The cast would wrap values >= 2**63 to negatives (torch has no
+            # max for uint64, numpy does).
+            peak = int(tensor.numpy().max())
+            if peak > _INT64_MAX:
+                raise GraphError(
+                    f"{name}: holds value {peak}, beyond int64 (at most {_INT64_MAX})"
+                )
         tensor = tensor.to(dtype)
     return tensor
 
 
+_MASK_HINT = "; a boolean mask? pass its node indices, mask.nonzero().view(-1)"
+
+
 def _node_ids(value: Any, name: str, num_nodes: int) -> torch.Tensor:
     """int64 [k]: node IDs (a tensor, array or list) checked against the graph."""
-    idx = _as_tensor(value, torch.int64, name)
+    idx = _as_tensor(value, torch.int64, name, _MASK_HINT)
     if idx.dim() != 1:
         raise GraphError(
             f"{name}: expected a 1-D index array, found {tuple(idx.shape)}"

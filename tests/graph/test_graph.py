@@ -273,3 +273,20 @@ def test_uint64_ids_beyond_int64_are_named_not_wrapped() -> None:
         np.array([0, 1], np.uint64), np.array([1, 0], np.uint64)
     )
     assert small.num_edges == 2 and small.indices.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("y", np.array([0, 2**64 - 1, 1], np.uint64)),  # would wrap to -1
+        ("y", np.array([0, 2**63 + 5, 1], np.uint64)),
+        ("y", torch.tensor([0, 2**63 + 5, 1], dtype=torch.uint64)),
+        ("train_idx", np.array([2**64 - 1], np.uint64)),
+    ],
+)
+def test_uint64_node_data_beyond_int64_is_named_not_wrapped(field, value) -> None:
+    peak = int(np.asarray(value).max())
+    with pytest.raises(GraphError, match=f"{field}: holds value {peak}, beyond int64"):
+        Graph.from_edge_index([0, 1], [1, 2], **{field: value})
+    in_range = np.array([0, 2, 1], np.uint64)
+    assert Graph.from_edge_index([0, 1], [1, 2], y=in_range).y.tolist() == [0, 2, 1]
