@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Graph", "GraphError"]
+__all__ = ["Graph", "GraphError", "node_ids"]
 
 
 class GraphError(ValueError):
@@ -91,7 +91,7 @@ def _as_tensor(
 _MASK_HINT = "; a boolean mask? pass its node indices, mask.nonzero().view(-1)"
 
 
-def _node_ids(value: Any, name: str, num_nodes: int) -> torch.Tensor:
+def node_ids(value: Any, name: str, num_nodes: int) -> torch.Tensor:
     """int64 [k]: node IDs (a tensor, array or list) checked against the graph."""
     idx = _as_tensor(value, torch.int64, name, _MASK_HINT)
     if idx.dim() != 1:
@@ -205,7 +205,7 @@ class Graph:
             value = getattr(self, split)
             if value is None:
                 continue
-            idx = _node_ids(value, split, num_nodes)
+            idx = node_ids(value, split, num_nodes)
             _check_split(split, idx, self.y)
             set_(self, split, idx)
 
@@ -494,7 +494,7 @@ class Graph:
     def subgraph_in_edges(self, nodes: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """CSR rows of ``nodes`` (IDs: a tensor, array or list) as
         ``(indptr [k + 1], sources [*])``, global IDs."""
-        nodes = _node_ids(nodes, "nodes", self.num_nodes)
+        nodes = node_ids(nodes, "nodes", self.num_nodes)
         counts = self.in_degrees()[nodes]
         indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=indptr[1:])

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from graphwire.graph.graph import Graph
+from graphwire.graph.graph import Graph, GraphError, node_ids
 from graphwire.nn.dropout import splitmix64
 from graphwire.sampler.base import Block, SampledBatch, derive_seed
 
@@ -231,15 +231,16 @@ def layer_seed(batch_seed: int, layer: int) -> int:
 
 
 def check_seeds(seeds: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """``seeds`` as int64, checked: 1-D, distinct, in ``[0, num_nodes)``."""
-    seeds = torch.as_tensor(seeds, dtype=torch.int64)
-    if seeds.dim() != 1 or torch.unique(seeds).numel() != seeds.numel():
-        raise ValueError("seeds: expected a 1-D tensor of distinct node IDs")
-    if seeds.numel() and (int(seeds.min()) < 0 or int(seeds.max()) >= num_nodes):
-        raise ValueError(
-            f"seeds: node IDs must lie in [0, {num_nodes}), found "
-            f"[{int(seeds.min())}, {int(seeds.max())}]"
-        )
+    """``seeds`` as int64, checked as :class:`Graph` checks its splits: integer
+    IDs (not a boolean mask, not floats), 1-D, in ``[0, num_nodes)``; and
+    distinct.
+
+    Raises:
+        GraphError: (a ``ValueError``) naming ``seeds`` and what was wrong.
+    """
+    seeds = node_ids(seeds, "seeds", num_nodes)
+    if torch.unique(seeds).numel() != seeds.numel():
+        raise GraphError("seeds: expected distinct node IDs, found a repeat")
     return seeds
 
 

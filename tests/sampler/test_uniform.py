@@ -12,8 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from graphwire.graph.graph import Graph
+from graphwire.graph.graph import Graph, GraphError
 from graphwire.sampler import Block, SampledBatch, UniformNeighborSampler
+from graphwire.sampler.uniform import check_seeds
 
 
 def _random_graph(num_nodes: int, num_edges: int, seed: int) -> Graph:
@@ -189,3 +190,23 @@ def test_bad_seeds_and_weights_are_rejected() -> None:
         UniformNeighborSampler(graph, [2]).sample(torch.tensor([3, 10]))
     with pytest.raises(ValueError, match="edge_weight"):
         UniformNeighborSampler(graph, [2], edge_weight=torch.ones(3))
+
+
+@pytest.mark.parametrize(
+    "seeds, message",
+    [
+        # A mask would be read as the IDs 1 and 0; floats would be truncated.
+        (torch.tensor([True, False]), r"found torch.bool; a boolean mask\? .*nonzero"),
+        (torch.tensor([4.9]), "expected an integer dtype, found torch.float32"),
+        (np.array([2**64 - 1], np.uint64), "holds value 18446744073709551615"),
+        (torch.tensor([[1, 2]]), r"expected a 1-D index array, found \(1, 2\)"),
+    ],
+)
+def test_seeds_that_are_not_node_ids_are_named(seeds, message) -> None:
+    # check_seeds is shared with DistNeighborSampler.sample.
+    with pytest.raises(GraphError, match=f"seeds: .*{message}"):
+        check_seeds(seeds, 10)
+    sampler = UniformNeighborSampler(_random_graph(10, 20, seed=0), [2, 2])
+    with pytest.raises(GraphError, match=f"seeds: .*{message}"):
+        sampler.sample(seeds, 0)
+    assert check_seeds([3, 1], 10).tolist() == [3, 1]
