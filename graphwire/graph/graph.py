@@ -271,12 +271,8 @@ class Graph:
         dst_np = dst_np.astype(np.int64, copy=False)
         if num_nodes is None:
             num_nodes = int(max(src_np.max(initial=-1), dst_np.max(initial=-1))) + 1
-            _check_inferred_rows(num_nodes, node_data)
-        elif isinstance(num_nodes, bool) or not hasattr(num_nodes, "__index__"):
-            raise GraphError(f"num_nodes: expected an int, found {num_nodes!r}")
-        num_nodes = operator.index(num_nodes)
-        if num_nodes < 0:
-            raise GraphError(f"num_nodes: must be >= 0, found {num_nodes}")
+            _check_inferred_rows(num_nodes, {k: node_data.get(k) for k in ("x", "y")})
+        num_nodes = _node_count(num_nodes, "num_nodes")
         if src_np.size:
             low = int(min(src_np.min(), dst_np.min()))
             high = int(max(src_np.max(), dst_np.max()))
@@ -344,18 +340,29 @@ class Graph:
                 f"{found}{hint}"
             )
         num_nodes = getattr(data, "num_nodes", None)
-        num_nodes = None if num_nodes is None else int(num_nodes)
+        if num_nodes is not None:
+            num_nodes = _node_count(num_nodes, "pyg data: num_nodes")
         node_data: dict[str, Any] = {}
         if getattr(data, "x", None) is not None:
             node_data["x"] = data.x
         if getattr(data, "y", None) is not None:
-            node_data["y"] = data.y.view(-1)
-        for mask_name, split in _MASKS:
-            mask = getattr(data, mask_name, None)
-            if mask is not None:
-                node_data[split] = _mask_nodes(
-                    mask, f"pyg data: {mask_name}", num_nodes
-                )
+            node_data["y"] = _label_vector(data.y, "pyg data: y")
+        masks = {
+            (mask_name, split): getattr(data, mask_name)
+            for mask_name, split in _MASKS
+            if getattr(data, mask_name, None) is not None
+        }
+        mask_rows = num_nodes
+        if masks and num_nodes is None:
+            # Masks are read before the graph exists: check their length against
+            # the node count from_edge_index will infer.
+            ids = edge_index.cpu().numpy()
+            mask_rows = int(ids.max(initial=-1)) + 1
+            _check_inferred_rows(
+                mask_rows, {f"pyg data: {name}": m for (name, _), m in masks.items()}
+            )
+        for (mask_name, split), mask in masks.items():
+            node_data[split] = _mask_nodes(mask, f"pyg data: {mask_name}", mask_rows)
         return cls.from_edge_index(
             edge_index[0], edge_index[1], num_nodes=num_nodes, **node_data
         )
@@ -368,12 +375,13 @@ class Graph:
         ``val_mask`` / ``test_mask`` [N].
         """
         src, dst = graph.edges()
-        num_nodes = int(graph.num_nodes())
+        num_nodes = _node_count(graph.num_nodes(), "dgl graph: num_nodes()")
         ndata = graph.ndata
         node_data: dict[str, Any] = {}
-        for key, target in (("feat", "x"), ("label", "y")):
-            if key in ndata:
-                node_data[target] = ndata[key]
+        if "feat" in ndata:
+            node_data["x"] = ndata["feat"]
+        if "label" in ndata:
+            node_data["y"] = _label_vector(ndata["label"], "dgl ndata: label")
         for key, split in _MASKS:
             if key in ndata:
                 node_data[split] = _mask_nodes(
@@ -506,11 +514,35 @@ class Graph:
         return indptr, sources
 
 
+def _node_count(value: Any, name: str) -> int:
+    """``value`` as a node count: an int (not a bool, not a float) >= 0."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise GraphError(f"{name}: expected an int, found {value!r}")
+    count = operator.index(value)
+    if count < 0:
+        raise GraphError(f"{name}: must be >= 0, found {count}")
+    return count
+
+
+def _label_vector(y: Any, name: str) -> Any:
+    """Labels [N] from ``y`` [N] or [N, 1] (a tensor or array); other shapes,
+    such as multi-label targets [N, k], are refused."""
+    shape = tuple(np.shape(y))
+    if len(shape) == 2 and shape[1] == 1:
+        return y.reshape(-1) if hasattr(y, "reshape") else np.reshape(y, -1)
+    if len(shape) != 1:
+        raise GraphError(
+            f"{name}: expected class labels of shape [N] or [N, 1], found "
+            f"{shape} (multi-label or multi-task targets are not supported)"
+        )
+    return y
+
+
 def _check_inferred_rows(num_nodes: int, node_data: dict[str, Any]) -> None:
     """Node data longer than the inferred node count means trailing nodes without
     edges: say so, instead of a bare shape mismatch."""
-    for name in ("x", "y"):
-        shape = np.shape(node_data[name]) if node_data.get(name) is not None else ()
+    for name, value in node_data.items():
+        shape = np.shape(value) if value is not None else ()
         if shape and shape[0] > num_nodes:
             raise GraphError(
                 f"{name}: has {shape[0]} rows, but the edges name only {num_nodes} "

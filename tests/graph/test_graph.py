@@ -290,3 +290,52 @@ def test_uint64_node_data_beyond_int64_is_named_not_wrapped(field, value) -> Non
         Graph.from_edge_index([0, 1], [1, 2], **{field: value})
     in_range = np.array([0, 2, 1], np.uint64)
     assert Graph.from_edge_index([0, 1], [1, 2], y=in_range).y.tolist() == [0, 2, 1]
+
+
+def _ring_dgl(**ndata) -> _DglGraph:
+    return _DglGraph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3, **ndata)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [np.array([0, 2, 1]), np.array([[0], [2], [1]]), torch.tensor([[0], [2], [1]])],
+)
+def test_from_pyg_and_from_dgl_read_labels_n_or_n_by_1(labels) -> None:
+    # A NumPy y used to fail in y.view(-1); DGL refused [N, 1] that PyG flattened.
+    assert Graph.from_pyg(_pyg_data(y=labels)).y.tolist() == [0, 2, 1]
+    assert Graph.from_dgl(_ring_dgl(label=labels)).y.tolist() == [0, 2, 1]
+
+
+def test_from_pyg_and_from_dgl_refuse_labels_of_other_shapes() -> None:
+    multi = torch.zeros(3, 2, dtype=torch.int64)  # used to be flattened to [6]
+    expected = r"y: expected class labels of shape \[N\] or \[N, 1\], found \(3, 2\)"
+    with pytest.raises(GraphError, match=f"pyg data: {expected}"):
+        Graph.from_pyg(_pyg_data(y=multi))
+    with pytest.raises(GraphError, match=r"dgl ndata: label: .* found \(3, 2\)"):
+        Graph.from_dgl(_ring_dgl(label=multi))
+
+
+def test_from_pyg_and_from_dgl_refuse_a_fractional_node_count() -> None:
+    with pytest.raises(
+        GraphError, match="pyg data: num_nodes: expected an int, found 3.7"
+    ):
+        Graph.from_pyg(_pyg_data(num_nodes=3.7))
+    dgl = _ring_dgl()
+    dgl._num_nodes = 3.7
+    with pytest.raises(GraphError, match=r"num_nodes\(\): expected an int, found 3.7"):
+        Graph.from_dgl(dgl)
+    assert Graph.from_pyg(_pyg_data(num_nodes=np.int64(4))).num_nodes == 4
+
+
+def test_from_pyg_checks_masks_against_the_inferred_node_count() -> None:
+    data = _pyg_data(train_mask=torch.tensor([True, False]))
+    del data.num_nodes  # inferred from edge_index: 3 nodes
+    with pytest.raises(
+        GraphError, match=r"train_mask: .*\[num_nodes=3\], found .*\(2,\)"
+    ):
+        Graph.from_pyg(data)
+    data.train_mask = torch.ones(4, dtype=torch.bool)
+    with pytest.raises(GraphError, match="train_mask: has 4 rows, .* pass num_nodes=4"):
+        Graph.from_pyg(data)
+    data.train_mask = torch.tensor([True, False, True])
+    assert Graph.from_pyg(data).train_idx.tolist() == [0, 2]
