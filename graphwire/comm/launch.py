@@ -72,6 +72,7 @@ from graphwire.sigterm import interrupt_on_sigterm
 
 __all__ = [
     "WorkerFailed",
+    "check_importable",
     "die_with_parent",
     "exit_now",
     "free_port",
@@ -130,6 +131,31 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(probe.getsockname()[1])
 
 
+_PICKLE_ERRORS = (pickle.PicklingError, AttributeError, TypeError)
+
+
+def check_importable(fn: Callable[..., Any], caller: str) -> None:
+    """Refuse a ``fn`` that a spawned child cannot import by name.
+
+    Pickling a function stores its module and qualified name only, so this is
+    cheap; it fails for lambdas, nested functions and bound methods of
+    unpicklable objects.
+
+    Raises:
+        TypeError: naming ``fn`` (its module and qualified name) and ``caller``.
+    """
+    try:
+        pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+    except _PICKLE_ERRORS as error:
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        module = getattr(fn, "__module__", None)
+        where = f"{module}.{name}" if module else name
+        raise TypeError(
+            f"{caller}: fn must be a module-level function of an importable "
+            f"module (spawned workers import it by name), got {where}: {error}"
+        ) from error
+
+
 def launch_local(
     fn: Callable[..., T],
     world_size: int,
@@ -169,13 +195,11 @@ def launch_local(
         raise ValueError(f"run_timeout_s: expected > 0 or None, got {run_timeout_s}")
     if threads < 1:
         raise ValueError(f"threads: expected >= 1, got {threads}")
+    check_importable(fn, "launch_local")
     try:
         job = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, AttributeError, TypeError) as error:
-        raise TypeError(
-            f"launch_local: fn and args must be picklable (fn a module-level "
-            f"function), got {fn!r}: {error}"
-        ) from error
+    except _PICKLE_ERRORS as error:
+        raise TypeError(f"launch_local: args must be picklable: {error}") from error
     backend = backend if backend is not None else default_backend()
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         # Rank r drives cuda:r; without it each child would fail in set_device.

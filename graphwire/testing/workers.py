@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
-from graphwire.comm.launch import WorkerFailed, launch_local
+from graphwire.comm.launch import WorkerFailed, check_importable, launch_local
 
 __all__ = ["WorkerFailed", "run_workers"]
 
@@ -65,7 +65,12 @@ def run_workers(
     Raises:
         WorkerFailed: a rank raised (its traceback is in the message), exited
             non-zero, was killed, or the run exceeded ``run_timeout_s``.
+        TypeError: ``fn`` is not a module-level function, or ``args`` cannot
+            be pickled.
     """
+    # launch_local checks the function it runs, which is _with_transport:
+    # name the caller's instead.
+    check_importable(fn, "run_workers")
     return launch_local(
         _with_transport,
         world_size,

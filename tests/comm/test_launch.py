@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -166,8 +167,15 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
 
 
 def test_unpicklable_function_fails_before_spawning() -> None:
-    with pytest.raises(TypeError, match="module-level"):
+    # The message names the caller's function, not run_workers' own wrapper.
+    with pytest.raises(TypeError) as raised:
         run_workers(lambda transport: None, 2)
+    message = str(raised.value)
+    assert message.startswith("run_workers: fn must be a module-level function")
+    assert f"got {__name__}.test_unpicklable_function_fails_before_spawning." in message
+    assert "<lambda>" in message and "_with_transport" not in message
+    with pytest.raises(TypeError, match=r"launch_local: args must be picklable: "):
+        launch_local(sleep_forever, 2, threading.Lock())
     assert worker_children() == []
 
 
