@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import check_seed, is_int
+from graphwire.nn.dropout import check_dropout
 from graphwire.nn.models import GNN, LAYER_KINDS, build_model
 from graphwire.sampler.uniform import MAX_FANOUT
 
@@ -155,15 +156,13 @@ class TrainConfig:
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
             _set(self, name, int(value))
-        for name in ("dropout", "attn_dropout", "lr", "weight_decay"):
+        for name in ("dropout", "attn_dropout"):
+            _set(self, name, check_dropout(getattr(self, name), name))
+        for name in ("lr", "weight_decay"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"{name}: expected a number, got {value!r}")
             _set(self, name, float(value))
-        for name in ("dropout", "attn_dropout"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name}: expected a value in [0, 1), got {value!r}")
         assert self.lr is not None and self.weight_decay is not None
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr: expected a finite value > 0, got {self.lr!r}")

@@ -30,9 +30,18 @@ edge drops it in the same heads.
 
 from __future__ import annotations
 
+import numbers
+from typing import Any
+
 import torch
 
-__all__ = ["hashed_dropout", "hashed_edge_dropout", "hashed_uniform", "splitmix64"]
+__all__ = [
+    "check_dropout",
+    "hashed_dropout",
+    "hashed_edge_dropout",
+    "hashed_uniform",
+    "splitmix64",
+]
 
 _LOW24 = (1 << 24) - 1
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
@@ -44,6 +53,24 @@ _COLUMN_SALT = 0x5BD1E995  # column hashes use another seed than row hashes
 _DST_OFFSET = 1 << 62
 _EDGE_SALT = 0x165667B1  # the (source, destination) mix uses another seed
 _DENSITY_SAMPLE = 1 << 16  # entries looked at to choose the sparse or dense path
+
+
+def check_dropout(value: Any, name: str) -> float:
+    """``value`` as a dropout probability, which must lie in ``[0, 1)``.
+
+    ``p = 1`` is refused although ``F.dropout`` takes it: it drops everything,
+    and the kept entries' ``1 / (1 - p)`` scale (here and in torch) divides by
+    zero. The one check behind the models' and ``TrainConfig``'s arguments.
+
+    Raises:
+        ValueError: naming ``name`` and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    p = float(value)
+    if not 0.0 <= p < 1.0:  # NaN fails too
+        raise ValueError(f"{name}: expected a value in [0, 1), got {value!r}")
+    return p
 
 
 def _to_int64(value: int) -> int:

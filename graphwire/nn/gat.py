@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graphwire.nn.base import MessageGraph, ProjectsToOutput, edge_softmax, spmm_sum
-from graphwire.nn.dropout import hashed_edge_dropout
+from graphwire.nn.dropout import check_dropout, hashed_edge_dropout
 
 __all__ = ["GATConv"]
 
@@ -60,7 +60,7 @@ class GATConv(ProjectsToOutput, nn.Module):
         self.heads = heads
         self.concat = concat
         self.negative_slope = negative_slope
-        self.attn_dropout = attn_dropout
+        self.attn_dropout = check_dropout(attn_dropout, "attn_dropout")
         # float32 as Graph.x is, whatever torch's default dtype.
         f32 = torch.float32
         self.lin = nn.Linear(in_dim, heads * out_dim, bias=False, dtype=f32)

@@ -38,7 +38,7 @@ from torch import nn
 from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
-from graphwire.nn.dropout import hashed_dropout
+from graphwire.nn.dropout import check_dropout, hashed_dropout
 from graphwire.nn.gat import GATConv
 from graphwire.nn.gcn import GCNConv
 from graphwire.nn.sage import SAGEConv
@@ -262,8 +262,8 @@ class GNN(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.activation = activation
-        self.dropout = dropout
-        self.input_dropout = input_dropout
+        self.dropout = check_dropout(dropout, "dropout")
+        self.input_dropout = check_dropout(input_dropout, "input_dropout")
 
     @property
     def num_layers(self) -> int:

@@ -121,6 +121,23 @@ def test_bad_arguments() -> None:
         model([_ring()], torch.randn(10, 2))
 
 
+@pytest.mark.parametrize(
+    "kind, kwargs, message",
+    [
+        ("gcn", {"dropout": 5.0}, r"dropout: expected a value in \[0, 1\), got 5.0"),
+        ("sage", {"dropout": -0.1}, r"dropout: .* got -0.1"),
+        ("gcn", {"input_dropout": 1.0}, r"input_dropout: .* got 1.0"),
+        ("gat", {"attn_dropout": 1.5}, r"attn_dropout: .* got 1.5"),
+        ("gcn", {"dropout": float("nan")}, r"dropout: .* got nan"),
+        ("gcn", {"dropout": "0.5"}, r"dropout: expected a number, got '0.5'"),
+    ],
+)
+def test_dropout_outside_0_1_is_refused_when_built(kind, kwargs, message) -> None:
+    # It used to be accepted and to fail (or train on NaNs) only in forward.
+    with pytest.raises(ValueError, match=message):
+        build_model(kind, 3, 4, 2, 2, **kwargs)
+
+
 @pytest.mark.parametrize("density", [0.02, 0.9])
 def test_feature_dropout_matches_dropout_statistics(density: float) -> None:
     """Zeros stay zero; each non-zero is kept with probability 1 - p and scaled
