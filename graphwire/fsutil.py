@@ -38,6 +38,7 @@ __all__ = [
     "remove_abandoned",
     "save_npy",
     "sha256_file",
+    "write_failed",
     "write_json",
 ]
 
@@ -334,13 +335,22 @@ def save_npy(folder: Path, name: str, array: np.ndarray) -> str:
     try:
         np.save(path, np.ascontiguousarray(array), allow_pickle=False)
     except OSError as error:  # numpy's short write names neither file nor cause
-        said = f"{path}: could not be written ({error.strerror or error})"
-        if error.errno is None:
-            raise OSError(
-                f"{said}; is the disk full, or a file size limit set?"
-            ) from None
-        raise OSError(error.errno, said) from None
+        raise write_failed(path, error) from None
     return sha256_file(path)
+
+
+def write_failed(path: str | os.PathLike[str], error: OSError) -> OSError:
+    """``error``, raised writing ``path``, as one that names the file: a
+    write or flush that fails (a full disk, a file size limit) says only
+    ``[Errno 28] No space left on device``, and numpy's short write only
+    ``N requested and M written``.
+
+    Use as ``raise write_failed(path, error) from None``.
+    """
+    said = f"{path}: could not be written ({error.strerror or error})"
+    if error.errno is None:
+        return OSError(f"{said}; is the disk full, or a file size limit set?")
+    return OSError(error.errno, said)
 
 
 def write_json(path: str | os.PathLike[str], payload: Any) -> None:
