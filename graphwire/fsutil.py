@@ -235,19 +235,27 @@ def check_replaceable(
     )
 
 
-def check_creatable(target: str | os.PathLike[str], name: str) -> None:
-    """``target`` must be a folder, or a path where one can be made.
+def check_creatable(
+    target: str | os.PathLike[str], name: str, *, file: bool = False
+) -> None:
+    """``target`` must be a folder, or a path where one can be made; with
+    ``file``, a file (written beside, then renamed: :func:`atomic_file`), not
+    a folder, whose folder can be made.
 
     Args:
-        target: the folder to write.
+        target: the folder (the file) to write.
         name: how errors name it (``--out runs/x`` on the command line).
+        file: ``target`` is a file.
 
     Raises:
-        ValueError: ``target`` (or a folder above it) is a file, or the folder
-            that would hold it cannot be written.
+        ValueError: ``target`` (or a folder above it) is a file, or with
+            ``file`` a folder, or the folder that would hold it cannot be
+            written.
     """
     path = Path(target)
-    above, _ = _nearest_existing(path)
+    if file and path.is_dir():
+        raise ValueError(f"{name}: is a folder, not a file")
+    above, _ = _nearest_existing(path.parent if file else path)
     if not above.is_dir():
         where = "is" if above == path else f"is under {above}, which is"
         raise ValueError(f"{name}: {where} a file, not a folder")
