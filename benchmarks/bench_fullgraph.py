@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.commands.bench import run_script
+from graphwire.fsutil import atomic_file, check_creatable
 from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.testing.netns import ShapedNetwork, netns_available, tcp_stream
 
@@ -643,8 +644,13 @@ def check_flags(
     positive: tuple[str, ...],
 ) -> None:
     """Exit with a usage error naming the first flag below its minimum (an
-    integer flag) or not above 0 (``positive``, a float flag); unset flags
-    (None) pass."""
+    integer flag), not above 0 (``positive``, a float flag) or a --json PATH
+    that cannot be written (else found after the runs); unset flags pass."""
+    if args.json is not None:
+        try:
+            check_creatable(args.json, f"--json {args.json}", file=True)
+        except ValueError as error:
+            parser.error(str(error))
     for name, least in minimums.items():
         value = getattr(args, name)
         if value is not None and value < least:
@@ -773,18 +779,17 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
         for name, error in failures.items():
             print(f"--- {name}\n{error}")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "args": vars(args),
-                    "results": {k: [asdict(r) for r in v] for k, v in results.items()},
-                    "failures": failures,
-                },
-                indent=1,
-            )
-        )
+        runs = {k: [asdict(r) for r in v] for k, v in results.items()}
+        figures = {"args": vars(args), "results": runs, "failures": failures}
+        write_figures(args.json, figures)
     print(f"\nbench_fullgraph took {time.perf_counter() - started:.0f}s")
     return 1 if failures else 0
+
+
+def write_figures(path: str, payload: dict[str, Any]) -> None:
+    """``payload`` to --json ``path``, atomically, its folder made if need be."""
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

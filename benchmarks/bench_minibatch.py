@@ -38,7 +38,6 @@ or hangs is reported with its command and error; the others still run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -46,7 +45,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -70,6 +68,7 @@ from bench_fullgraph import (  # noqa: E402
     in_work_folder,
     prepare_graph,
     take_sizes,
+    write_figures,
 )
 
 FETCHES = ("on-demand", "rapid")
@@ -603,8 +602,8 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
         for name, message in failures.items():
             print(f"--- {name}\n{message}")
     if args.json:
-        _write_json(
-            Path(args.json),
+        write_figures(
+            args.json,
             {
                 "args": vars(args),
                 "single_sampler": sampler,
@@ -615,13 +614,6 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
         )
     print(f"\nbench_minibatch took {time.perf_counter() - started:.0f}s")
     return 1 if failures else 0
-
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` atomically (a temp file beside ``path``, then rename)."""
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(json.dumps(payload, indent=1))
-    temp.replace(path)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ __all__ = [
     "remove_abandoned",
     "save_npy",
     "sha256_file",
+    "write_failed",
     "write_json",
 ]
 
@@ -234,19 +235,27 @@ def check_replaceable(
     )
 
 
-def check_creatable(target: str | os.PathLike[str], name: str) -> None:
-    """``target`` must be a folder, or a path where one can be made.
+def check_creatable(
+    target: str | os.PathLike[str], name: str, *, file: bool = False
+) -> None:
+    """``target`` must be a folder, or a path where one can be made; with
+    ``file``, a file (written beside, then renamed: :func:`atomic_file`), not
+    a folder, whose folder can be made.
 
     Args:
-        target: the folder to write.
+        target: the folder (the file) to write.
         name: how errors name it (``--out runs/x`` on the command line).
+        file: ``target`` is a file.
 
     Raises:
-        ValueError: ``target`` (or a folder above it) is a file, or the folder
-            that would hold it cannot be written.
+        ValueError: ``target`` (or a folder above it) is a file, or with
+            ``file`` a folder, or the folder that would hold it cannot be
+            written.
     """
     path = Path(target)
-    above, _ = _nearest_existing(path)
+    if file and path.is_dir():
+        raise ValueError(f"{name}: is a folder, not a file")
+    above, _ = _nearest_existing(path.parent if file else path)
     if not above.is_dir():
         where = "is" if above == path else f"is under {above}, which is"
         raise ValueError(f"{name}: {where} a file, not a folder")
@@ -334,13 +343,22 @@ def save_npy(folder: Path, name: str, array: np.ndarray) -> str:
     try:
         np.save(path, np.ascontiguousarray(array), allow_pickle=False)
     except OSError as error:  # numpy's short write names neither file nor cause
-        said = f"{path}: could not be written ({error.strerror or error})"
-        if error.errno is None:
-            raise OSError(
-                f"{said}; is the disk full, or a file size limit set?"
-            ) from None
-        raise OSError(error.errno, said) from None
+        raise write_failed(path, error) from None
     return sha256_file(path)
+
+
+def write_failed(path: str | os.PathLike[str], error: OSError) -> OSError:
+    """``error``, raised writing ``path``, as one that names the file: a
+    write or flush that fails (a full disk, a file size limit) says only
+    ``[Errno 28] No space left on device``, and numpy's short write only
+    ``N requested and M written``.
+
+    Use as ``raise write_failed(path, error) from None``.
+    """
+    said = f"{path}: could not be written ({error.strerror or error})"
+    if error.errno is None:
+        return OSError(f"{said}; is the disk full, or a file size limit set?")
+    return OSError(error.errno, said)
 
 
 def write_json(path: str | os.PathLike[str], payload: Any) -> None:

@@ -22,6 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from graphwire.fsutil import write_failed
+
 __all__ = ["MetricsLog", "format_bytes", "format_summary", "peak_rss_mb"]
 
 
@@ -110,8 +112,12 @@ class MetricsLog:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._handle = open(self._partial, "w")  # noqa: SIM115 - closed in __exit__
         record = {"kind": kind, "time": round(time.time() - self._started, 4), **fields}
-        self._handle.write(json.dumps(_strict(record), allow_nan=False) + "\n")
-        self._handle.flush()
+        line = json.dumps(_strict(record), allow_nan=False) + "\n"
+        try:
+            self._handle.write(line)
+            self._handle.flush()
+        except OSError as error:  # a full disk: the bare error names no file
+            raise write_failed(self._partial, error) from None
 
     def __exit__(
         self,
@@ -121,7 +127,12 @@ class MetricsLog:
     ) -> None:
         if self._handle is None:
             return
-        self._handle.close()
+        try:
+            self._handle.close()  # flushes again what a failed write left
+        except OSError as error:
+            if exc_type is not None:
+                return  # that failed write is the error to tell
+            raise write_failed(self._partial, error) from None
         if exc_type is None and self.final:
             assert self.path is not None
             os.replace(self._partial, self.path)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import pytest
 
@@ -62,3 +64,20 @@ def test_the_log_stays_strict_json_when_a_run_diverges(tmp_path) -> None:
     record = json.loads(line, parse_constant=refuse)
     assert record["loss"] is None and record["times"] == {"a": None}
     assert record["extra"] == [1.5, None] and record["epoch"] == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_names_the_file(tmp_path) -> None:
+    """A full disk said only ``[Errno 28] No space left on device``, naming
+    no file (here the log is linked to /dev/full, where every write fails
+    so)."""
+    (tmp_path / "run").mkdir()
+    partial = tmp_path / "run" / "metrics.jsonl.partial"
+    partial.symlink_to("/dev/full")
+    with pytest.raises(OSError) as caught, MetricsLog(tmp_path / "run") as log:
+        log.write("epoch", epoch=0, loss=1.5)
+    assert caught.value.errno == errno.ENOSPC
+    assert str(caught.value) == (
+        f"[Errno 28] {partial}: could not be written (No space left on device)"
+    )
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -58,10 +58,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from graphwire.sigterm import interrupt_on_sigterm
 
 __all__ = [
     "ShapeConfig",
@@ -79,6 +82,7 @@ _CAP_SYS_ADMIN = 21
 _COUNTER = itertools.count()
 _LIVE: set[str] = set()  # namespaces made by this process and not yet deleted
 _ATEXIT_REGISTERED = False
+_SIGTERM_HANDLER: Any = None  # what _hold_sigterm installed, until released
 _SENT_RE = re.compile(r"Sent (\d+) bytes")
 _CLASS_BASE = 0x10  # htb class minor of the first per_address entry; 1:1 is default
 
@@ -135,7 +139,10 @@ class ShapedNetwork:
     Entering creates the namespace (``gw-<pid>-<n>``), brings ``lo`` up, sets
     its MTU and installs the qdisc. Leaving kills every process still in the
     namespace (SIGTERM, then SIGKILL after ``grace_s``; by PID) and deletes
-    it, also when the body raises or is interrupted.
+    it, also when the body raises or is interrupted. SIGTERM too interrupts
+    (raises ``KeyboardInterrupt``) while a namespace is live, where it would
+    end the process with no clean-up: its default, in the main thread; the
+    default is put back when the last namespace is gone.
 
     Args:
         rate_mbit, burst_kb, latency_ms, mtu, per_address: see `ShapeConfig`.
@@ -172,7 +179,12 @@ class ShapedNetwork:
             raise RuntimeError(f"{self.name}: a ShapedNetwork can be entered once")
         self._entered = True
         _register_atexit()
-        _run([self._ip, "netns", "add", self.name])
+        _hold_sigterm()
+        try:
+            _run([self._ip, "netns", "add", self.name])
+        except BaseException:
+            _release_sigterm()
+            raise
         _LIVE.add(self.name)
         try:  # a failure or Ctrl-C while setting up still removes the namespace
             self._setup()
@@ -192,6 +204,7 @@ class ShapedNetwork:
             _kill_namespace(self.name, self._ip, self._procs, self.grace_s)
         finally:
             _delete_namespace(self.name, self._ip)
+            _release_sigterm()
 
     def _setup(self) -> None:
         cfg = self.config
@@ -534,6 +547,33 @@ def _kill_namespace(
 def _delete_namespace(name: str, ip: str) -> None:
     _run([ip, "netns", "del", name])
     _LIVE.discard(name)
+
+
+def _hold_sigterm() -> None:
+    """Make SIGTERM interrupt (:func:`graphwire.sigterm.interrupt_on_sigterm`)
+    until :func:`_release_sigterm`, where it has its default (which deletes
+    no namespace) and this is the main thread; else leave it be."""
+    global _SIGTERM_HANDLER
+    if _SIGTERM_HANDLER is not None:
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    interrupt_on_sigterm()
+    if before is signal.SIG_DFL:
+        handler = signal.getsignal(signal.SIGTERM)
+        _SIGTERM_HANDLER = None if handler is signal.SIG_DFL else handler
+
+
+def _release_sigterm() -> None:
+    """Put SIGTERM's default back once no namespace is live, if the handler
+    is still the one :func:`_hold_sigterm` installed."""
+    global _SIGTERM_HANDLER
+    if _LIVE or _SIGTERM_HANDLER is None:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal.signal works only there; a later release may
+    if signal.getsignal(signal.SIGTERM) is _SIGTERM_HANDLER:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _SIGTERM_HANDLER = None
 
 
 def _register_atexit() -> None:

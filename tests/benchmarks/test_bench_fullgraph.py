@@ -72,3 +72,22 @@ def test_ratio_lines_say_which_way_and_quote_the_paper(capsys) -> None:
         " 0.80x " in locality
         and "paper, Fig. 16: G3's partition up to 4.3x" in locality
     )
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """--json was written only after the runs (39 s and more), and a path
+    it could not take ended there in a FileNotFoundError traceback."""
+    (tmp_path / "file").touch()
+    monkeypatch.setattr(bench_fullgraph, "netns_available", lambda: (True, ""))
+    monkeypatch.setattr(bench_fullgraph, "in_work_folder", lambda *_: 0)
+    for path, said in [
+        (tmp_path / "file" / "x.json", f"is under {tmp_path / 'file'}, which is a"),
+        (tmp_path, "is a folder, not a file"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            bench_fullgraph.main(["--json", str(path)])
+        assert exit_.value.code == 2
+        assert f"error: --json {path}: {said}" in capsys.readouterr().err
+    assert bench_fullgraph.main(["--json", str(tmp_path / "new" / "x.json")]) == 0

@@ -4,6 +4,7 @@ partitioner it compares on, and bad flags are refused before any work."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -64,3 +65,23 @@ def test_bad_flag_is_refused_before_any_work(
         bench_minibatch.main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """--json was written only after the runs, and a path it could not take
+    ended there in a FileNotFoundError traceback (its ``.x.json.tmp``)."""
+    (tmp_path / "file").touch()
+    monkeypatch.setattr(bench_minibatch, "in_work_folder", lambda *_: 0)
+    for path in (tmp_path / "file" / "x.json", tmp_path):
+        with pytest.raises(SystemExit) as exit_:
+            bench_minibatch.main(["--json", str(path)])
+        assert exit_.value.code == 2
+        assert f"error: --json {path}: is " in capsys.readouterr().err
+
+
+def test_json_figures_are_written_with_their_folder(tmp_path) -> None:
+    bench_minibatch.write_figures(str(tmp_path / "new" / "x.json"), {"a": [1.5]})
+    assert json.loads((tmp_path / "new" / "x.json").read_text()) == {"a": [1.5]}
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["x.json"]

@@ -9,6 +9,7 @@ wide margins. Tests that need a namespace skip with `netns_available`'s reason.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -203,3 +204,48 @@ def test_gloo_all_reduce_inside_namespace(netns: None) -> None:
         assert out.strip().endswith("ok")
     # A 2-rank all-reduce moves the 256 KiB tensor once in each direction.
     assert sent >= 2 * (1 << 16) * 4
+
+
+_TERMINATED = """
+import sys, time
+from graphwire.testing.netns import ShapedNetwork
+with ShapedNetwork(rate_mbit=100) as net:
+    sleeper = net.popen(["sleep", "200"])
+    print(net.name, sleeper.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_namespace_removed_when_its_process_gets_sigterm(netns: None) -> None:
+    """SIGTERM's default (``timeout``, ``kill PID``) ended the process with
+    no clean-up: its namespace stayed, and the processes in it ran on."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TERMINATED], stdout=subprocess.PIPE, text=True
+    )
+    name, pid = "", 0
+    try:
+        assert proc.stdout is not None
+        name, pid_text = proc.stdout.readline().split()
+        pid = int(pid_text)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert name not in namespaces()
+        assert not alive(pid)
+    finally:  # the namespace and the sleeper, should the fix fail
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if name in namespaces():
+            subprocess.run(["ip", "netns", "del", name], check=False)
+        if pid and alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_gets_its_default_back_when_the_namespace_goes(netns: None) -> None:
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with ShapedNetwork():
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
