@@ -58,8 +58,9 @@ def atomic_dir(
     check_replaceable(target, overwrite)
     target = Path(os.path.abspath(target))  # "." has no name to put beside it
     made = _make_parents(target)
-    tmp, lock = _locked_tmp_dir(target)
+    tmp, lock = None, None
     try:
+        tmp, lock = _locked_tmp_dir(target)
         os.chmod(tmp, 0o777 & ~_umask())  # as mkdir makes it, not mkdtemp's 0700
         yield tmp
         # Unnamed before the rename, held until after it: never seen unlocked.
@@ -69,7 +70,8 @@ def atomic_dir(
         else:
             os.replace(tmp, target)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         _remove_made(target.parent, made)
         raise
     finally:
@@ -115,7 +117,11 @@ def _locked_tmp_dir(target: Path) -> tuple[Path, IO[str] | None]:
     tmp = Path(
         tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     )
-    return tmp, lock_folder(tmp)
+    try:  # a SIGTERM here (KeyboardInterrupt) must not leave it
+        return tmp, lock_folder(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _replace_dir(new: Path, target: Path) -> None:
