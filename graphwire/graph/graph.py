@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Graph", "GraphError", "node_ids"]
+__all__ = ["Graph", "GraphError", "check_inferred_rows", "node_count", "node_ids"]
 
 
 class GraphError(ValueError):
@@ -271,8 +271,8 @@ class Graph:
         dst_np = dst_np.astype(np.int64, copy=False)
         if num_nodes is None:
             num_nodes = int(max(src_np.max(initial=-1), dst_np.max(initial=-1))) + 1
-            _check_inferred_rows(num_nodes, {k: node_data.get(k) for k in ("x", "y")})
-        num_nodes = _node_count(num_nodes, "num_nodes")
+            check_inferred_rows(num_nodes, {k: node_data.get(k) for k in ("x", "y")})
+        num_nodes = node_count(num_nodes, "num_nodes")
         if src_np.size:
             low = int(min(src_np.min(), dst_np.min()))
             high = int(max(src_np.max(), dst_np.max()))
@@ -318,54 +318,10 @@ class Graph:
         Reads ``edge_index`` [2, E], ``x``, ``y`` and the boolean
         ``train_mask`` / ``val_mask`` / ``test_mask`` [N].
         """
-        edge_index = getattr(data, "edge_index", None)
-        if (
-            not isinstance(edge_index, torch.Tensor)
-            or edge_index.dim() != 2
-            or edge_index.shape[0] != 2
-        ):
-            found = (
-                f"shape {tuple(edge_index.shape)}"
-                if isinstance(edge_index, torch.Tensor)
-                else repr(edge_index)
-            )
-            hint = (
-                " (adj_t, a SparseTensor, is not read: build the Graph before "
-                "ToSparseTensor)"
-                if getattr(data, "adj_t", None) is not None
-                else ""
-            )
-            raise GraphError(
-                f"pyg data: expected edge_index, a tensor of shape [2, E], found "
-                f"{found}{hint}"
-            )
-        num_nodes = getattr(data, "num_nodes", None)
-        if num_nodes is not None:
-            num_nodes = _node_count(num_nodes, "pyg data: num_nodes")
-        node_data: dict[str, Any] = {}
-        if getattr(data, "x", None) is not None:
-            node_data["x"] = data.x
-        if getattr(data, "y", None) is not None:
-            node_data["y"] = _label_vector(data.y, "pyg data: y")
-        masks = {
-            (mask_name, split): getattr(data, mask_name)
-            for mask_name, split in _MASKS
-            if getattr(data, mask_name, None) is not None
-        }
-        mask_rows = num_nodes
-        if masks and num_nodes is None:
-            # Masks are read before the graph exists: check their length against
-            # the node count from_edge_index will infer.
-            ids = edge_index.cpu().numpy()
-            mask_rows = int(ids.max(initial=-1)) + 1
-            _check_inferred_rows(
-                mask_rows, {f"pyg data: {name}": m for (name, _), m in masks.items()}
-            )
-        for (mask_name, split), mask in masks.items():
-            node_data[split] = _mask_nodes(mask, f"pyg data: {mask_name}", mask_rows)
-        return cls.from_edge_index(
-            edge_index[0], edge_index[1], num_nodes=num_nodes, **node_data
-        )
+        from graphwire.graph.interop import pyg_parts
+
+        src, dst, num_nodes, node_data = pyg_parts(data)
+        return cls.from_edge_index(src, dst, num_nodes=num_nodes, **node_data)
 
     @classmethod
     def from_dgl(cls, graph: Any) -> Graph:
@@ -374,19 +330,9 @@ class Graph:
         Reads ``ndata`` ``feat``, ``label`` and the boolean ``train_mask`` /
         ``val_mask`` / ``test_mask`` [N].
         """
-        src, dst = graph.edges()
-        num_nodes = _node_count(graph.num_nodes(), "dgl graph: num_nodes()")
-        ndata = graph.ndata
-        node_data: dict[str, Any] = {}
-        if "feat" in ndata:
-            node_data["x"] = ndata["feat"]
-        if "label" in ndata:
-            node_data["y"] = _label_vector(ndata["label"], "dgl ndata: label")
-        for key, split in _MASKS:
-            if key in ndata:
-                node_data[split] = _mask_nodes(
-                    ndata[key], f"dgl ndata: {key}", num_nodes
-                )
+        from graphwire.graph.interop import dgl_parts
+
+        src, dst, num_nodes, node_data = dgl_parts(graph)
         return cls.from_edge_index(src, dst, num_nodes=num_nodes, **node_data)
 
     # -------------------------------------------------------------- accessors
@@ -514,7 +460,7 @@ class Graph:
         return indptr, sources
 
 
-def _node_count(value: Any, name: str) -> int:
+def node_count(value: Any, name: str) -> int:
     """``value`` as a node count: an int (not a bool, not a float) >= 0."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise GraphError(f"{name}: expected an int, found {value!r}")
@@ -524,21 +470,7 @@ def _node_count(value: Any, name: str) -> int:
     return count
 
 
-def _label_vector(y: Any, name: str) -> Any:
-    """Labels [N] from ``y`` [N] or [N, 1] (a tensor or array); other shapes,
-    such as multi-label targets [N, k], are refused."""
-    shape = tuple(np.shape(y))
-    if len(shape) == 2 and shape[1] == 1:
-        return y.reshape(-1) if hasattr(y, "reshape") else np.reshape(y, -1)
-    if len(shape) != 1:
-        raise GraphError(
-            f"{name}: expected class labels of shape [N] or [N, 1], found "
-            f"{shape} (multi-label or multi-task targets are not supported)"
-        )
-    return y
-
-
-def _check_inferred_rows(num_nodes: int, node_data: dict[str, Any]) -> None:
+def check_inferred_rows(num_nodes: int, node_data: dict[str, Any]) -> None:
     """Node data longer than the inferred node count means trailing nodes without
     edges: say so, instead of a bare shape mismatch."""
     for name, value in node_data.items():
@@ -549,36 +481,6 @@ def _check_inferred_rows(num_nodes: int, node_data: dict[str, Any]) -> None:
                 f"nodes (num_nodes is inferred as the largest edge ID + 1); pass "
                 f"num_nodes={shape[0]} if the last nodes have no edges"
             )
-
-
-_MASKS = (
-    ("train_mask", "train_idx"),
-    ("val_mask", "val_idx"),
-    ("test_mask", "test_idx"),
-)
-
-
-def _mask_nodes(mask: Any, name: str, num_nodes: int | None) -> torch.Tensor:
-    """int64 [*]: the nodes a mask [num_nodes] of booleans (or 0s and 1s) selects."""
-    mask = torch.as_tensor(mask)
-    is_flags = mask.dtype == torch.bool or (
-        not mask.dtype.is_floating_point
-        and not mask.dtype.is_complex
-        and bool(((mask == 0) | (mask == 1)).all())
-    )
-    length_ok = num_nodes is None or mask.shape[:1] == (num_nodes,)
-    if mask.dim() != 1 or not is_flags or not length_ok:
-        hint = (
-            "; a mask of shape [N, k] holds k alternative splits: pick one "
-            "column first, e.g. mask[:, 0]"
-            if mask.dim() == 2
-            else ""
-        )
-        raise GraphError(
-            f"{name}: expected a boolean mask of shape [num_nodes={num_nodes}], "
-            f"found {mask.dtype} of shape {tuple(mask.shape)}{hint}"
-        )
-    return mask.nonzero().view(-1)
 
 
 def _csr_from_coo(
