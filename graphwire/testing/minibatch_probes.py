@@ -8,7 +8,8 @@ import torch
 
 from graphwire.comm.base import Transport
 from graphwire.fullgraph.checkpoint import CheckpointConfig
-from graphwire.minibatch.dist import FetchOptions, _Loop, train_minibatch_distributed
+from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
+from graphwire.minibatch.loop import RankLoop
 from graphwire.minibatch.schedule import Batch
 from graphwire.partition.format import load_part
 from graphwire.training import TrainConfig
@@ -56,16 +57,16 @@ def _arm_death(rank: int, victim: int, epoch: int, how: str) -> None:
 
     if rank != victim:
         return
-    original = _Loop.step
+    original = RankLoop.step
 
-    def step(self: _Loop, batch: Batch, stats: dict[str, float]) -> float:
+    def step(self: RankLoop, batch: Batch, stats: dict[str, float]) -> float:
         if batch.epoch == epoch:
             if how == "raise":
                 raise ValueError(f"injected failure in epoch {epoch}")
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, batch, stats)
 
-    _Loop.step = step  # type: ignore[method-assign]
+    RankLoop.step = step  # type: ignore[method-assign]
 
 
 def feature_paths(
@@ -75,7 +76,7 @@ def feature_paths(
     ``g * 10 + column`` (new global IDs): prefetched, fallback (assembled by
     the trainer), cache lookups, on-demand pulls. Returns the worst error."""
     part = load_part(folder, transport.rank)
-    loop = _Loop(part, transport, config, FetchOptions(fetch="rapid", n_hot=n_hot))
+    loop = RankLoop(part, transport, config, FetchOptions(fetch="rapid", n_hot=n_hot))
     worst = 0.0
     checked = {"prefetched": 0, "fallback": 0, "cache": 0, "on_demand": 0}
     try:
