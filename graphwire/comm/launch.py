@@ -44,6 +44,7 @@ importable module (a script's ``__main__`` guarded by ``if __name__ ==
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import math
 import os
@@ -55,7 +56,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing import connection, get_context
 from multiprocessing.process import BaseProcess
@@ -233,7 +234,8 @@ def launch_local(
                 args=(ctx, env, threads, os.getpid(), job, writer),
                 name=f"graphwire-rank{rank}",
             )
-            child.start()
+            with _quiet_torch_log():
+                child.start()
             writer.close()  # the parent keeps only the read end: EOF on death
             processes.append(child)
             pipes.append(reader)
@@ -368,6 +370,24 @@ def die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # the parent died before prctl
         os._exit(1)
+
+
+@contextlib.contextmanager
+def _quiet_torch_log() -> Iterator[None]:
+    """Start a child with torch's C++ log at FATAL, unless the user set
+    ``TORCH_CPP_LOG_LEVEL``. c10d logs a failed join or a lost peer as
+    ``[E ... socket.cpp] [c10d] ...`` with a page of C++ frames, then raises
+    the same message, which the child reports (one line, naming the rank).
+    The level is read when torch is imported, before the child's code runs,
+    so it goes in the environment the child starts with."""
+    if "TORCH_CPP_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 
 
 def _loopback_env() -> dict[str, str]:

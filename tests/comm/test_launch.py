@@ -8,6 +8,7 @@ speed; each run spawns real processes (~3 s of imports per rank).
 from __future__ import annotations
 
 import math
+import os
 import re
 import signal
 import threading
@@ -49,13 +50,21 @@ def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
     assert worker_children() == []
 
 
-def test_ranks_that_cannot_join_are_named_in_a_line_without_traceback() -> None:
+def test_ranks_that_cannot_join_are_named_in_a_line_without_traceback(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A join that fails (here: no store at the address; also a --timeout
     too short for the ranks to start) used to end in a page of traceback
-    through torch's rendezvous; the message names where and within what."""
+    through torch's rendezvous; the message names where and within what.
+    torch's C++ log of the same failure (c10d's ``[E ...] [c10d]`` lines and
+    their C++ frames) stays out of the children's stderr."""
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
     port = free_port()  # nothing listens there
     with pytest.raises(WorkerFailed) as caught:
         launch_local(join_nowhere, 2, port, 0.5, timeout_s=60)
+    err = capfd.readouterr().err
+    assert "[c10d]" not in err and "frame #" not in err, err
+    assert "TORCH_CPP_LOG_LEVEL" not in os.environ  # the parent's is as it was
     message = str(caught.value)
     first = message.splitlines()[0]
     assert first.startswith(f"rank {caught.value.rank} raised JoinFailed: "), first
