@@ -509,6 +509,28 @@ def test_partition_refuses_to_destroy_its_input(tmp_path, capsys) -> None:
     assert main(["data", "info", "--dataset", str(source)]) == 0
 
 
+def test_distributed_train_refuses_to_write_its_parts_over_its_input(
+    tmp_path, capsys
+) -> None:
+    """``train --workers N`` writes ``OUT/partitions`` (and, checkpointing,
+    ``OUT/checkpoints``): a graph read from there was replaced by its own parts
+    while memory-mapped. Refused before any work; the input is left as it was."""
+    for name in ("partitions", "checkpoints"):
+        source = tmp_path / name
+        argv = ["data", "generate", "--dataset", TINY, "--out", str(source)]
+        assert main(argv) == 0
+        before = sorted(p.name for p in source.iterdir())
+        capsys.readouterr()
+        argv = ["train", "--dataset", str(source), "--workers", "2", "--quiet"]
+        argv += ["--epochs", "1", "--checkpoint-every", "1", "--out", str(tmp_path)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        said = f"--out {tmp_path}: {source}: holds the input of --dataset {source}"
+        assert err.startswith(f"graphwire: error: {said}"), err
+        assert sorted(p.name for p in source.iterdir()) == before
+        assert main(["data", "info", "--dataset", str(source)]) == 0
+
+
 def test_a_planetoid_folder_takes_outputs_beside_its_files(
     tmp_path, capsys, cora_dir
 ) -> None:

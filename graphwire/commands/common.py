@@ -89,22 +89,32 @@ def check_out(out: str, dataset: str, overwrite: bool) -> None:
             graphwire's to replace.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
     """
+    check_not_input(out, dataset, f"--out {out}")
+    check_out_path(out)  # a path under a file, or in a folder not ours to write
+    check_replaceable(out, overwrite, flag="--overwrite")
+
+
+def check_not_input(folder: str | Path, dataset: str, what: str) -> None:
+    """Refuse a ``folder`` to be written that is the input ``dataset`` reads,
+    contains it, or lies inside it; ``what`` names the folder in the error.
+
+    Raises:
+        ValueError: ``folder`` overlaps the input.
+    """
     # Paths as given (a link is the input's name here) and as resolved.
-    targets = {Path(os.path.abspath(out)), Path(out).resolve()}
+    targets = {Path(os.path.abspath(folder)), Path(folder).resolve()}
     for given in spec_paths(dataset):
         for source in {Path(os.path.abspath(given)), given.resolve()}:
             if any(t == source or t in source.parents for t in targets):
                 raise ValueError(
-                    f"--out {out}: holds the input of --dataset {dataset}, "
+                    f"{what}: holds the input of --dataset {dataset}, "
                     "refusing to replace it; write the output somewhere else"
                 )
             if any(source in t.parents for t in targets):
                 raise ValueError(
-                    f"--out {out}: lies inside the input of --dataset {dataset}; "
+                    f"{what}: lies inside the input of --dataset {dataset}; "
                     "write the output somewhere else"
                 )
-    check_out_path(out)  # a path under a file, or in a folder not ours to write
-    check_replaceable(out, overwrite, flag="--overwrite")
 
 
 def load_with_status(spec: str, quiet: bool = False) -> Graph:

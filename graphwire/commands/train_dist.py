@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.commands.common import (
+    check_not_input,
     check_trainable_dataset,
     console,
     load_with_status,
@@ -69,6 +70,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         die_with_parent(os.getppid())
     world = ctx.world_size if ctx is not None else int(args.workers)
     leader = ctx is None or ctx.rank == 0
+    _check_not_input(args, out)
     checkpoint = _checkpoint(args, out, config)
     resuming = False
     if checkpoint is not None and checkpoint.resume:
@@ -236,6 +238,18 @@ def _partitioned_folder(
         graph, args.partition or "metis", world, int(args.seed), folder, args.quiet
     )
     return folder
+
+
+def _check_not_input(args: argparse.Namespace, out: Path) -> None:
+    """Refuse an ``--out`` whose parts (written unless ``--dataset`` is
+    partitioned) or checkpoints (written and pruned) would replace the input."""
+    from graphwire.partition.format import is_partitioned_folder
+
+    written = [out / "checkpoints"] if args.checkpoint_every or args.resume else []
+    if not is_partitioned_folder(args.dataset):
+        written.append(out / "partitions")
+    for folder in written:
+        check_not_input(folder, args.dataset, f"--out {out}: {folder}")
 
 
 def _parts_meta(folder: Path, world: int, flag: str) -> dict[str, Any]:
