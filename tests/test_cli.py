@@ -282,6 +282,9 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
         (["--workers", "2", "--threads", "0"], "--threads: expected >= 1"),
         (["--workers", "2", "--bin-rows", "0"], "--bin-rows: expected >= 1, got 0"),
         (["--workers", "2", "--bin-mb", "-1"], "--bin-mb: expected > 0, got -1"),
+        (["--workers", "2", "--bin-mb", "inf"], "--bin-mb: expected a finite value"),
+        (["--workers", "2", "--timeout", "inf"], "--timeout: expected > 0 and <= 1e"),
+        (["--workers", "2", "--timeout", "1e300"], "--timeout: expected > 0 and <="),
         (
             ["--workers", "2", "--exchange", "halo", "--bin-rows", "5"],
             "--bin-rows: only with --exchange g3",
@@ -303,6 +306,11 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
             ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]
             + ["--cache-mb", "0"],
             "--cache-mb: expected > 0, got 0",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]
+            + ["--cache-mb", "inf"],
+            "--cache-mb: expected a finite value > 0, got inf",
         ),
         (["--fanouts", "10,25"], "--fanouts: only with --mode minibatch"),
         (["--fanouts", "10"], "--fanouts: only with --mode minibatch"),

@@ -22,6 +22,7 @@ import torch
 __all__ = [
     "BACKENDS",
     "DEFAULT_TIMEOUT_S",
+    "MAX_TIMEOUT_S",
     "WorkerContext",
     "default_backend",
     "under_torchrun",
@@ -29,6 +30,9 @@ __all__ = [
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 300.0
+# The longest timeout (about 31 years): a datetime.timedelta holds it, and
+# torch.distributed takes it.
+MAX_TIMEOUT_S = 1e9
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 _INTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
@@ -83,8 +87,11 @@ class WorkerContext:
             raise ValueError(
                 f"backend: expected one of {BACKENDS}, got {self.backend!r}"
             )
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s: expected > 0, got {self.timeout_s}")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(
+                f"timeout_s: expected > 0 and <= {MAX_TIMEOUT_S:g}, "
+                f"got {self.timeout_s}"
+            )
 
     @classmethod
     def from_env(

@@ -67,7 +67,12 @@ import torch
 import torch.distributed as dist
 
 from graphwire.comm.base import JoinFailed, TransportError
-from graphwire.comm.context import DEFAULT_TIMEOUT_S, WorkerContext, default_backend
+from graphwire.comm.context import (
+    DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
+    WorkerContext,
+    default_backend,
+)
 from graphwire.comm.scratch import Scratch
 from graphwire.sigterm import interrupt_on_sigterm
 
@@ -190,8 +195,10 @@ def launch_local(
     """
     if world_size < 1:
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(
+            f"timeout_s: expected > 0 and <= {MAX_TIMEOUT_S:g}, got {timeout_s}"
+        )
     if run_timeout_s is not None and not run_timeout_s > 0:
         raise ValueError(f"run_timeout_s: expected > 0 or None, got {run_timeout_s}")
     if threads < 1:

@@ -12,11 +12,13 @@ split and the summary line. A flag only a distributed run reads
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 from typing import Any
 
 from graphwire.cli import run_folder
+from graphwire.comm.context import MAX_TIMEOUT_S
 from graphwire.commands.common import (
     check_partition_method,
     check_trainable_dataset,
@@ -235,29 +237,36 @@ def _check_distributed_flags(args: argparse.Namespace, world: int) -> None:
 
 
 # Numeric flags of how a run goes: attribute -> (flag, least value, whether
-# the least value itself is refused).
-_LOWER_BOUNDS = {
-    "checkpoint_every": ("--checkpoint-every", 1, False),
-    "keep_checkpoints": ("--keep-checkpoints", 0, False),
-    "timeout": ("--timeout", 0, True),
-    "threads": ("--threads", 1, False),
-    "parts": ("--parts", 1, False),
-    "bin_rows": ("--bin-rows", 1, False),
-    "bin_mb": ("--bin-mb", 0, True),
-    "n_hot": ("--n-hot", 0, False),
-    "cache_mb": ("--cache-mb", 0, True),
-    "prefetch": ("--prefetch", 1, False),
+# the least value itself is refused, most value). Every value is finite.
+_BOUNDS = {
+    "checkpoint_every": ("--checkpoint-every", 1, False, math.inf),
+    "keep_checkpoints": ("--keep-checkpoints", 0, False, math.inf),
+    "timeout": ("--timeout", 0, True, MAX_TIMEOUT_S),
+    "threads": ("--threads", 1, False, math.inf),
+    "parts": ("--parts", 1, False, math.inf),
+    "bin_rows": ("--bin-rows", 1, False, math.inf),
+    "bin_mb": ("--bin-mb", 0, True, math.inf),
+    "n_hot": ("--n-hot", 0, False, math.inf),
+    "cache_mb": ("--cache-mb", 0, True, math.inf),
+    "prefetch": ("--prefetch", 1, False, math.inf),
 }
 
 
 def _check_run_flags(args: argparse.Namespace) -> None:
     """Flags of how the run goes, checked before any data is read or split:
-    each within its bounds (:data:`_LOWER_BOUNDS`), and the mini-batch
-    settings only in mini-batch mode."""
-    for name, (flag, least, strict) in _LOWER_BOUNDS.items():
+    each within its bounds (:data:`_BOUNDS`), and the mini-batch settings
+    only in mini-batch mode."""
+    for name, (flag, least, strict, most) in _BOUNDS.items():
         value = getattr(args, name)
-        if value is not None and not (value > least or (value == least and not strict)):
+        if value is None:
+            continue
+        above = value > least or (value == least and not strict)
+        if not (above and value <= most and math.isfinite(value)):
             bound = f"> {least}" if strict else f">= {least}"
+            if most < math.inf:
+                bound += f" and <= {most:g}"
+            elif value == math.inf:
+                bound = f"a finite value {bound}"
             raise ValueError(f"{flag}: expected {bound}, got {value}")
     if args.mode != "minibatch":
         _refuse(

@@ -70,6 +70,7 @@ Forward bytes per layer equal ``num_halo * width * 4`` on every rank, where
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -203,8 +204,8 @@ class P2PEngine(Engine):
             raise ValueError(f"g3 sync: expected one of {SYNCS}, got {sync!r}")
         if order not in ORDERS:
             raise ValueError(f"g3 order: expected one of {ORDERS}, got {order!r}")
-        if not bin_mb > 0:
-            raise ValueError(f"g3 bin_mb: expected > 0, got {bin_mb}")
+        if not 0 < bin_mb < math.inf:
+            raise ValueError(f"g3 bin_mb: expected a finite value > 0, got {bin_mb}")
         if bin_rows < 1:
             raise ValueError(f"g3 bin_rows: expected >= 1, got {bin_rows}")
         widths = list(widths) if widths is not None else [(128, 128)] * self.num_layers

@@ -7,6 +7,7 @@ epoch; the module docstring there gives the step this class takes.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,8 +82,10 @@ class FetchOptions:
             )
         if self.n_hot is not None and self.n_hot < 0:
             raise ValueError(f"n_hot: expected >= 0, got {self.n_hot}")
-        if not self.cache_mb > 0:
-            raise ValueError(f"cache_mb: expected > 0, got {self.cache_mb}")
+        if not 0 < self.cache_mb < math.inf:
+            raise ValueError(
+                f"cache_mb: expected a finite value > 0, got {self.cache_mb}"
+            )
         if self.prefetch < 1:
             raise ValueError(f"prefetch: expected >= 1, got {self.prefetch}")
 

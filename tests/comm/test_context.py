@@ -61,6 +61,8 @@ def test_malformed_variable_is_named() -> None:
         ("master_port", 70000, "master_port"),
         ("backend", "mpi", "backend"),
         ("timeout_s", 0.0, "timeout_s"),
+        ("timeout_s", float("inf"), r"timeout_s: expected > 0 and <= 1e\+09"),
+        ("timeout_s", 1e300, "timeout_s"),  # datetime.timedelta overflowed
     ],
 )
 def test_invalid_fields(field: str, value: object, message: str) -> None:

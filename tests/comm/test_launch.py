@@ -193,6 +193,8 @@ def test_invalid_arguments() -> None:
         launch_local(sleep_forever, 0)
     with pytest.raises(ValueError, match="timeout_s"):
         launch_local(sleep_forever, 1, timeout_s=0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        launch_local(sleep_forever, 1, timeout_s=float("inf"))
     with pytest.raises(ValueError, match="run_timeout_s"):
         launch_local(sleep_forever, 1, run_timeout_s=-1)
 

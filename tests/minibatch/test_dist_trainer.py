@@ -298,3 +298,21 @@ def test_a_rank_with_fewer_seeds_than_steps_has_a_finite_loss(
     assert [len(run["batches"]) for run in runs] == [6, 6]  # 3 steps x 2 epochs
     losses = [rec["loss"] for run in runs for rec in run["records"]]
     assert len(losses) == 4 and all(0 < loss < 10 for loss in losses), losses
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"fetch": "eager"}, "fetch: expected one of"),
+        ({"n_hot": -1}, "n_hot: expected >= 0"),
+        ({"cache_mb": 0.0}, "cache_mb: expected a finite value > 0"),
+        ({"cache_mb": float("inf")}, "cache_mb: expected a finite value > 0"),
+        ({"cache_mb": float("nan")}, "cache_mb: expected a finite value > 0"),
+        ({"prefetch": 0}, "prefetch: expected >= 1"),
+    ],
+)
+def test_fetch_options_refuse_values_the_loop_cannot_use(fields, message) -> None:
+    """An infinite ``cache_mb`` was taken, to fail in the workers when the
+    cache's rows were counted from it."""
+    with pytest.raises(ValueError, match=message):
+        FetchOptions(**fields)
