@@ -689,11 +689,19 @@ def test_every_data_flag_has_help(command: str) -> None:
     assert [a.dest for a in parser._actions if not a.help] == []
 
 
-def test_bench_negative_seed_is_named(capsys) -> None:
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--seed", "-1"], "--seed: expected an int in [0, 2**63), got -1"),
+        (["--nodes", "3000000000"], "--nodes: need 100 to 2**31, got 3000000000"),
+        (["--nodes", "99"], "--nodes: need 100 to 2**31, got 99"),
+        (["--repeat", "0"], "--repeat: need at least 1, got 0"),
+    ],
+)
+def test_bench_bad_options_are_named_by_their_flags(capsys, flags, said) -> None:
     # The generator benchmark used to die in its child process (a traceback).
-    argv = ["bench", "generator", "--nodes", "200", "--seed", "-1"]
-    assert main(argv) == 2
-    assert "seed: expected an int in [0, 2**63), got -1" in capsys.readouterr().err
+    assert main(["bench", "generator", "--nodes", "200", *flags]) == 2
+    assert capsys.readouterr().err == f"graphwire: error: {said}\n"
 
 
 def test_bench_script_help_is_its_own() -> None:

@@ -8,6 +8,7 @@ own; the peak is reported as a ratio to the size of the graph it returns
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -34,13 +35,21 @@ print(json.dumps(dict(nodes=graph.num_nodes, edges=graph.num_edges,
 """
 
 
+class GeneratorFailed(RuntimeError):
+    """The process generating the graph failed; the message says how (its
+    error's last line, or the signal that killed it)."""
+
+
 def run(options: BenchOptions) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, str(options.nodes), str(options.seed)],
-        check=True,
         capture_output=True,
         text=True,
     )
+    if out.returncode != 0:
+        raise GeneratorFailed(
+            f"generator: generating {options.nodes:,} nodes failed: {_why(out)}"
+        )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     result["peak_over_output"] = result["peak_bytes"] / result["output_bytes"]
     print(
@@ -51,3 +60,15 @@ def run(options: BenchOptions) -> dict[str, Any]:
         f"{target_note(options)})"
     )
     return result
+
+
+def _why(out: subprocess.CompletedProcess[str]) -> str:
+    """The failed child's error in a line: its last line on stderr, or the
+    signal that ended it (SIGKILL: most likely the kernel's out-of-memory
+    killer)."""
+    if out.returncode < 0:
+        name = signal.Signals(-out.returncode).name
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    lines = out.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {out.returncode}"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphwire.graph.seeds import check_seed
+from graphwire.graph.synthetic import MAX_NODES
 
 __all__ = ["BENCHMARKS", "TARGET_NODES", "BenchOptions", "run_benchmark", "target_note"]
 
@@ -21,7 +22,8 @@ class BenchOptions:
     one does with them).
 
     Attributes:
-        nodes: nodes of the synthetic products-like graph, at least 100.
+        nodes: nodes of the synthetic products-like graph, 100 to 2**31
+            (the generator's limit).
         seed: the graph's seed and the benchmark's own (weights, batch order).
         repeat: how many times a timed step runs (at least 1).
     """
@@ -31,8 +33,8 @@ class BenchOptions:
     repeat: int = 5
 
     def __post_init__(self) -> None:
-        if self.nodes < 100:
-            raise ValueError(f"nodes: need at least 100, got {self.nodes}")
+        if not 100 <= self.nodes <= MAX_NODES:
+            raise ValueError(f"nodes: need 100 to 2**31, got {self.nodes}")
         if self.repeat < 1:
             raise ValueError(f"repeat: need at least 1, got {self.repeat}")
         # The generator's numpy would refuse a negative seed only deep inside

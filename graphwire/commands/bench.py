@@ -17,7 +17,10 @@ def run(args: argparse.Namespace) -> int:
         rows = [(name, entry[1]) for name, entry in BENCHMARKS.items()]
         print_table("benchmarks", ["name", "what"], rows, text_columns=2)
         return 0
-    options = BenchOptions(nodes=args.nodes, seed=args.seed, repeat=args.repeat)
+    try:
+        options = BenchOptions(nodes=args.nodes, seed=args.seed, repeat=args.repeat)
+    except ValueError as error:  # "field: why"; say the flag
+        raise ValueError(f"--{error}") from None
     result = run_benchmark(args.name, options)
     scalars = {k: v for k, v in result.items() if isinstance(v, (int, float, str))}
     print(format_summary(scalars), flush=True)

@@ -33,12 +33,18 @@ from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import check_seed
 from graphwire.runlog import format_bytes
 
-__all__ = ["ProductsConfig", "RmatConfig", "products_graph", "rmat_graph"]
+__all__ = [
+    "MAX_NODES",
+    "ProductsConfig",
+    "RmatConfig",
+    "products_graph",
+    "rmat_graph",
+]
 
 # Features are generated in row chunks so the float64 noise never exists whole.
 _FEATURE_CHUNK_ROWS = 1 << 16
 # Edge keys are lo * nodes + hi in int64: 2**31 nodes keep them below 2**62.
-_MAX_NODES = 1 << 31
+MAX_NODES = 1 << 31
 
 
 @dataclass(kw_only=True, slots=True)
@@ -82,7 +88,7 @@ class ProductsConfig:
 
     def __post_init__(self) -> None:
         self.seed = check_seed(self.seed)
-        _check(2 <= self.nodes <= _MAX_NODES, "nodes", "in [2, 2**31]", self.nodes)
+        _check(2 <= self.nodes <= MAX_NODES, "nodes", "in [2, 2**31]", self.nodes)
         _check(
             _finite(self.degree) and 0 < self.degree < self.nodes,
             "degree",

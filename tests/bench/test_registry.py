@@ -17,6 +17,7 @@ from graphwire.bench.registry import (
     ("kwargs", "field"),
     [
         ({"nodes": 0}, "nodes"),
+        ({"nodes": 2**31 + 1}, "nodes"),  # the generator's limit
         ({"repeat": 0}, "repeat"),
         ({"seed": -1}, "seed"),
         ({"seed": 2**63}, "seed"),
@@ -35,3 +36,18 @@ def test_target_note_only_off_the_target_size() -> None:
 def test_unknown_benchmark_is_named() -> None:
     with pytest.raises(ValueError, match="unknown benchmark 'nope'; known: "):
         run_benchmark("nope", BenchOptions(nodes=200))
+
+
+def test_a_failed_generator_child_is_one_line_naming_why(monkeypatch) -> None:
+    """The generator benchmark's child failing (here: a bad seed got past)
+    used to end in CalledProcessError, its whole script dumped; now the
+    error is the child's last line."""
+    from graphwire.bench import generator
+
+    options = BenchOptions(nodes=200)
+    options.seed = -5  # past the options' own check
+    with pytest.raises(generator.GeneratorFailed) as caught:
+        generator.run(options)
+    message = str(caught.value)
+    assert message.startswith("generator: generating 200 nodes failed: "), message
+    assert "\n" not in message and "seed" in message
