@@ -12,7 +12,10 @@ preallocated buffers ``[n_hot, F]``:
 - :meth:`HotCache.swap` makes the next buffer steady at the epoch boundary,
   and only once it is complete: if the build is still running, the swap (and
   any lookup for that epoch, such as the prefetcher's when it runs ahead)
-  waits for it; the counter ``swap_waits`` says how often that happened.
+  waits for it; the counter ``swap_waits`` says how often that happened;
+- :meth:`HotCache.close` ends every such wait (with an error): a prefetcher
+  more than an epoch ahead waits for a buffer that is built only when the
+  trainer starts the epoch before, which after an early stop it never does.
 
 :class:`Prefetcher` is a thread that walks the run's batch keys ahead of the
 trainer and assembles each batch's input features: cache first, then local
@@ -75,6 +78,7 @@ class HotCache:
         self._cond = threading.Condition()
         self._builder: threading.Thread | None = None
         self._build_error: BaseException | None = None
+        self._closed = False
         self.epoch = -1  # the steady buffer's epoch
         self.counters = {
             "swaps": 0,
@@ -159,6 +163,14 @@ class HotCache:
         """Block until a background build (if any) has finished."""
         self._join_builder()
 
+    def close(self) -> None:
+        """Serve no more lookups or swaps: those waiting for a buffer (and any
+        later ones) raise RuntimeError. A background build goes on to its end
+        (:meth:`wait_built`)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
     # ------------------------------------------------------------- helpers
     def _find(self, epoch: int) -> _Buffer | None:
         for buffer in self._buffers:
@@ -170,6 +182,10 @@ class HotCache:
         waited = False
         with self._cond:
             while True:
+                if self._closed:
+                    raise RuntimeError(
+                        f"cache: closed, so epoch {epoch}'s buffer is not served"
+                    )
                 self._raise_build_error()
                 buffer = self._find(epoch)
                 if buffer is not None and buffer.complete:

@@ -135,6 +135,29 @@ def test_assemble_takes_cache_then_local_then_pulls_the_rest() -> None:
     assert counts == {"cache_hits": 2, "local_rows": 2, "missed_rows": 1}
 
 
+def test_closing_the_cache_ends_a_lookup_waiting_for_a_buffer() -> None:
+    """A lookup for an epoch whose build has not started waits (the
+    prefetcher ahead of the trainer); close() ends the wait with an error."""
+    cache = HotCache(_SlowStore(50, 3, delay=0.0), n_hot=2)
+    cache.fill(0, torch.tensor([1, 2]))
+    errors: list[BaseException] = []
+
+    def lookup() -> None:
+        try:
+            cache.lookup(torch.tensor([1]), epoch=2)
+        except RuntimeError as error:
+            errors.append(error)
+
+    reader = threading.Thread(target=lookup, daemon=True)
+    reader.start()
+    cache.close()
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    assert len(errors) == 1 and "closed" in str(errors[0])
+    with pytest.raises(RuntimeError, match="cache: closed, so epoch 0"):
+        cache.lookup(torch.tensor([1]))
+
+
 # ----------------------------------------------------------------- prefetcher
 def test_prefetcher_never_holds_more_than_q_batches_and_yields_to_the_trainer() -> None:
     made: list[int] = []
