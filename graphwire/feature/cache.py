@@ -101,6 +101,8 @@ class HotCache:
         """Build ``epoch``'s buffer from its ranked hot IDs (the first ``n_hot``)
         in the buffer the steady one is not; rows the steady buffer holds are
         copied, the others pulled (one request per owner)."""
+        if epoch < 0:
+            raise ValueError(f"cache: build: epoch must be >= 0, got {epoch}")
         self._join_builder()
         ids = torch.sort(hot_ids[: self.n_hot].to(torch.int64)).values
         with self._cond:
@@ -145,7 +147,17 @@ class HotCache:
 
     def swap(self, epoch: int) -> None:
         """Make ``epoch``'s buffer steady: waits until it is complete (the
-        trainer calls this at the epoch boundary, before the next build)."""
+        trainer calls this at the epoch boundary, before the next build).
+
+        Raises:
+            ValueError: no buffer holds ``epoch`` or is being built for it.
+        """
+        with self._cond:
+            if self._find(epoch) is None:
+                raise ValueError(
+                    f"cache: swap({epoch}): no buffer holds epoch {epoch} or is "
+                    f"being built for it; build({epoch}, hot_ids) first"
+                )
         self._wait_complete(epoch)
         with self._cond:
             self.epoch = epoch
@@ -155,8 +167,22 @@ class HotCache:
         self, nid: torch.Tensor, epoch: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(hit bool [n], rows [hits, F])`` of ``nid`` in the buffer of
-        ``epoch`` (default: the steady one), waiting until it is complete."""
-        buffer = self._wait_complete(self.epoch if epoch is None else epoch)
+        ``epoch`` (default: the steady one), waiting until it is complete
+        (also for an epoch whose build has not started yet).
+
+        Raises:
+            RuntimeError: nothing was filled or built yet, so no buffer will
+                ever serve the lookup (raised at once, never waited for).
+        """
+        with self._cond:
+            wanted = self.epoch if epoch is None else epoch
+            if wanted < 0 or all(b.epoch < 0 for b in self._buffers):
+                what = "the steady buffer" if epoch is None else f"epoch {epoch}"
+                raise RuntimeError(
+                    f"cache: lookup in {what} before any fill(): no buffer is "
+                    "built or being built"
+                )
+        buffer = self._wait_complete(wanted)
         return _search(buffer, nid)
 
     def wait_built(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -156,6 +157,53 @@ def test_closing_the_cache_ends_a_lookup_waiting_for_a_buffer() -> None:
     assert len(errors) == 1 and "closed" in str(errors[0])
     with pytest.raises(RuntimeError, match="cache: closed, so epoch 0"):
         cache.lookup(torch.tensor([1]))
+
+
+def _within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """What ``call`` raised (None: nothing), asserting it returned within
+    ``seconds``: a wrong wait is 600 s long, so the test does not sit in it."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except Exception as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=seconds)
+    assert not thread.is_alive(), "still waiting"
+    return raised[0] if raised else None
+
+
+def test_a_wait_that_can_never_end_is_refused_at_once() -> None:
+    """A lookup before any fill, or a swap to an epoch no buffer holds,
+    waited 600 s for a buffer nothing was building."""
+    cache = HotCache(_SlowStore(50, 3, delay=0.0), n_hot=2)
+    for call in (
+        lambda: cache.lookup(torch.tensor([1])),
+        lambda: cache.lookup(torch.tensor([1]), epoch=0),
+    ):
+        error = _within(5, call)
+        assert isinstance(error, RuntimeError)
+        assert "before any fill()" in str(error)
+    cache.fill(0, torch.tensor([1, 2]))
+    error = _within(5, lambda: cache.swap(3))
+    assert isinstance(error, ValueError)
+    assert "swap(3): no buffer holds epoch 3" in str(error)
+    # A build under way is waited for, as is an epoch not yet built: the
+    # prefetcher's lookups ahead of the trainer.
+    cache.build(1, torch.tensor([3, 4]))
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    ahead = threading.Thread(
+        target=lambda: seen.append(cache.lookup(torch.tensor([5]), epoch=2))
+    )
+    ahead.start()
+    cache.swap(1)
+    cache.build(2, torch.tensor([5, 6]))
+    ahead.join(timeout=10)
+    assert seen[0][0].tolist() == [True]
 
 
 # ----------------------------------------------------------------- prefetcher
