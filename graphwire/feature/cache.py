@@ -98,13 +98,34 @@ class HotCache:
         self.swap(epoch)
 
     def build(self, epoch: int, hot_ids: torch.Tensor, background: bool = True) -> None:
-        """Build ``epoch``'s buffer from its ranked hot IDs (the first ``n_hot``)
-        in the buffer the steady one is not; rows the steady buffer holds are
-        copied, the others pulled (one request per owner)."""
+        """Build ``epoch``'s buffer from its ranked hot IDs (the first ``n_hot``
+        distinct ones: a repeat keeps its first rank) in the buffer the steady
+        one is not; rows the steady buffer holds are copied, the others
+        pulled (one request per owner).
+
+        Args:
+            epoch: the epoch whose lookups the buffer serves; not the steady
+                buffer's (two buffers of one epoch would leave lookups to
+                serve the old one).
+            hot_ids: int [k], node IDs, most wanted first.
+
+        Raises:
+            ValueError: a negative or the steady epoch, or ``hot_ids`` not 1-D.
+        """
         if epoch < 0:
             raise ValueError(f"cache: build: epoch must be >= 0, got {epoch}")
+        if epoch == self.epoch:
+            raise ValueError(
+                f"cache: build({epoch}): epoch {epoch}'s buffer is the steady "
+                "one; a buffer is built once per epoch"
+            )
+        if hot_ids.dim() != 1:
+            raise ValueError(
+                f"cache: hot_ids: expected a 1-D tensor of node IDs, found shape "
+                f"{tuple(hot_ids.shape)}"
+            )
         self._join_builder()
-        ids = torch.sort(hot_ids[: self.n_hot].to(torch.int64)).values
+        ids = torch.sort(_first_distinct(hot_ids.to(torch.int64), self.n_hot)).values
         with self._cond:
             steady = self._find(self.epoch)
             target = (
@@ -233,6 +254,15 @@ class HotCache:
         if self._build_error is not None:
             error = self._build_error
             raise _from_thread("cache: building a buffer failed", error)
+
+
+def _first_distinct(ranked: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` distinct IDs of ``ranked`` (int64 [k]), in the order
+    of their first appearance."""
+    unique, inverse = torch.unique(ranked, return_inverse=True)
+    first = torch.full((unique.numel(),), ranked.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(ranked.numel()), "amin")
+    return unique.index_select(0, torch.argsort(first)[:n])
 
 
 def _with_retained(

@@ -125,6 +125,23 @@ def test_a_cache_never_allocates_more_rows_than_the_graph_has() -> None:
     assert torch.equal(cache.lookup(torch.arange(50))[1], _truth(torch.arange(50)))
 
 
+def test_a_buffer_holds_distinct_nodes_and_one_buffer_per_epoch() -> None:
+    """Repeated hot IDs took several slots ([5, 5, 5, 9] of n_hot = 4), and a
+    second fill of the steady epoch left two buffers labelled with it, the
+    old one serving the lookups."""
+    cache = HotCache(_SlowStore(50, 3, delay=0.0), n_hot=4)
+    cache.fill(0, torch.tensor([5, 5, 5, 9, 1, 7, 9]))
+    hit, rows = cache.lookup(torch.tensor([1, 5, 7, 9]))
+    assert hit.tolist() == [True, True, True, True]  # the first 4 distinct
+    assert torch.equal(rows, _truth(torch.tensor([1, 5, 7, 9])))
+    assert cache.counters["filled_rows"] == 4
+    with pytest.raises(ValueError, match=r"build\(0\): epoch 0's buffer is the"):
+        cache.fill(0, torch.tensor([8, 9]))
+    assert cache.lookup(torch.tensor([8]))[0].tolist() == [False]
+    with pytest.raises(ValueError, match="hot_ids: expected a 1-D"):
+        cache.build(1, torch.tensor([[1, 2]]))
+
+
 def test_assemble_takes_cache_then_local_then_pulls_the_rest() -> None:
     store = _SlowStore(50, 3, delay=0.0)
     cache = HotCache(store, n_hot=2)
