@@ -37,6 +37,7 @@ from graphwire.comm.base import Transport
 from graphwire.partition.book import PartitionBook
 from graphwire.sampler.base import Block, SampledBatch
 from graphwire.sampler.uniform import (
+    check_batch_seed,
     check_seeds,
     layer_seed,
     sample_rows,
@@ -141,11 +142,13 @@ class DistNeighborSampler:
 
         Args:
             seeds: int64 [B], distinct global IDs (any owners).
-            batch_seed: the batch's seed; layer ``l`` draws with
-                ``derive_seed(batch_seed, l)``.
+            batch_seed: the batch's seed (an integer, as
+                :func:`~graphwire.sampler.uniform.check_batch_seed` takes it);
+                layer ``l`` draws with ``derive_seed(batch_seed, l)``.
         """
         began = time.perf_counter()
         seeds = check_seeds(seeds, self.num_nodes)
+        batch_seed = check_batch_seed(batch_seed, "batch_seed")
         blocks: list[Block] = []
         dst_nid = seeds
         for layer in reversed(range(len(self.fanouts))):

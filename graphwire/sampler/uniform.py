@@ -22,6 +22,7 @@ seed fixes the batch.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +34,7 @@ from graphwire.sampler.base import Block, SampledBatch, derive_seed
 __all__ = [
     "MAX_FANOUT",
     "UniformNeighborSampler",
+    "check_batch_seed",
     "check_seeds",
     "hashed_draws",
     "layer_seed",
@@ -194,15 +196,24 @@ class UniformNeighborSampler:
 
         Args:
             seeds: int64 [B], distinct global IDs of the output nodes.
-            generator: a ``torch.Generator``, an int seed (a fresh generator),
-                or ``None`` (the sampler's own generator, advancing per call).
+            generator: a ``torch.Generator``, an int seed (a fresh generator;
+                hashed draws with ``hashed``; numpy integers and 0-d integer
+                tensors count as ints), or ``None`` (the sampler's own
+                generator, advancing per call).
 
         Returns:
             The batch; ``blocks[-1].dst_nid`` equals ``seeds``.
+
+        Raises:
+            ValueError: ``generator`` is none of those.
         """
-        if isinstance(generator, int) and not self.hashed:
-            generator = torch.Generator().manual_seed(generator)
-        draw = self.generator if generator is None else generator
+        draw: Draw = self.generator
+        if isinstance(generator, torch.Generator):
+            draw = generator
+        elif generator is not None:
+            draw = check_batch_seed(generator, "generator")
+            if not self.hashed:
+                draw = torch.Generator().manual_seed(draw)
         seeds = check_seeds(seeds, self.graph.num_nodes)
         blocks: list[Block] = []
         dst_nid = seeds
@@ -228,6 +239,24 @@ class UniformNeighborSampler:
 def layer_seed(batch_seed: int, layer: int) -> int:
     """The hashed-draw seed of one layer of a batch."""
     return derive_seed(batch_seed, layer)
+
+
+def check_batch_seed(seed: object, name: str) -> int:
+    """``seed`` as a plain int: any integral number (``operator.index``: an
+    int, a numpy integer, a 0-d integer tensor), not a bool.
+
+    Raises:
+        ValueError: naming ``name`` and what was found.
+    """
+    scalar = not isinstance(seed, torch.Tensor) or seed.dim() == 0
+    if scalar and not isinstance(seed, bool):
+        try:
+            return operator.index(seed)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise ValueError(
+        f"{name}: expected an integer seed, found {type(seed).__name__} {seed!r}"
+    )
 
 
 def check_seeds(seeds: torch.Tensor, num_nodes: int) -> torch.Tensor:
