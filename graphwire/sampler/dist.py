@@ -38,6 +38,7 @@ from graphwire.partition.book import PartitionBook
 from graphwire.sampler.base import Block, SampledBatch
 from graphwire.sampler.uniform import (
     check_batch_seed,
+    check_fanouts,
     check_seeds,
     layer_seed,
     sample_rows,
@@ -116,15 +117,10 @@ class DistNeighborSampler:
         transport: Transport,
         fanouts: Sequence[int],
     ) -> None:
-        if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-            raise ValueError(
-                f"fanouts: expected a non-empty list of positive ints (or -1 for "
-                f"all neighbours), got {list(fanouts)}"
-            )
+        self.fanouts = check_fanouts(fanouts)
         self.csr = csr
         self.book = book
         self.rank = transport.rank
-        self.fanouts = [int(f) for f in fanouts]
         self.num_nodes = book.num_nodes
         self._slot = slot_table(book.num_nodes, 2**31)
         self.counters: dict[str, float] = {}

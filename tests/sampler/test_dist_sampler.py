@@ -153,6 +153,22 @@ def test_sampled_edges_are_edges_of_the_original_graph(
                 assert all(pair in edges for pair in pairs)
 
 
+def test_fanouts_that_are_not_integers_are_refused(
+    graph: Graph, tmp_path: Path
+) -> None:
+    """0.5 was truncated to 0 (nothing sampled), True taken as 1."""
+    folder = _parts(graph, tmp_path, "metis", 2)
+
+    def work(transport: Transport) -> None:
+        part = load_part(folder, transport.rank)
+        csr = owned_csr(part, transport, LAYER_KINDS["sage"])
+        for bad in ([0.5], [3, 2.5], [True, 3]):
+            with pytest.raises(ValueError, match="fanouts: expected positive ints"):
+                DistNeighborSampler(csr, part.book, transport, bad)  # type: ignore[arg-type]
+
+    run_local(work, 2)
+
+
 def test_a_batch_seed_that_is_not_an_integer_is_refused(
     graph: Graph, tmp_path: Path
 ) -> None:

@@ -192,11 +192,16 @@ def test_isolated_seeds_give_empty_rows() -> None:
     assert batch.blocks[0].src_nid.tolist() == [2, 1, 0]
 
 
-@pytest.mark.parametrize("fanouts", [[], [0], [3, -2]])
+@pytest.mark.parametrize(
+    "fanouts", [[], [0], [3, -2], [0.5], [2.5, 3], [True], [3, 2.0], [4097]]
+)
 def test_bad_fanouts_are_rejected(fanouts) -> None:
+    """A fraction was truncated (0.5 to 0, which then sampled nothing; 2.5
+    to 2) and a bool taken as 0 or 1."""
     graph = _random_graph(10, 20, seed=0)
-    with pytest.raises(ValueError, match="fanouts"):
+    with pytest.raises(ValueError, match=r"fanouts: (expected|at most)"):
         UniformNeighborSampler(graph, fanouts)
+    assert UniformNeighborSampler(graph, [np.int64(3), -1]).fanouts == [3, -1]
 
 
 def test_bad_seeds_and_weights_are_rejected() -> None:
