@@ -164,6 +164,9 @@ class DistNeighborSampler:
     # ------------------------------------------------------------------ parts
     def _sample_block(self, dst_nid: torch.Tensor, fanout: int, seed: int) -> Block:
         owner = self.book.owner(dst_nid)
+        # Weighted (GCN) or not is the graph's, not the frontier's: an empty
+        # one has no group to tell, yet its block gets an empty weight.
+        weighted = self.csr.weight is not None
         groups = []
         requests = {}
         params = torch.tensor([fanout, seed], dtype=torch.int64)
@@ -182,8 +185,8 @@ class DistNeighborSampler:
             )
             for peer, (where, _) in requests.items():
                 counts, src, ids, w = answers[peer]
-                groups.append((where, counts, src, ids, w if w.numel() else None))
-        indptr, sources, eid, weight = _stitch(dst_nid.numel(), groups)
+                groups.append((where, counts, src, ids, w if weighted else None))
+        indptr, sources, eid, weight = _stitch(dst_nid.numel(), groups, weighted)
         self.counters["edges"] += eid.numel()
         return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
 
@@ -201,17 +204,20 @@ Group = tuple[
 
 
 def _stitch(
-    n: int, groups: list[Group]
+    n: int, groups: list[Group], weighted: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Edges of several owner groups back in frontier order.
 
     Args:
         n: frontier size.
         groups: per owner ``(positions in the frontier, counts, sources, eid,
-            weight)``, each owner's edges in the order of its positions.
+            weight)``, each owner's edges in the order of its positions
+            (weight: float32 [e] when ``weighted``, else None).
+        weighted: whether the edges carry weights (GCN).
 
     Returns:
-        ``(indptr [n + 1], sources [E], eid [E], weight [E] | None)``.
+        ``(indptr [n + 1], sources [E], eid [E], weight [E] | None)``: weight
+        is None exactly when not ``weighted`` (empty for an empty frontier).
     """
     counts = torch.zeros(n, dtype=torch.int64)
     for where, count, *_ in groups:
@@ -221,7 +227,6 @@ def _stitch(
     total = int(indptr[-1])
     sources = torch.empty(total, dtype=torch.int64)
     eid = torch.empty(total, dtype=torch.int64)
-    weighted = any(g[4] is not None for g in groups)
     weight = torch.empty(total, dtype=torch.float32) if weighted else None
     for where, count, src, ids, w in groups:
         # Edge k of this group lands at indptr[its row] + (k - first edge of row).
