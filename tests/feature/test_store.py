@@ -349,7 +349,7 @@ def test_tensor_store_answers_everything_locally(graph: Graph) -> None:
         (torch.tensor([1.0]), None, "nid: expected a 1-D int64"),
         (torch.zeros(2, 2, dtype=torch.int64), None, "nid: expected a 1-D int64"),
         ([1, 2], None, "nid: expected an int64 tensor"),
-        (torch.tensor([1]), torch.tensor([6]), r"dims: IDs must lie in \[0, 6\)"),
+        (torch.tensor([1]), torch.tensor([6]), r"dims: columns must lie in \[0, 6\)"),
         (torch.tensor([1]), torch.tensor([2, 2]), "dims: columns must be distinct"),
         (torch.tensor([1]), torch.tensor([], dtype=torch.int64), "dims: empty"),
     ],
