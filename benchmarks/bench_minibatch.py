@@ -317,7 +317,8 @@ def _print_tables(results: dict[str, list[Result]], failures: dict[str, str]) ->
     print(
         "seeds/s: summary (median over epochs of all ranks' seeds / slowest "
         "rank's train s); epoch s: its median train s; ep0 s: epoch 0's;\n"
-        "rows/ep, MiB/ep: remote feature rows and kv.* bytes of the whole run "
+        "rows/ep, MiB/ep: remote feature rows and their bytes (kv.pull, "
+        "kv.prefetch, kv.cache; labels not counted) of the whole run "
         "(first cache fill included) / epochs; in-ep rows: rows pulled inside "
         "epochs (misses + later cache fills);\nfallbk: batches the trainer "
         "assembled itself (all ranks, whole run); qdiscMiB: lo's root qdisc over "

@@ -27,7 +27,7 @@ from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import check_seed, is_int
 from graphwire.nn.dropout import check_dropout
 from graphwire.nn.models import GNN, LAYER_KINDS, build_model
-from graphwire.sampler.uniform import MAX_FANOUT
+from graphwire.sampler.uniform import check_fanouts
 
 __all__ = [
     "MODEL_DEFAULTS",
@@ -181,15 +181,7 @@ class TrainConfig:
                 f"fanouts: expected one per layer (num_layers={self.num_layers}), "
                 f"got {self.fanouts}"
             )
-        if any(not is_int(f) or f == 0 or f < -1 for f in self.fanouts):
-            raise ValueError(
-                f"fanouts: expected positive ints or -1 (all), got {self.fanouts}"
-            )
-        if max(self.fanouts) > MAX_FANOUT:  # the sampler's hashed draws
-            raise ValueError(
-                f"fanouts: at most {MAX_FANOUT} each (or -1, all), got {self.fanouts}"
-            )
-        _set(self, "fanouts", tuple(int(f) for f in self.fanouts))
+        _set(self, "fanouts", tuple(check_fanouts(self.fanouts)))
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as JSON values (``fanouts`` a list)."""

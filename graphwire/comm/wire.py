@@ -55,7 +55,10 @@ def unpack(message: torch.Tensor) -> list[torch.Tensor]:
     data = message.contiguous().view(torch.uint8)
     if data.numel() < 8:
         raise ValueError(f"unpack: message of {data.numel()} bytes has no preamble")
-    count = int(data[:8].view(torch.int64)[0])
+    # Every view as a wider dtype is of a copy: a message may start at any
+    # byte of its storage (a slice of a larger buffer), and a view needs the
+    # offset to be a multiple of the dtype's size.
+    count = int(data[:8].clone().view(torch.int64)[0])
     head = 8 * (1 + _FIELDS * count)
     if count < 0 or data.numel() < head:
         raise ValueError(f"unpack: truncated preamble ({data.numel()} bytes)")

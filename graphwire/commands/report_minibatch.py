@@ -25,8 +25,10 @@ training time (the ranks step in lockstep); the summary gives the median over
 epochs. ``presample_s``, ``n_hot`` and ``cache_mib`` (rapid) are the largest
 over ranks. Remote rows are the rows pulled from other ranks (the stores' counters:
 every on-demand, prefetch and cache-fill row); remote bytes are the ledger's
-bytes of those requests and answers (``kv.*`` tags). A resumed run's rows and
-bytes count the epochs from its checkpoint on, which ``resumed_at`` names.
+bytes of those requests and answers (``kv.pull``, ``kv.prefetch`` and
+``kv.cache`` tags; labels, ``kv.labels``, count in ``bytes_sent`` and
+``bytes_recv`` only). A resumed run's rows and bytes count the epochs from its
+checkpoint on, which ``resumed_at`` names.
 """
 
 from __future__ import annotations

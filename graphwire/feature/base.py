@@ -53,19 +53,24 @@ def check_nid(nid: Any, num_nodes: int, name: str = "nid") -> torch.Tensor:
     Raises:
         ValueError: naming what was expected and what was found.
     """
-    if not isinstance(nid, torch.Tensor):
-        raise ValueError(f"{name}: expected an int64 tensor, found {type(nid)}")
-    if nid.dtype != torch.int64 or nid.dim() != 1:
+    return _check_index(nid, num_nodes, name, "IDs")
+
+
+def _check_index(index: Any, bound: int, name: str, what: str) -> torch.Tensor:
+    """``index`` if it is a 1-D int64 tensor of ``what`` in ``[0, bound)``."""
+    if not isinstance(index, torch.Tensor):
+        raise ValueError(f"{name}: expected an int64 tensor, found {type(index)}")
+    if index.dtype != torch.int64 or index.dim() != 1:
         raise ValueError(
-            f"{name}: expected a 1-D int64 tensor, found {nid.dtype} with shape "
-            f"{tuple(nid.shape)}"
+            f"{name}: expected a 1-D int64 tensor, found {index.dtype} with shape "
+            f"{tuple(index.shape)}"
         )
-    if nid.numel() and (int(nid.min()) < 0 or int(nid.max()) >= num_nodes):
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= bound):
         raise ValueError(
-            f"{name}: IDs must lie in [0, {num_nodes}), found range "
-            f"[{int(nid.min())}, {int(nid.max())}]"
+            f"{name}: {what} must lie in [0, {bound}), found range "
+            f"[{int(index.min())}, {int(index.max())}]"
         )
-    return nid
+    return index
 
 
 def check_dims(dims: Any, dim: int) -> torch.Tensor | None:
@@ -77,7 +82,7 @@ def check_dims(dims: Any, dim: int) -> torch.Tensor | None:
     """
     if dims is None:
         return None
-    checked = check_nid(dims, dim, name="dims")
+    checked = _check_index(dims, dim, "dims", "columns")
     if checked.numel() == 0:
         raise ValueError("dims: empty; pass None to pull every column")
     if torch.unique(checked).numel() != checked.numel():

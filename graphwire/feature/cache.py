@@ -12,7 +12,10 @@ preallocated buffers ``[n_hot, F]``:
 - :meth:`HotCache.swap` makes the next buffer steady at the epoch boundary,
   and only once it is complete: if the build is still running, the swap (and
   any lookup for that epoch, such as the prefetcher's when it runs ahead)
-  waits for it; the counter ``swap_waits`` says how often that happened.
+  waits for it; the counter ``swap_waits`` says how often that happened;
+- :meth:`HotCache.close` ends every such wait (with an error): a prefetcher
+  more than an epoch ahead waits for a buffer that is built only when the
+  trainer starts the epoch before, which after an early stop it never does.
 
 :class:`Prefetcher` is a thread that walks the run's batch keys ahead of the
 trainer and assembles each batch's input features: cache first, then local
@@ -75,6 +78,7 @@ class HotCache:
         self._cond = threading.Condition()
         self._builder: threading.Thread | None = None
         self._build_error: BaseException | None = None
+        self._closed = False
         self.epoch = -1  # the steady buffer's epoch
         self.counters = {
             "swaps": 0,
@@ -94,11 +98,34 @@ class HotCache:
         self.swap(epoch)
 
     def build(self, epoch: int, hot_ids: torch.Tensor, background: bool = True) -> None:
-        """Build ``epoch``'s buffer from its ranked hot IDs (the first ``n_hot``)
-        in the buffer the steady one is not; rows the steady buffer holds are
-        copied, the others pulled (one request per owner)."""
+        """Build ``epoch``'s buffer from its ranked hot IDs (the first ``n_hot``
+        distinct ones: a repeat keeps its first rank) in the buffer the steady
+        one is not; rows the steady buffer holds are copied, the others
+        pulled (one request per owner).
+
+        Args:
+            epoch: the epoch whose lookups the buffer serves; not the steady
+                buffer's (two buffers of one epoch would leave lookups to
+                serve the old one).
+            hot_ids: int [k], node IDs, most wanted first.
+
+        Raises:
+            ValueError: a negative or the steady epoch, or ``hot_ids`` not 1-D.
+        """
+        if epoch < 0:
+            raise ValueError(f"cache: build: epoch must be >= 0, got {epoch}")
+        if epoch == self.epoch:
+            raise ValueError(
+                f"cache: build({epoch}): epoch {epoch}'s buffer is the steady "
+                "one; a buffer is built once per epoch"
+            )
+        if hot_ids.dim() != 1:
+            raise ValueError(
+                f"cache: hot_ids: expected a 1-D tensor of node IDs, found shape "
+                f"{tuple(hot_ids.shape)}"
+            )
         self._join_builder()
-        ids = torch.sort(hot_ids[: self.n_hot].to(torch.int64)).values
+        ids = torch.sort(_first_distinct(hot_ids.to(torch.int64), self.n_hot)).values
         with self._cond:
             steady = self._find(self.epoch)
             target = (
@@ -141,7 +168,17 @@ class HotCache:
 
     def swap(self, epoch: int) -> None:
         """Make ``epoch``'s buffer steady: waits until it is complete (the
-        trainer calls this at the epoch boundary, before the next build)."""
+        trainer calls this at the epoch boundary, before the next build).
+
+        Raises:
+            ValueError: no buffer holds ``epoch`` or is being built for it.
+        """
+        with self._cond:
+            if self._find(epoch) is None:
+                raise ValueError(
+                    f"cache: swap({epoch}): no buffer holds epoch {epoch} or is "
+                    f"being built for it; build({epoch}, hot_ids) first"
+                )
         self._wait_complete(epoch)
         with self._cond:
             self.epoch = epoch
@@ -151,13 +188,35 @@ class HotCache:
         self, nid: torch.Tensor, epoch: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(hit bool [n], rows [hits, F])`` of ``nid`` in the buffer of
-        ``epoch`` (default: the steady one), waiting until it is complete."""
-        buffer = self._wait_complete(self.epoch if epoch is None else epoch)
+        ``epoch`` (default: the steady one), waiting until it is complete
+        (also for an epoch whose build has not started yet).
+
+        Raises:
+            RuntimeError: nothing was filled or built yet, so no buffer will
+                ever serve the lookup (raised at once, never waited for).
+        """
+        with self._cond:
+            wanted = self.epoch if epoch is None else epoch
+            if wanted < 0 or all(b.epoch < 0 for b in self._buffers):
+                what = "the steady buffer" if epoch is None else f"epoch {epoch}"
+                raise RuntimeError(
+                    f"cache: lookup in {what} before any fill(): no buffer is "
+                    "built or being built"
+                )
+        buffer = self._wait_complete(wanted)
         return _search(buffer, nid)
 
     def wait_built(self) -> None:
         """Block until a background build (if any) has finished."""
         self._join_builder()
+
+    def close(self) -> None:
+        """Serve no more lookups or swaps: those waiting for a buffer (and any
+        later ones) raise RuntimeError. A background build goes on to its end
+        (:meth:`wait_built`)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     # ------------------------------------------------------------- helpers
     def _find(self, epoch: int) -> _Buffer | None:
@@ -170,6 +229,10 @@ class HotCache:
         waited = False
         with self._cond:
             while True:
+                if self._closed:
+                    raise RuntimeError(
+                        f"cache: closed, so epoch {epoch}'s buffer is not served"
+                    )
                 self._raise_build_error()
                 buffer = self._find(epoch)
                 if buffer is not None and buffer.complete:
@@ -191,6 +254,15 @@ class HotCache:
         if self._build_error is not None:
             error = self._build_error
             raise _from_thread("cache: building a buffer failed", error)
+
+
+def _first_distinct(ranked: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` distinct IDs of ``ranked`` (int64 [k]), in the order
+    of their first appearance."""
+    unique, inverse = torch.unique(ranked, return_inverse=True)
+    first = torch.full((unique.numel(),), ranked.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(ranked.numel()), "amin")
+    return unique.index_select(0, torch.argsort(first)[:n])
 
 
 def _with_retained(

@@ -204,7 +204,11 @@ class _Shard:
             return self.weight.index_select(0, local_nid)
 
     def apply(self, local_nid: torch.Tensor, grad: torch.Tensor) -> None:
-        unique_nid, summed = sum_duplicates(local_nid, grad)
+        # A gradient that requires grad (pushed straight from a backward)
+        # would record the in-place update on the table, as an optimizer's
+        # step must not: the table would require grad and keep the pusher's
+        # graph alive.
+        unique_nid, summed = sum_duplicates(local_nid, grad.detach())
         with self.lock:
             self.step(self.weight, self.state, unique_nid, summed, self.spec.lr)
 

@@ -298,6 +298,10 @@ class RankLoop:
         goes whatever happens meanwhile (torchrun's SIGTERM, say, which
         interrupts a rank cleaning up after a peer's failure)."""
         try:
+            if self.cache is not None:
+                # First: a prefetcher that ran into an epoch this run will not
+                # start (it stopped early) waits in a lookup for its buffer.
+                self.cache.close()
             if self.prefetcher is not None:
                 self.prefetcher.close()
             if self.cache is not None:

@@ -25,8 +25,12 @@ A window, as :meth:`TrafficWindows.cut` returns it::
 
     comm             {bytes_sent, bytes_recv, by_tag, by_peer} (by_*: sends)
     remote_rows      int: rows pulled from other ranks (pull, prefetch, cache)
-    remote_bytes     int: ``kv.*.req`` requests sent and ``kv.*`` answers received
+    remote_bytes     int: ``kv.<kind>.req`` requests sent and ``kv.<kind>``
+                     answers received, ``kind`` in :data:`FETCH_KINDS`
     remote_messages  int: those requests and answers
+
+Labels (``kv.labels``) and embedding traffic (``kv.emb.*``) are in ``comm``
+only: the three ``remote_*`` counters are the input-feature fetches.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 from graphwire.comm.base import Transport
 from graphwire.comm.ledger import LedgerWindows
 from graphwire.feature.base import FeatureStore
+from graphwire.feature.dist import SERVICE
 
 __all__ = ["FETCH_KINDS", "TrafficWindows", "fetch_traffic", "fetched_rows"]
 
@@ -43,17 +48,17 @@ __all__ = ["FETCH_KINDS", "TrafficWindows", "fetch_traffic", "fetched_rows"]
 FETCH_KINDS = ("pull", "prefetch", "cache")
 
 
+_ANSWER_TAGS = frozenset(f"{SERVICE}.{kind}" for kind in FETCH_KINDS)
+_REQUEST_TAGS = frozenset(f"{tag}.req" for tag in _ANSWER_TAGS)
+
+
 def fetch_traffic(snapshot: dict[str, Any]) -> tuple[int, int]:
-    """``(bytes, messages)`` of this rank's feature fetches as a client: its
-    ``kv.*.req`` requests sent and the answers it received."""
-    requests = [
-        r for r in snapshot["sent"] if r[2].startswith("kv.") and r[2].endswith(".req")
-    ]
-    answers = [
-        r
-        for r in snapshot["recv"]
-        if r[2].startswith("kv.") and not r[2].endswith(".req")
-    ]
+    """``(bytes, messages)`` of this rank's feature fetches as a client
+    (:data:`FETCH_KINDS`, as :func:`fetched_rows` counts their rows): its
+    ``kv.<kind>.req`` requests sent and the ``kv.<kind>`` answers it received.
+    """
+    requests = [r for r in snapshot["sent"] if r[2] in _REQUEST_TAGS]
+    answers = [r for r in snapshot["recv"] if r[2] in _ANSWER_TAGS]
     rows = requests + answers
     return sum(r[3] for r in rows), sum(r[4] for r in rows)
 

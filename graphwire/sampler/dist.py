@@ -37,6 +37,8 @@ from graphwire.comm.base import Transport
 from graphwire.partition.book import PartitionBook
 from graphwire.sampler.base import Block, SampledBatch
 from graphwire.sampler.uniform import (
+    check_batch_seed,
+    check_fanouts,
     check_seeds,
     layer_seed,
     sample_rows,
@@ -115,15 +117,10 @@ class DistNeighborSampler:
         transport: Transport,
         fanouts: Sequence[int],
     ) -> None:
-        if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-            raise ValueError(
-                f"fanouts: expected a non-empty list of positive ints (or -1 for "
-                f"all neighbours), got {list(fanouts)}"
-            )
+        self.fanouts = check_fanouts(fanouts)
         self.csr = csr
         self.book = book
         self.rank = transport.rank
-        self.fanouts = [int(f) for f in fanouts]
         self.num_nodes = book.num_nodes
         self._slot = slot_table(book.num_nodes, 2**31)
         self.counters: dict[str, float] = {}
@@ -141,11 +138,13 @@ class DistNeighborSampler:
 
         Args:
             seeds: int64 [B], distinct global IDs (any owners).
-            batch_seed: the batch's seed; layer ``l`` draws with
-                ``derive_seed(batch_seed, l)``.
+            batch_seed: the batch's seed (an integer, as
+                :func:`~graphwire.sampler.uniform.check_batch_seed` takes it);
+                layer ``l`` draws with ``derive_seed(batch_seed, l)``.
         """
         began = time.perf_counter()
         seeds = check_seeds(seeds, self.num_nodes)
+        batch_seed = check_batch_seed(batch_seed, "batch_seed")
         blocks: list[Block] = []
         dst_nid = seeds
         for layer in reversed(range(len(self.fanouts))):
@@ -165,6 +164,9 @@ class DistNeighborSampler:
     # ------------------------------------------------------------------ parts
     def _sample_block(self, dst_nid: torch.Tensor, fanout: int, seed: int) -> Block:
         owner = self.book.owner(dst_nid)
+        # Weighted (GCN) or not is the graph's, not the frontier's: an empty
+        # one has no group to tell, yet its block gets an empty weight.
+        weighted = self.csr.weight is not None
         groups = []
         requests = {}
         params = torch.tensor([fanout, seed], dtype=torch.int64)
@@ -183,8 +185,8 @@ class DistNeighborSampler:
             )
             for peer, (where, _) in requests.items():
                 counts, src, ids, w = answers[peer]
-                groups.append((where, counts, src, ids, w if w.numel() else None))
-        indptr, sources, eid, weight = _stitch(dst_nid.numel(), groups)
+                groups.append((where, counts, src, ids, w if weighted else None))
+        indptr, sources, eid, weight = _stitch(dst_nid.numel(), groups, weighted)
         self.counters["edges"] += eid.numel()
         return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
 
@@ -202,17 +204,20 @@ Group = tuple[
 
 
 def _stitch(
-    n: int, groups: list[Group]
+    n: int, groups: list[Group], weighted: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Edges of several owner groups back in frontier order.
 
     Args:
         n: frontier size.
         groups: per owner ``(positions in the frontier, counts, sources, eid,
-            weight)``, each owner's edges in the order of its positions.
+            weight)``, each owner's edges in the order of its positions
+            (weight: float32 [e] when ``weighted``, else None).
+        weighted: whether the edges carry weights (GCN).
 
     Returns:
-        ``(indptr [n + 1], sources [E], eid [E], weight [E] | None)``.
+        ``(indptr [n + 1], sources [E], eid [E], weight [E] | None)``: weight
+        is None exactly when not ``weighted`` (empty for an empty frontier).
     """
     counts = torch.zeros(n, dtype=torch.int64)
     for where, count, *_ in groups:
@@ -222,7 +227,6 @@ def _stitch(
     total = int(indptr[-1])
     sources = torch.empty(total, dtype=torch.int64)
     eid = torch.empty(total, dtype=torch.int64)
-    weighted = any(g[4] is not None for g in groups)
     weight = torch.empty(total, dtype=torch.float32) if weighted else None
     for where, count, src, ids, w in groups:
         # Edge k of this group lands at indptr[its row] + (k - first edge of row).

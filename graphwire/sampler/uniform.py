@@ -22,17 +22,21 @@ seed fixes the batch.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
 
 from graphwire.graph.graph import Graph, GraphError, node_ids
+from graphwire.graph.seeds import is_int
 from graphwire.nn.dropout import splitmix64
 from graphwire.sampler.base import Block, SampledBatch, derive_seed
 
 __all__ = [
     "MAX_FANOUT",
     "UniformNeighborSampler",
+    "check_batch_seed",
+    "check_fanouts",
     "check_seeds",
     "hashed_draws",
     "layer_seed",
@@ -170,18 +174,13 @@ class UniformNeighborSampler:
         edge_weight: torch.Tensor | None = None,
         hashed: bool = False,
     ) -> None:
-        if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-            raise ValueError(
-                f"fanouts: expected a non-empty list of positive ints (or -1 for "
-                f"all neighbours), got {list(fanouts)}"
-            )
+        self.fanouts = check_fanouts(fanouts)
         if edge_weight is not None and edge_weight.shape != (graph.num_edges,):
             raise ValueError(
                 f"edge_weight: expected shape [{graph.num_edges}], "
                 f"found {tuple(edge_weight.shape)}"
             )
         self.graph = graph
-        self.fanouts = [int(f) for f in fanouts]
         self.edge_weight = edge_weight
         self.hashed = hashed
         self.generator = torch.Generator().manual_seed(seed)
@@ -194,15 +193,24 @@ class UniformNeighborSampler:
 
         Args:
             seeds: int64 [B], distinct global IDs of the output nodes.
-            generator: a ``torch.Generator``, an int seed (a fresh generator),
-                or ``None`` (the sampler's own generator, advancing per call).
+            generator: a ``torch.Generator``, an int seed (a fresh generator;
+                hashed draws with ``hashed``; numpy integers and 0-d integer
+                tensors count as ints), or ``None`` (the sampler's own
+                generator, advancing per call).
 
         Returns:
             The batch; ``blocks[-1].dst_nid`` equals ``seeds``.
+
+        Raises:
+            ValueError: ``generator`` is none of those.
         """
-        if isinstance(generator, int) and not self.hashed:
-            generator = torch.Generator().manual_seed(generator)
-        draw = self.generator if generator is None else generator
+        draw: Draw = self.generator
+        if isinstance(generator, torch.Generator):
+            draw = generator
+        elif generator is not None:
+            draw = check_batch_seed(generator, "generator")
+            if not self.hashed:
+                draw = torch.Generator().manual_seed(draw)
         seeds = check_seeds(seeds, self.graph.num_nodes)
         blocks: list[Block] = []
         dst_nid = seeds
@@ -228,6 +236,44 @@ class UniformNeighborSampler:
 def layer_seed(batch_seed: int, layer: int) -> int:
     """The hashed-draw seed of one layer of a batch."""
     return derive_seed(batch_seed, layer)
+
+
+def check_fanouts(fanouts: Sequence[int]) -> list[int]:
+    """``fanouts`` as plain ints: one or more integers (numpy integers too,
+    not bools), each in ``[1, MAX_FANOUT]`` or ``-1`` (all neighbours).
+
+    Raises:
+        ValueError: naming ``fanouts`` and what was found (a fraction was
+            truncated, 0.5 to 0 and True to 1).
+    """
+    values = list(fanouts)
+    if not values:
+        raise ValueError("fanouts: expected one per layer, got []")
+    if any(not is_int(f) or f == 0 or f < -1 for f in values):
+        raise ValueError(f"fanouts: expected positive ints or -1 (all), got {values}")
+    if max(values) > MAX_FANOUT:  # the hashed draws' key space
+        raise ValueError(
+            f"fanouts: at most {MAX_FANOUT} each (or -1, all), got {values}"
+        )
+    return [int(f) for f in values]
+
+
+def check_batch_seed(seed: object, name: str) -> int:
+    """``seed`` as a plain int: any integral number (``operator.index``: an
+    int, a numpy integer, a 0-d integer tensor), not a bool.
+
+    Raises:
+        ValueError: naming ``name`` and what was found.
+    """
+    scalar = not isinstance(seed, torch.Tensor) or seed.dim() == 0
+    if scalar and not isinstance(seed, bool):
+        try:
+            return operator.index(seed)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise ValueError(
+        f"{name}: expected an integer seed, found {type(seed).__name__} {seed!r}"
+    )
 
 
 def check_seeds(seeds: torch.Tensor, num_nodes: int) -> torch.Tensor:

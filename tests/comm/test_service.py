@@ -97,3 +97,15 @@ def test_pack_round_trip_and_truncation() -> None:
         unpack(torch.cat([message, torch.zeros(1, dtype=torch.uint8)]))
     with pytest.raises(ValueError, match="float64"):
         pack([torch.zeros(2, dtype=torch.float64)])
+
+
+@pytest.mark.parametrize("offset", range(1, 8))
+def test_unpack_reads_a_message_at_any_byte_offset(offset: int) -> None:
+    """A message sliced out of a larger buffer at an offset that is not a
+    multiple of 8 failed in torch ("storage_offset() must be divisible by
+    8") when its int64 count was viewed in place."""
+    tensors = [torch.arange(5), torch.rand(3, 4), torch.tensor([True])]
+    padded = torch.cat([torch.zeros(offset, dtype=torch.uint8), pack(tensors)])
+    back = unpack(padded[offset:])
+    for a, b in zip(tensors, back, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -262,6 +262,37 @@ def _wrong_part(transport: Any, folder: str) -> str:
     return ""
 
 
+def test_a_gradient_that_requires_grad_updates_the_table_as_data(
+    graph: Graph, tmp_path: Path
+) -> None:
+    """Rank 0's own rows were updated without a detach, so its table took
+    autograd history (requires_grad, a grad_fn) from the pushed gradient."""
+    partition = get_partitioner("random").partition(graph, 2, seed=0)
+    folder = write_partitioned(graph, partition, tmp_path / "random2")
+    spec = EmbeddingSpec(dim=2, optimizer="adagrad", lr=1.0, init_std=0.0)
+
+    def body(transport: Any) -> tuple[bool, torch.Tensor]:
+        part = load_part(str(folder), transport.rank)
+        store = DistFeatureStore(part, transport, embeddings={"e": spec})
+        nid = torch.tensor([0, NUM_NODES - 1])  # rank 0's first, rank 1's last
+        if transport.rank == 0:
+            grad = torch.ones(2, 2, requires_grad=True) * 2.0
+            store.push("e", nid, grad)
+        transport.barrier()
+        weight = store.tables["e"].weight
+        tracked = weight.requires_grad or weight.grad_fn is not None
+        rows = store.pull_embedding("e", nid)
+        transport.barrier()
+        store.close()
+        return tracked, rows
+
+    for tracked, rows in run_local(body, 2):
+        assert not tracked
+        assert not rows.requires_grad
+        # adagrad from zero state: -lr * g / sqrt(g * g) = -1 per entry
+        assert torch.allclose(rows, torch.full((2, 2), -1.0))
+
+
 def test_store_refuses_another_ranks_part(graph: Graph, tmp_path: Path) -> None:
     partition = get_partitioner("random").partition(graph, 2, seed=0)
     folder = write_partitioned(graph, partition, tmp_path / "random2")
@@ -318,7 +349,7 @@ def test_tensor_store_answers_everything_locally(graph: Graph) -> None:
         (torch.tensor([1.0]), None, "nid: expected a 1-D int64"),
         (torch.zeros(2, 2, dtype=torch.int64), None, "nid: expected a 1-D int64"),
         ([1, 2], None, "nid: expected an int64 tensor"),
-        (torch.tensor([1]), torch.tensor([6]), r"dims: IDs must lie in \[0, 6\)"),
+        (torch.tensor([1]), torch.tensor([6]), r"dims: columns must lie in \[0, 6\)"),
         (torch.tensor([1]), torch.tensor([2, 2]), "dims: columns must be distinct"),
         (torch.tensor([1]), torch.tensor([], dtype=torch.int64), "dims: empty"),
     ],

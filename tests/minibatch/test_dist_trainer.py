@@ -11,12 +11,14 @@
   the gradient sync apart, as a single process's does;
 - Cora on 4 workers is within 1 point of single-process mini-batch training;
 - a dead worker ends the run promptly naming it; a resumed run sees the same
-  batches and ends with the same parameters.
+  batches and ends with the same parameters; an early stop ends the
+  prefetcher however far ahead it ran.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -266,6 +268,34 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(
     resume = dataclasses.replace(saving, resume=True)
     assert epochs(resume) == ran
     assert len(epochs(resume, patience=30)[0]) > len(ran[0])
+
+
+def test_an_early_stop_ends_a_prefetcher_that_ran_two_epochs_ahead(
+    parts: dict[int, str],
+) -> None:
+    """One step per epoch and Q = 2: the prefetcher runs into epoch e + 2,
+    whose lookup waits for a buffer built when epoch e + 1 starts. After an
+    early stop at e that wait never ended: closing gave up on the thread after
+    30 s and left it blocked (up to 600 s)."""
+    config = TrainConfig(
+        model="sage",
+        hidden=8,
+        epochs=30,
+        batch_size=10**4,
+        fanouts=[3, 3],
+        seed=1,
+        patience=1,
+        lr=0.5,
+    )
+    options = FetchOptions(fetch="rapid", prefetch=2)
+    before = set(threading.enumerate())
+    ranks = run_local(lambda t: train(t, parts[2], config, options), 2)
+    for rank in ranks:
+        assert rank["counters"]["steps_per_epoch"] == 1
+        assert len(rank["records"]) <= config.epochs - 3  # stopped early
+    # Closing joins the thread; it gave up after 30 s (the lookup waits 600).
+    left = [t for t in threading.enumerate() if t not in before]
+    assert not [t.name for t in left if t.name == "prefetch"]
 
 
 def test_a_split_empty_on_every_part_is_refused_before_serving(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -124,6 +125,23 @@ def test_a_cache_never_allocates_more_rows_than_the_graph_has() -> None:
     assert torch.equal(cache.lookup(torch.arange(50))[1], _truth(torch.arange(50)))
 
 
+def test_a_buffer_holds_distinct_nodes_and_one_buffer_per_epoch() -> None:
+    """Repeated hot IDs took several slots ([5, 5, 5, 9] of n_hot = 4), and a
+    second fill of the steady epoch left two buffers labelled with it, the
+    old one serving the lookups."""
+    cache = HotCache(_SlowStore(50, 3, delay=0.0), n_hot=4)
+    cache.fill(0, torch.tensor([5, 5, 5, 9, 1, 7, 9]))
+    hit, rows = cache.lookup(torch.tensor([1, 5, 7, 9]))
+    assert hit.tolist() == [True, True, True, True]  # the first 4 distinct
+    assert torch.equal(rows, _truth(torch.tensor([1, 5, 7, 9])))
+    assert cache.counters["filled_rows"] == 4
+    with pytest.raises(ValueError, match=r"build\(0\): epoch 0's buffer is the"):
+        cache.fill(0, torch.tensor([8, 9]))
+    assert cache.lookup(torch.tensor([8]))[0].tolist() == [False]
+    with pytest.raises(ValueError, match="hot_ids: expected a 1-D"):
+        cache.build(1, torch.tensor([[1, 2]]))
+
+
 def test_assemble_takes_cache_then_local_then_pulls_the_rest() -> None:
     store = _SlowStore(50, 3, delay=0.0)
     cache = HotCache(store, n_hot=2)
@@ -133,6 +151,76 @@ def test_assemble_takes_cache_then_local_then_pulls_the_rest() -> None:
     x, counts = assemble_inputs(store, cache, nid, local, "prefetch", 0)
     assert torch.equal(x, _truth(nid))
     assert counts == {"cache_hits": 2, "local_rows": 2, "missed_rows": 1}
+
+
+def test_closing_the_cache_ends_a_lookup_waiting_for_a_buffer() -> None:
+    """A lookup for an epoch whose build has not started waits (the
+    prefetcher ahead of the trainer); close() ends the wait with an error."""
+    cache = HotCache(_SlowStore(50, 3, delay=0.0), n_hot=2)
+    cache.fill(0, torch.tensor([1, 2]))
+    errors: list[BaseException] = []
+
+    def lookup() -> None:
+        try:
+            cache.lookup(torch.tensor([1]), epoch=2)
+        except RuntimeError as error:
+            errors.append(error)
+
+    reader = threading.Thread(target=lookup, daemon=True)
+    reader.start()
+    cache.close()
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    assert len(errors) == 1 and "closed" in str(errors[0])
+    with pytest.raises(RuntimeError, match="cache: closed, so epoch 0"):
+        cache.lookup(torch.tensor([1]))
+
+
+def _within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """What ``call`` raised (None: nothing), asserting it returned within
+    ``seconds``: a wrong wait is 600 s long, so the test does not sit in it."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except Exception as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=seconds)
+    assert not thread.is_alive(), "still waiting"
+    return raised[0] if raised else None
+
+
+def test_a_wait_that_can_never_end_is_refused_at_once() -> None:
+    """A lookup before any fill, or a swap to an epoch no buffer holds,
+    waited 600 s for a buffer nothing was building."""
+    cache = HotCache(_SlowStore(50, 3, delay=0.0), n_hot=2)
+    for call in (
+        lambda: cache.lookup(torch.tensor([1])),
+        lambda: cache.lookup(torch.tensor([1]), epoch=0),
+    ):
+        error = _within(5, call)
+        assert isinstance(error, RuntimeError)
+        assert "before any fill()" in str(error)
+    cache.fill(0, torch.tensor([1, 2]))
+    error = _within(5, lambda: cache.swap(3))
+    assert isinstance(error, ValueError)
+    assert "swap(3): no buffer holds epoch 3" in str(error)
+    # A build under way is waited for, as is an epoch not yet built: the
+    # prefetcher's lookups ahead of the trainer.
+    cache.build(1, torch.tensor([3, 4]))
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    ahead = threading.Thread(
+        target=lambda: seen.append(cache.lookup(torch.tensor([5]), epoch=2))
+    )
+    ahead.start()
+    cache.swap(1)
+    cache.build(2, torch.tensor([5, 6]))
+    ahead.join(timeout=10)
+    assert seen[0][0].tolist() == [True]
 
 
 # ----------------------------------------------------------------- prefetcher

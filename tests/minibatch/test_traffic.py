@@ -6,6 +6,9 @@ epoch: the records summed to 31 remote rows, the summary said 51); nor did
 any record count the set-up collectives, the presampling or the closing of
 the services, which ``bytes_sent`` / ``bytes_recv`` do. The set-up, epoch and
 teardown windows now tile the run, for a fresh run and a resumed one.
+
+``remote_rows``, ``remote_bytes`` and ``remote_messages`` count the same
+traffic, the input-feature fetches: labels are in ``comm`` only.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from graphwire.comm.base import Transport
 from graphwire.comm.local import run_local
+from graphwire.feature.dist import DistFeatureStore
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.minibatch.dist import FetchOptions
-from graphwire.minibatch.traffic import fetch_traffic, fetched_rows
-from graphwire.partition import get_partitioner, write_partitioned
+from graphwire.minibatch.traffic import TrafficWindows, fetch_traffic, fetched_rows
+from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.testing.minibatch_probes import train
 from graphwire.training import TrainConfig
 
@@ -94,3 +100,39 @@ def test_set_up_epochs_and_teardown_add_up_to_the_run(
         assert rank["restored"] == [0, 1]
         assert _records_sum(rank, 2) == _totals(rank)
         assert [r["epoch"] for r in rank["records"]] == [0, 1, 2, 3]
+
+
+def test_remote_bytes_count_the_feature_fetches_and_not_the_labels(
+    folder: str,
+) -> None:
+    """Labels pulled from a peer counted in ``remote_bytes`` and
+    ``remote_messages`` (every ``kv.*`` tag), though not in ``remote_rows``."""
+
+    def work(transport: Transport) -> list[dict[str, Any]]:
+        part = load_part(folder, transport.rank)
+        store = DistFeatureStore(part, transport)
+        windows = TrafficWindows(transport, store)
+        cuts = []
+        if transport.rank == 0:
+            remote = torch.arange(10) + part.global_range[1]  # rank 1's first 10
+            windows.cut()
+            store.labels(remote)
+            cuts.append(windows.cut())
+            store.pull(remote)
+            cuts.append(windows.cut())
+        transport.barrier()
+        store.close()
+        return cuts
+
+    labels, features = run_local(work, 2)[0]
+    assert labels["comm"]["by_tag"]["kv.labels.req"] > 0
+    counted = ("remote_rows", "remote_bytes", "remote_messages")
+    assert [labels[key] for key in counted] == [0, 0, 0]
+    # 32-byte header per message; the request packs nid int64 [10] and empty
+    # dims (preamble 8 * (1 + 6 * 2)), the answer rows float32 [10, 6]
+    # (preamble 8 * (1 + 6)).
+    request = 32 + 8 * 13 + 10 * 8
+    answer = 32 + 8 * 7 + 10 * 6 * 4
+    assert features["remote_rows"] == 10
+    assert features["remote_bytes"] == request + answer
+    assert features["remote_messages"] == 2

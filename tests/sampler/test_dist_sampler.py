@@ -12,14 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from graphwire.comm.base import Transport
 from graphwire.comm.local import run_local
 from graphwire.graph.graph import Graph
 from graphwire.graph.synthetic import ProductsConfig, products_graph
+from graphwire.minibatch.owned import owned_csr
 from graphwire.nn.models import LAYER_KINDS
 from graphwire.partition import get_partitioner, load_part, write_partitioned
+from graphwire.sampler.dist import DistNeighborSampler
 from graphwire.sampler.uniform import UniformNeighborSampler
 from graphwire.testing import run_workers
 from graphwire.testing.sampler_probes import (
@@ -61,11 +65,13 @@ def _oracle(folder: str, world: int, model: str) -> UniformNeighborSampler:
 
 
 def _batches(num_nodes: int, count: int = 6) -> list[tuple[list[int], int]]:
+    """``count`` batches of 40 seeds, then one without seeds (GCN's blocks
+    had no edge weight where the oracle's is empty)."""
     gen = torch.Generator().manual_seed(3)
     return [
         (torch.randperm(num_nodes, generator=gen)[:40].tolist(), 1000 + i)
         for i in range(count)
-    ]
+    ] + [([], 999)]
 
 
 def _check_equal(
@@ -80,8 +86,9 @@ def _check_equal(
                 for field in BLOCK_FIELDS:
                     expected = getattr(block, field)
                     if expected is None:
-                        assert got[field] is None
+                        assert got[field] is None, field
                     else:
+                        assert got[field] is not None, field
                         assert torch.equal(got[field], expected), field
             seen += 1
     assert seen == len(batches)
@@ -147,3 +154,40 @@ def test_sampled_edges_are_edges_of_the_original_graph(
                     strict=True,
                 )
                 assert all(pair in edges for pair in pairs)
+
+
+def test_fanouts_that_are_not_integers_are_refused(
+    graph: Graph, tmp_path: Path
+) -> None:
+    """0.5 was truncated to 0 (nothing sampled), True taken as 1."""
+    folder = _parts(graph, tmp_path, "metis", 2)
+
+    def work(transport: Transport) -> None:
+        part = load_part(folder, transport.rank)
+        csr = owned_csr(part, transport, LAYER_KINDS["sage"])
+        for bad in ([0.5], [3, 2.5], [True, 3]):
+            with pytest.raises(ValueError, match="fanouts: expected positive ints"):
+                DistNeighborSampler(csr, part.book, transport, bad)  # type: ignore[arg-type]
+
+    run_local(work, 2)
+
+
+def test_a_batch_seed_that_is_not_an_integer_is_refused(
+    graph: Graph, tmp_path: Path
+) -> None:
+    """``int()`` of the seed took 7.5 as 7 and the str "7" as 7."""
+    folder = _parts(graph, tmp_path, "metis", 2)
+
+    def work(transport: Transport) -> int:
+        part = load_part(folder, transport.rank)
+        csr = owned_csr(part, transport, LAYER_KINDS["sage"])
+        sampler = DistNeighborSampler(csr, part.book, transport, FANOUTS)
+        try:
+            for bad in (7.5, "7", True):
+                with pytest.raises(ValueError, match="batch_seed: expected an int"):
+                    sampler.sample(torch.tensor([0, 1]), bad)  # type: ignore[arg-type]
+            return sampler.sample(torch.tensor([0, 1]), np.int64(7)).input_nid.numel()
+        finally:
+            sampler.close()
+
+    assert min(run_local(work, 2)) > 2

@@ -156,6 +156,23 @@ def test_same_seed_same_batch_and_different_seed_differs() -> None:
     assert not torch.equal(other.blocks[-1].eid, one.blocks[-1].eid)
 
 
+@pytest.mark.parametrize("hashed", [False, True])
+def test_an_integral_seed_of_any_type_draws_as_the_int_does(hashed: bool) -> None:
+    """A numpy integer or a 0-d tensor was not an ``int``, so the sampler
+    without ``hashed`` made hashed draws from it (and took even a str)."""
+    graph = _random_graph(500, 8000, seed=3)
+    sampler = UniformNeighborSampler(graph, [4, 3], hashed=hashed)
+    seeds = torch.arange(0, 500, 7)
+    want = sampler.sample(seeds, 99)
+    for seed in (np.int64(99), np.uint32(99), torch.tensor(99)):
+        got = sampler.sample(seeds, seed)  # type: ignore[arg-type]
+        for a, b in zip(got.blocks, want.blocks, strict=True):
+            assert torch.equal(a.eid, b.eid)
+    for bad in ("7", 7.0, True, torch.tensor(7.0), torch.tensor([7])):
+        with pytest.raises(ValueError, match="generator: expected an integer seed"):
+            sampler.sample(seeds, bad)  # type: ignore[arg-type]
+
+
 def test_full_fanout_takes_every_in_edge_and_weights_follow() -> None:
     graph = _random_graph(100, 700, seed=5)
     weight = torch.rand(graph.num_edges)
@@ -175,11 +192,16 @@ def test_isolated_seeds_give_empty_rows() -> None:
     assert batch.blocks[0].src_nid.tolist() == [2, 1, 0]
 
 
-@pytest.mark.parametrize("fanouts", [[], [0], [3, -2]])
+@pytest.mark.parametrize(
+    "fanouts", [[], [0], [3, -2], [0.5], [2.5, 3], [True], [3, 2.0], [4097]]
+)
 def test_bad_fanouts_are_rejected(fanouts) -> None:
+    """A fraction was truncated (0.5 to 0, which then sampled nothing; 2.5
+    to 2) and a bool taken as 0 or 1."""
     graph = _random_graph(10, 20, seed=0)
-    with pytest.raises(ValueError, match="fanouts"):
+    with pytest.raises(ValueError, match=r"fanouts: (expected|at most)"):
         UniformNeighborSampler(graph, fanouts)
+    assert UniformNeighborSampler(graph, [np.int64(3), -1]).fanouts == [3, -1]
 
 
 def test_bad_seeds_and_weights_are_rejected() -> None:
