@@ -22,10 +22,11 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import numpy as np
 
@@ -34,6 +35,7 @@ __all__ = [
     "atomic_file",
     "check_creatable",
     "check_replaceable",
+    "load_npy",
     "lock_folder",
     "remove_abandoned",
     "save_npy",
@@ -351,6 +353,23 @@ def save_npy(folder: Path, name: str, array: np.ndarray) -> str:
     except OSError as error:  # numpy's short write names neither file nor cause
         raise write_failed(path, error) from None
     return sha256_file(path)
+
+
+# numpy parses .npy headers with ast.literal_eval, which CPython 3.11 cannot run
+# in two threads at once ("SystemError: AST constructor recursion depth
+# mismatch", CPython gh-106905): ranks that are threads of one process (the
+# in-process transport) load their parts and presampled epochs at once.
+_NPY_LOCK = threading.Lock()
+
+
+def load_npy(
+    path: str | os.PathLike[str], mmap_mode: Literal["r"] | None = None
+) -> Any:
+    """``np.load(path, mmap_mode, allow_pickle=False)``, one thread at a time
+    (the header's parse is not thread-safe on CPython 3.11); an ``.npz``
+    gives its archive, as ``np.load`` does."""
+    with _NPY_LOCK:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
 
 
 def write_failed(path: str | os.PathLike[str], error: OSError) -> OSError:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphwire.fsutil import atomic_dir, save_npy, sha256_file, write_json
+from graphwire.fsutil import (
+    atomic_dir,
+    load_npy,
+    save_npy,
+    sha256_file,
+    write_json,
+)
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph, GraphError
 from graphwire.graph.labels import check_labels
@@ -264,12 +269,6 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-# numpy parses .npy headers with ast.literal_eval, which CPython 3.11 cannot run
-# in two threads at once ("AST constructor recursion depth mismatch"); ranks
-# that are threads of one process (the in-process transport) load parts at once.
-_NPY_LOCK = threading.Lock()
-
-
 def load_array(
     path: Path, entry: dict[str, Any], mmap: bool, verify: bool
 ) -> np.ndarray:
@@ -292,8 +291,7 @@ def load_array(
                 f"{entry['sha256']} (the file changed after it was written)",
             )
     try:
-        with _NPY_LOCK:
-            array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        array = load_npy(path, mmap_mode="r" if mmap else None)
     except (ValueError, OSError, EOFError) as error:
         raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
     if not isinstance(array, np.ndarray):

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from graphwire.fsutil import load_npy
 from graphwire.minibatch.schedule import Batch
 from graphwire.sampler.base import Block, SampledBatch
 
@@ -159,11 +160,11 @@ class PresampledEpoch:
         self.num_layers = num_layers
         self.weighted = weighted
         self._arrays = {
-            name: np.load(path / f"{name}.npy", mmap_mode="r")
+            name: load_npy(path / f"{name}.npy", mmap_mode="r")
             for name in ("ints", "weights", "local", "index")
         }
-        self.hot_ids = torch.from_numpy(np.load(path / "hot_ids.npy"))
-        self.hot_counts = torch.from_numpy(np.load(path / "hot_counts.npy"))
+        self.hot_ids = torch.from_numpy(load_npy(path / "hot_ids.npy"))
+        self.hot_counts = torch.from_numpy(load_npy(path / "hot_counts.npy"))
         expected = 2 + 5 * num_layers
         if self._arrays["index"].shape[1:] != (expected, 2):
             raise ValueError(
