@@ -450,7 +450,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # the machine's: a full disk, a permission
         _say(f"graphwire: error: {error}")
         return 1
+    except MemoryError as error:  # numpy's says what it tried to allocate
+        _say(f"graphwire: error: out of memory: {error}")
+        return 1
     except RuntimeError as error:
+        if _CPU_ALLOC_FAILED in str(error):  # torch's: a page of C++ context
+            tried = str(error).split(_CPU_ALLOC_FAILED, 1)[1].split(".", 1)[0]
+            _say(f"graphwire: error: out of memory: {tried.strip()}")
+            return 1
         if not type(error).__module__.startswith("graphwire"):
             raise
         if getattr(error, "usage", False):
@@ -462,6 +469,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(f"graphwire: error: {error}")
         return 1
     return int(code or 0)
+
+
+# How torch's CPU allocator says it failed: "... DefaultCPUAllocator: can't
+# allocate memory: you tried to allocate N bytes. Error code 12 (...)".
+_CPU_ALLOC_FAILED = "can't allocate memory:"
 
 
 def _say(line: str) -> None:

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from graphwire.cli import _command_actions, build_parser, main
@@ -702,6 +703,29 @@ def test_bench_bad_options_are_named_by_their_flags(capsys, flags, said) -> None
     # The generator benchmark used to die in its child process (a traceback).
     assert main(["bench", "generator", "--nodes", "200", *flags]) == 2
     assert capsys.readouterr().err == f"graphwire: error: {said}\n"
+
+
+def test_out_of_memory_is_one_line(tmp_path, capsys, cora_dir, monkeypatch) -> None:
+    """torch's failed CPU allocation (a huge --hidden) and numpy's
+    MemoryError were tracebacks; now one line saying what was asked for."""
+    argv = ["train", "--dataset", f"planetoid:{cora_dir}/cora", "--quiet"]
+    argv += ["--model", "gcn", "--hidden", "100000000000", "--epochs", "1"]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "graphwire: error: out of memory: you tried to allocate "
+        f"{1433 * 100_000_000_000 * 4} bytes\n"
+    ), err
+
+    def numpy_runs_out(args):
+        return np.zeros(2**40)  # 8 TiB
+
+    import graphwire.commands.data
+
+    monkeypatch.setattr(graphwire.commands.data, "info", numpy_runs_out)
+    assert main(["data", "info", "--dataset", "synthetic:products"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("graphwire: error: out of memory: Unable to allocate"), err
 
 
 def test_bench_script_help_is_its_own() -> None:

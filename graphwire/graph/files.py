@@ -228,6 +228,11 @@ def _npz_num_nodes(path: Path, arrays: dict[str, np.ndarray]) -> int | None:
     return None
 
 
+# The most nodes a largest ID may imply (N + 1 int64 row offsets alone take
+# 16 GiB there): a larger ID is most likely a label never mapped to a row.
+_MAX_INFERRED_NODES = 1 << 31
+
+
 def _check_ids(
     path: Path, what: str, src: np.ndarray, dst: np.ndarray, num_nodes: int | None
 ) -> int:
@@ -236,6 +241,12 @@ def _check_ids(
     low = int(min(src.min(initial=0), dst.min(initial=0)))
     if num_nodes is None:
         num_nodes = high + 1
+        if num_nodes > _MAX_INFERRED_NODES:
+            raise DatasetError(
+                path,
+                f"{what} node ID {high} would make {num_nodes:,} nodes (IDs are "
+                f"rows 0..N-1, N at most 2**31): relabel the IDs to 0..N-1",
+            )
     if num_nodes < 0 or low < 0 or high >= num_nodes:
         raise DatasetError(
             path,

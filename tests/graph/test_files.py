@@ -241,6 +241,15 @@ def test_edgelist_ids_beyond_num_nodes(tmp_path: Path) -> None:
         load_edgelist(tmp_path / "g.txt", num_nodes=4)
 
 
+def test_an_edgelist_id_beyond_2_31_asks_for_relabelling(tmp_path: Path) -> None:
+    """An unmapped ID (a user number, say) made num_nodes = ID + 1, and the
+    CSR's row offsets then a MemoryError traceback (745 GiB here)."""
+    (tmp_path / "g.txt").write_text("0 1\n1 99999999999\n")
+    said = "g.txt: edge node ID 99999999999 would make 100,000,000,000 nodes"
+    with pytest.raises(DatasetError, match=said + ".*relabel the IDs to 0..N-1"):
+        load_edgelist(tmp_path / "g.txt")
+
+
 def test_read_table_any_width_and_floats(tmp_path: Path) -> None:
     (tmp_path / "f.csv").write_text("0.5,1,nan\n2,3e2,-1\n")
     table = read_table(tmp_path / "f.csv", np.float32)
