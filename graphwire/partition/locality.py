@@ -55,6 +55,7 @@ bytes: 157 MB for ogbn-products in 16 parts), ``halo`` int [P].
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import time
@@ -64,7 +65,12 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.graph import Graph
-from graphwire.partition.base import Partitioner, register, unique_sorted
+from graphwire.partition.base import (
+    Partition,
+    Partitioner,
+    register,
+    unique_sorted,
+)
 from graphwire.partition.metis import MetisPartitioner
 
 __all__ = ["HaloTracker", "LocalityPartitioner", "RefineResult", "refine"]
@@ -532,6 +538,14 @@ class LocalityPartitioner(Partitioner):
 
     def params(self) -> dict[str, Any]:
         return {**self._stage1().params(), **self._stage2()}
+
+    def partition(self, graph: Graph, num_parts: int, *, seed: int = 0) -> Partition:
+        """As :meth:`Partitioner.partition`; params also record the
+        ``constraints`` stage 1 balanced, as METIS's do."""
+        result = Partitioner.partition(self, graph, num_parts, seed=seed)
+        used = self._stage1().constraints(graph, int(num_parts))
+        params = {**result.params, "constraints": list(used)}
+        return dataclasses.replace(result, params=params)
 
     def assign(self, graph: Graph, num_parts: int, seed: int) -> np.ndarray:
         initial = self._stage1().assign(graph, num_parts, seed)

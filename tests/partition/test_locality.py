@@ -193,6 +193,17 @@ def test_deterministic_for_a_seed() -> None:
     assert single.last_refinement.stop_reason == "converged"
 
 
+def test_params_record_the_constraints_stage_1_used() -> None:
+    graph = products_graph(ProductsConfig(nodes=100, degree=4, features=0))
+    partition = LocalityPartitioner().partition(graph, 2, seed=0)
+    assert partition.params["constraints"] == ["count", "degree"]
+    # Without edges METIS balances the node count only, as metis records.
+    no_edges = Graph.from_edge_index([], [], num_nodes=10)
+    partition = LocalityPartitioner().partition(no_edges, 2, seed=0)
+    assert partition.params["balance"] == ["count", "degree"]
+    assert partition.params["constraints"] == ["count"]
+
+
 def test_registered_and_validated() -> None:
     assert PARTITIONERS["locality"] is LocalityPartitioner
     built = get_partitioner("locality", balance="count,degree", gamma=0.01)
