@@ -73,6 +73,16 @@ _REQUIRED = ("orig_nid", "indptr", "indices", "halo_nid")
 _OPTIONAL = ("x", "y", "train_local", "val_local", "test_local")
 _SPLITS = ("train", "val", "test")
 _SPLIT_ARRAYS = tuple(f"{split}_local" for split in _SPLITS)
+#: dtype and number of dimensions of every array, as the layout above fixes them.
+_KINDS: dict[str, tuple[str, int]] = {
+    "orig_nid": ("int64", 1),
+    "indptr": ("int64", 1),
+    "indices": ("int64", 1),
+    "halo_nid": ("int64", 1),
+    "x": ("float32", 2),
+    "y": ("int64", 1),
+    **{name: ("int64", 1) for name in _SPLIT_ARRAYS},
+}
 
 
 def part_folder(folder: str | os.PathLike[str], part_id: int) -> Path:
@@ -225,7 +235,9 @@ def load_part(
             part's files is missing, truncated, of another dtype or shape than
             ``meta.json`` says, holds out-of-range IDs or labels (a label must
             lie in ``[0, num_classes)``; ``-1``, unlabelled, only on a node in
-            no split), or (with ``verify``) fails its checksum.
+            no split), or (with ``verify``) fails its checksum; ``meta.json``
+            lists any part's array with another dtype or number of dimensions
+            than the format's (int64 IDs and labels, float32 [n, F] x).
     """
     folder = Path(folder)
     meta = load_partition_meta(folder)
@@ -275,10 +287,13 @@ def is_partitioned_folder(path: str | os.PathLike[str]) -> bool:
 
 def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check ``folder/meta.json`` (format, version, field types, offsets,
-    and every part's counts and x width against the graph-wide fields).
+    every part's counts and x width against the graph-wide fields, and every
+    array's dtype and number of dimensions against the format's).
 
     Raises:
-        DatasetError: naming ``meta.json`` and the field that is wrong.
+        DatasetError: naming ``meta.json`` and the field that is wrong, or the
+            part's file that ``meta.json`` lists with a dtype or number of
+            dimensions other than the format's.
     """
     folder = Path(folder)
     path = folder / META
@@ -373,6 +388,16 @@ def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
                 path,
                 f"{where}.arrays.{name} must be {{'dtype': str, 'shape': [int, "
                 f"...], 'sha256': str}}, found {spec!r}",
+            )
+        # The file must match its entry (load_array checks that): an entry the
+        # format does not allow names the file, for every rank alike.
+        dtype, ndim = _KINDS[name]
+        if spec["dtype"] != dtype or len(spec["shape"]) != ndim:
+            raise DatasetError(
+                part_folder(path.parent, part_id) / f"{name}.npy",
+                f"expected {dtype} with {ndim} dimension{'s' if ndim > 1 else ''}, "
+                f"found {spec['dtype']} of shape {spec['shape']} (as {path.name} "
+                f"lists it)",
             )
 
 

@@ -377,9 +377,57 @@ def replace_array(folder: Path, part_id: int, name: str, values: np.ndarray) -> 
     np.save(path, values)
     meta = json.loads((folder / "meta.json").read_text())
     meta["parts"][part_id]["arrays"][name].update(
-        shape=list(values.shape), sha256=sha256_file(path)
+        dtype=values.dtype.name, shape=list(values.shape), sha256=sha256_file(path)
     )
     (folder / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "found"),
+    [
+        ("indices", lambda a: a.astype(np.float64), r"float64 of shape \[\d+\]"),
+        ("indptr", lambda a: a.astype(np.float32), r"float32 of shape \[\d+\]"),
+        ("halo_nid", lambda a: a.astype(np.uint64), r"uint64 of shape \[\d+\]"),
+        ("orig_nid", lambda a: np.stack([a, a], 1), r"int64 of shape \[\d+, 2\]"),
+        ("y", lambda a: a.astype(np.float32), r"float32 of shape \[\d+\]"),
+        ("y", lambda a: a[:, None].copy(), r"int64 of shape \[\d+, 1\]"),
+        ("x", lambda a: a.astype(np.float64), r"float64 of shape \[\d+, 2\]"),
+        ("train_local", lambda a: np.ones_like(a, bool), r"bool of shape \[\d+\]"),
+        ("indptr", lambda a: np.array(0), r"int64 of shape \[\]"),
+        ("orig_nid", lambda a: np.array(0), r"int64 of shape \[\]"),
+        ("x", lambda a: np.array(0, np.float32), r"float32 of shape \[\]"),
+    ],
+    ids=[
+        "indices-float",
+        "indptr-float",
+        "halo-unsigned",
+        "orig_nid-2d",
+        "y-float",
+        "y-2d",
+        "x-float64",
+        "train-bool",
+        "indptr-0d",
+        "orig_nid-0d",
+        "x-0d",
+    ],
+)
+def test_arrays_of_another_dtype_or_ndim_are_refused_at_load(
+    tmp_path: Path, name: str, change: Any, found: str
+) -> None:
+    """A rewritten array whose meta.json entry matches it loaded, and failed
+    later naming no file (float indices: IndexError; bool train_local: "holds
+    a node twice"; 0-d indptr: a bare IndexError). Every rank refuses alike."""
+    folder = write_example(tmp_path)
+    replace_array(folder, 0, name, change(np.load(folder / "part_0" / f"{name}.npy")))
+    dtype, ndim = (
+        ("float32", "2 dimensions") if name == "x" else ("int64", "1 dimension")
+    )
+    for part_id in (0, 1):
+        with pytest.raises(
+            DatasetError,
+            match=rf"part_0/{name}.npy: expected {dtype} with {ndim}, found {found}",
+        ):
+            load_part(folder, part_id)
 
 
 def test_labels_are_checked_against_num_classes_and_splits(tmp_path: Path) -> None:
