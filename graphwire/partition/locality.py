@@ -123,16 +123,24 @@ class HaloTracker:
         self.degree_sum = [int(d) for d in sums]
 
     def recount(self, owner: np.ndarray) -> tuple[np.ndarray, list[int], int]:
-        """From scratch: ``links`` int32 [P, N], halo sizes [P], edge cut."""
+        """From scratch: ``links`` int32 [P, N], halo sizes [P], edge cut.
+
+        Part by part, from the in-edges of its nodes: the peak is ``links``
+        (4PN bytes) plus one part's in-edges and an int64 [N] count. (One
+        bincount over all P * N keys held 8PN bytes of int64 counts besides.)
+        """
         num_nodes = owner.shape[0]
-        dst = np.repeat(np.arange(num_nodes), np.diff(self.indptr))
-        src, dst_part = self.indices, owner[dst]
-        flat = dst_part * np.int64(num_nodes) + src
-        counts = np.bincount(flat, minlength=self.num_parts * num_nodes)
-        links = counts.astype(np.int32).reshape(self.num_parts, num_nodes)
-        remote = (links > 0) & (owner[None, :] != np.arange(self.num_parts)[:, None])
-        halo = [int(c) for c in remote.sum(axis=1)]
-        return links, halo, int(np.count_nonzero(owner[src] != dst_part))
+        links = np.zeros((self.num_parts, num_nodes), dtype=np.int32)
+        halo, edge_cut = [], 0
+        for part in range(self.num_parts):
+            nodes = np.flatnonzero(owner == part)
+            _, srcs = self._gather(nodes)
+            row = links[part]
+            row[:] = np.bincount(srcs, minlength=num_nodes)
+            # Remote to `part`: sends an edge into it and is owned elsewhere.
+            halo.append(int(np.count_nonzero(row) - np.count_nonzero(row[nodes])))
+            edge_cut += int(np.count_nonzero(owner[srcs] != part))
+        return links, halo, edge_cut
 
     def move(self, node: int, part: int) -> None:
         """Give ``node`` to ``part``: O(in-degree) updates of all counts."""

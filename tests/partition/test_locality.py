@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,29 @@ def test_incremental_bookkeeping_matches_recount(
         if step % 5 == 0:
             check(tracker, graph, num_parts)
     check(tracker, graph, num_parts)
+
+
+def test_recount_peak_memory_is_about_links() -> None:
+    """The docstring's 4PN bytes: one bincount over P * N keys held int64
+    counts, their int32 copy and two [P, N] masks at once (about 12PN)."""
+    rng = np.random.default_rng(0)
+    num_nodes, num_parts = 20_000, 32  # links: 2.56 MB, edges: 0.3 MB
+    graph = Graph.from_edge_index(
+        rng.integers(0, num_nodes, 40_000),
+        rng.integers(0, num_nodes, 40_000),
+        num_nodes=num_nodes,
+    )
+    owner = rng.integers(0, num_parts, num_nodes)
+    tracker = HaloTracker(graph, owner, num_parts)
+    tracemalloc.start()
+    try:
+        links, halo, edge_cut = tracker.recount(owner)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * links.nbytes, (peak, links.nbytes)
+    np.testing.assert_array_equal(links, brute_links(graph, owner, num_parts))
+    assert (halo, edge_cut) == (tracker.halo, tracker.edge_cut)
 
 
 @given(graph_owner_moves())
