@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import is_int
 from graphwire.partition.base import (
     Partition,
     Partitioner,
@@ -516,13 +517,15 @@ class LocalityPartitioner(Partitioner):
     )
 
     def __post_init__(self) -> None:
-        self.balance = self._stage1().balance  # validates balance and ufactor
+        stage1 = self._stage1()  # validates balance and ufactor
+        self.balance, self.ufactor = stage1.balance, stage1.ufactor
         if not 0.0 <= self.gamma < 1.0:
             raise ValueError(f"gamma: expected a float in [0, 1), found {self.gamma}")
         for name, low in (("max_swaps", 0), ("batch_size", 1), ("patience", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, found {value!r}")
+            setattr(self, name, int(value))  # a numpy int is not JSON
         for name in ("max_cut_growth", "degree_slack"):
             value = getattr(self, name)
             if value is not None and not value >= 0:

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import is_int
 from graphwire.partition import _metislib
 from graphwire.partition.base import (
     Partition,
@@ -136,12 +137,18 @@ class MetisPartitioner(Partitioner):
         if len(set(balance)) != len(balance):
             raise ValueError(f"balance: names repeat in {list(balance)}")
         self.balance = balance
-        if self.ufactor is not None and (
-            isinstance(self.ufactor, bool)
-            or not isinstance(self.ufactor, int)
-            or self.ufactor < 1
-        ):
-            raise ValueError(f"ufactor: expected an int >= 1, found {self.ufactor!r}")
+        if self.ufactor is not None:
+            if not is_int(self.ufactor) or self.ufactor < 1:
+                raise ValueError(
+                    f"ufactor: expected an int >= 1, found {self.ufactor!r}"
+                )
+            self.ufactor = int(self.ufactor)  # a numpy int is not JSON
+        if self.recursive is not None:
+            if not isinstance(self.recursive, bool | np.bool_):
+                raise ValueError(
+                    f"recursive: expected True, False or None, found {self.recursive!r}"
+                )
+            self.recursive = bool(self.recursive)
 
     def params(self) -> dict[str, Any]:
         return {

@@ -228,6 +228,20 @@ def test_params_record_the_constraints_stage_1_used() -> None:
     assert partition.params["constraints"] == ["count"]
 
 
+def test_numpy_int_params_are_taken_as_plain_ints() -> None:
+    built = LocalityPartitioner(
+        ufactor=np.int64(40),
+        max_swaps=np.int64(5),
+        batch_size=np.int32(7),
+        patience=np.uint8(3),
+    )
+    params = built.params()
+    for name, value in (("ufactor", 40), ("max_swaps", 5), ("batch_size", 7)):
+        assert params[name] == value and type(params[name]) is int, name
+    assert params["patience"] == 3 and type(params["patience"]) is int
+    json.dumps(params)  # what meta.json will hold
+
+
 def test_registered_and_validated() -> None:
     assert PARTITIONERS["locality"] is LocalityPartitioner
     built = get_partitioner("locality", balance="count,degree", gamma=0.01)

@@ -11,6 +11,7 @@ import torch
 import graphwire.partition._metislib as metislib
 from graphwire.graph.graph import Graph
 from graphwire.partition import MetisPartitioner, PartitionStats, get_partitioner
+from graphwire.partition.metis import DEFAULT_BALANCE
 
 
 def community_graph(
@@ -209,6 +210,28 @@ def test_params_parse_and_validate() -> None:
         MetisPartitioner(balance=("count", "count"))
     with pytest.raises(ValueError, match="ufactor: expected an int >= 1"):
         MetisPartitioner(ufactor=0)
+
+
+def test_numpy_params_are_taken_and_recursive_must_be_a_bool() -> None:
+    """partition() takes numpy ints; the parameters did not ("ufactor: expected
+    an int >= 1, found np.int64(30)"), and recursive="no" ran bisection."""
+    metis = MetisPartitioner(ufactor=np.int64(30), recursive=np.bool_(False))
+    params = metis.params()
+    assert params == {
+        "balance": list(DEFAULT_BALANCE),
+        "ufactor": 30,
+        "recursive": False,
+    }
+    assert type(params["ufactor"]) is int and type(params["recursive"]) is bool
+    for bad in ("no", 1, 0.0):
+        with pytest.raises(
+            ValueError, match=r"recursive: expected True, False or None"
+        ):
+            MetisPartitioner(recursive=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ufactor: expected an int >= 1, found True"):
+        MetisPartitioner(ufactor=True)
+    with pytest.raises(ValueError, match="ufactor: expected an int >= 1, found 30.0"):
+        MetisPartitioner(ufactor=30.0)  # type: ignore[arg-type]
 
 
 def test_metislib_reports_errors() -> None:
