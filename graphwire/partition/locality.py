@@ -58,6 +58,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -384,9 +386,11 @@ def refine(
         gamma: Stop when ``(max - min) / max`` of the halo sizes is at most this.
         max_swaps: Stop after this many kept swaps.
         max_cut_growth: Reject swaps that grow the (deduplicated) edge cut by
-            more than this fraction of its stage-1 value; None for no limit.
+            more than this fraction of its stage-1 value; None (or inf) for
+            no limit.
         degree_slack: Reject swaps that leave a part's degree sum above
-            ``max(stage-1 maximum, (1 + degree_slack) * mean)``; None: no limit.
+            ``max(stage-1 maximum, (1 + degree_slack) * mean)``; None (or
+            inf): no limit.
         rule: ``"gain"`` (exact halo change) or ``"paper"`` (the paper's counts).
         batch_size: Candidates per lazy-greedy batch.
         patience: Rejected swaps in a row before the next weight (or stopping).
@@ -488,6 +492,10 @@ def refine(
     return tracker.owner, result
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 @register("locality")
 @dataclass(kw_only=True, slots=True)
 class LocalityPartitioner(Partitioner):
@@ -498,7 +506,9 @@ class LocalityPartitioner(Partitioner):
             degree sum); a comma-separated string is accepted too.
         ufactor: METIS imbalance tolerance in thousandths (None: its default).
         gamma, max_swaps, max_cut_growth, degree_slack, rule, batch_size,
-            patience: Stage 2's parameters, see :func:`refine`.
+            patience: Stage 2's parameters, see :func:`refine`; an infinite
+            ``max_cut_growth`` or ``degree_slack`` is recorded as None (no
+            limit), as JSON has no Infinity.
         last_refinement: The :class:`RefineResult` of the latest ``assign``
             (not a parameter).
     """
@@ -519,8 +529,9 @@ class LocalityPartitioner(Partitioner):
     def __post_init__(self) -> None:
         stage1 = self._stage1()  # validates balance and ufactor
         self.balance, self.ufactor = stage1.balance, stage1.ufactor
-        if not 0.0 <= self.gamma < 1.0:
-            raise ValueError(f"gamma: expected a float in [0, 1), found {self.gamma}")
+        if not _is_real(self.gamma) or not 0.0 <= self.gamma < 1.0:
+            raise ValueError(f"gamma: expected a float in [0, 1), found {self.gamma!r}")
+        self.gamma = float(self.gamma)  # a numpy float32 is not JSON
         for name, low in (("max_swaps", 0), ("batch_size", 1), ("patience", 1)):
             value = getattr(self, name)
             if not is_int(value) or value < low:
@@ -528,8 +539,15 @@ class LocalityPartitioner(Partitioner):
             setattr(self, name, int(value))  # a numpy int is not JSON
         for name in ("max_cut_growth", "degree_slack"):
             value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"{name}: expected None or >= 0, found {value!r}")
+            if value is None or (_is_real(value) and value == math.inf):
+                setattr(self, name, None)  # no limit; JSON has no Infinity
+            elif _is_real(value) and 0 <= value < math.inf:
+                setattr(self, name, float(value))
+            else:
+                raise ValueError(
+                    f"{name}: expected a number >= 0, or None (or inf) for no "
+                    f"limit, found {value!r}"
+                )
         if self.rule not in RULES:
             raise ValueError(f"rule: expected one of {RULES}, found {self.rule!r}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,12 @@ from hypothesis import strategies as st
 
 from graphwire.graph.graph import Graph
 from graphwire.graph.synthetic import ProductsConfig, products_graph
-from graphwire.partition import MetisPartitioner, Partition, PartitionStats
+from graphwire.partition import (
+    MetisPartitioner,
+    Partition,
+    PartitionStats,
+    write_partitioned,
+)
 from graphwire.partition.base import PARTITIONERS, get_partitioner
 from graphwire.partition.locality import (
     HALO_WEIGHTS,
@@ -240,6 +246,33 @@ def test_numpy_int_params_are_taken_as_plain_ints() -> None:
         assert params[name] == value and type(params[name]) is int, name
     assert params["patience"] == 3 and type(params["patience"]) is int
     json.dumps(params)  # what meta.json will hold
+
+
+def test_an_infinite_limit_is_no_limit_and_recorded_as_none(tmp_path: Path) -> None:
+    """max_cut_growth=inf went into meta.json as Infinity, which is not JSON."""
+    graph = products_graph(ProductsConfig(nodes=100, degree=4, features=0))
+    built = get_partitioner(
+        "locality", max_cut_growth=float("inf"), degree_slack=np.float64("inf")
+    )
+    partition = built.partition(graph, 2, seed=0)
+    assert partition.params["max_cut_growth"] is None
+    assert partition.params["degree_slack"] is None
+    unlimited = LocalityPartitioner(max_cut_growth=None, degree_slack=None)
+    assert torch.equal(
+        unlimited.partition(graph, 2, seed=0).assignment, partition.assignment
+    )
+    folder = write_partitioned(graph, partition, tmp_path / "parts")
+    meta = json.loads((folder / "meta.json").read_text(), parse_constant=_refuse)
+    assert meta["params"]["max_cut_growth"] is None
+    for bad in (float("nan"), -float("inf"), -0.5, True, "0.1"):
+        with pytest.raises(
+            ValueError, match=r"max_cut_growth: expected a number >= 0, or None"
+        ):
+            LocalityPartitioner(max_cut_growth=bad)
+
+
+def _refuse(constant: str) -> None:
+    raise AssertionError(f"meta.json holds {constant}, which is not JSON")
 
 
 def test_registered_and_validated() -> None:
