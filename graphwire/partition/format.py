@@ -54,7 +54,7 @@ from graphwire.graph.seeds import is_int
 from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
 from graphwire.partition.local import LocalPart
-from graphwire.partition.stats import PartitionStats
+from graphwire.partition.stats import PER_PART, PartitionStats
 
 __all__ = [
     "FORMAT",
@@ -105,14 +105,16 @@ def write_partitioned(
         partition: One part ID per node of ``graph``.
         folder: The folder to create.
         overwrite: Replace ``folder`` if it exists (otherwise that is an error).
-        stats: Precomputed :class:`PartitionStats` to store (computed if None).
+        stats: Precomputed :class:`PartitionStats` of ``partition`` to store
+            (computed if None); checked against the counts the writing finds.
 
     Returns:
         ``folder`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: ``partition`` does not match ``graph``; or ``folder``
-            exists and is not a graphwire folder (never replaced).
+        ValueError: ``partition`` does not match ``graph``; ``stats`` are
+            not this partition's (nothing is written); or ``folder`` exists
+            and is not a graphwire folder (never replaced).
         FileExistsError: ``folder`` exists and ``overwrite`` is false.
     """
     partition.check_graph(graph)
@@ -145,6 +147,9 @@ def write_partitioned(
     y = None if graph.y is None else graph.y.cpu().numpy()
 
     parts_meta: list[dict[str, Any]] = []
+    # What this partition's stats must say, counted as the parts are cut.
+    found: dict[str, list[int]] = {name: [] for name in PER_PART}
+    found["edge_cut"] = [0]
     with atomic_dir(folder, overwrite=overwrite) as tmp:
         for part_id in range(partition.num_parts):
             start, stop = int(offsets[part_id]), int(offsets[part_id + 1])
@@ -167,9 +172,20 @@ def write_partitioned(
                 arrays["x"] = x[orig_nid]
             if y is not None:
                 arrays["y"] = y[orig_nid]
-            for split, ids in split_new.items():
+            for split in _SPLITS:
+                ids = split_new.get(split, np.empty(0, dtype=np.int64))
                 low, high = np.searchsorted(ids, [start, stop])
-                arrays[f"{split}_local"] = ids[low:high] - start
+                if split in split_new:
+                    arrays[f"{split}_local"] = ids[low:high] - start
+                found[f"num_{split}"].append(int(high - low))
+            for name, count in (
+                ("num_nodes", num_owned),
+                ("degree_sum", last - first),
+                ("num_in_edges", last - first),
+                ("num_halo", int(halo_nid.shape[0])),
+            ):
+                found[name].append(count)
+            found["edge_cut"][0] += int(np.count_nonzero(~owned))
             out = part_folder(tmp, part_id)
             out.mkdir()
             parts_meta.append(
@@ -187,6 +203,7 @@ def write_partitioned(
                     },
                 }
             )
+        _check_stats(stats, found)  # raised in atomic_dir: nothing is written
         write_json(
             tmp / META,
             {
@@ -206,6 +223,26 @@ def write_partitioned(
             },
         )
     return folder
+
+
+def _check_stats(stats: PartitionStats, found: dict[str, list[int]]) -> None:
+    """Raise ``ValueError`` unless ``stats`` has the counts ``found`` (per part,
+    and ``edge_cut``): stats passed for another partition of the same graph."""
+    for name, counts in found.items():
+        given = [stats.edge_cut] if name == "edge_cut" else list(getattr(stats, name))
+        if given == counts:
+            continue
+        if len(given) != len(counts):
+            raise ValueError(
+                f"stats: {name} has {len(given)} entries, but the partition has "
+                f"{len(counts)} parts"
+            )
+        part = int(np.flatnonzero(np.array(given) != np.array(counts))[0])
+        what = name if name == "edge_cut" else f"{name} of part {part}"
+        raise ValueError(
+            f"stats: {what} is {given[part]}, but the partition gives "
+            f"{counts[part]} (stats computed for another partition?)"
+        )
 
 
 def load_part(

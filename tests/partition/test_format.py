@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,42 @@ def test_write_rejects_mismatched_partition(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="stats: computed for 1 parts"):
         write_partitioned(graph, partition, tmp_path / "p", stats=other)
     assert not (tmp_path / "p").exists()
+
+
+def test_write_refuses_stats_of_another_partition(tmp_path: Path) -> None:
+    """Only num_parts and num_edges were compared: stats of another partition
+    of the graph went into meta.json, disagreeing with parts[*].num_halo."""
+    rng = np.random.default_rng(1)
+    graph = make_graph(40, rng.integers(0, 40, 160), rng.integers(0, 40, 160), rng)
+    random = get_partitioner("random")
+    partition = random.partition(graph, 3, seed=0)
+    other = random.partition(graph, 3, seed=1)  # the same part sizes
+    assert torch.equal(partition.part_sizes(), other.part_sizes())
+    stats = PartitionStats.compute(graph, other)
+    with pytest.raises(
+        ValueError,
+        match=r"stats: degree_sum of part 0 is \d+, but the partition gives \d+ "
+        r"\(stats computed for another partition\?\)",
+    ):
+        write_partitioned(graph, partition, tmp_path / "p", stats=stats)
+    own = PartitionStats.compute(graph, partition)
+    halo = list(own.num_halo)
+    halo[1] += 1
+    with pytest.raises(ValueError, match=rf"stats: num_halo of part 1 is {halo[1]},"):
+        write_partitioned(
+            graph, partition, tmp_path / "p", stats=replace(own, num_halo=tuple(halo))
+        )
+    with pytest.raises(ValueError, match=rf"stats: edge_cut is {own.edge_cut + 1},"):
+        write_partitioned(
+            graph,
+            partition,
+            tmp_path / "p",
+            stats=replace(own, edge_cut=own.edge_cut + 1),
+        )
+    assert list(tmp_path.iterdir()) == []
+    # Its own stats, passed in, are stored as computed.
+    folder = write_partitioned(graph, partition, tmp_path / "p", stats=own)
+    assert load_partition_meta(folder)["stats"] == json.loads(json.dumps(own.as_dict()))
 
 
 # ------------------------------------------------------------------ bad folders
