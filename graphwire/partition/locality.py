@@ -440,12 +440,15 @@ def refine(
         return batches[key]
 
     num_swaps = num_rejected = rejected_in_row = 0
-    stop = "max_swaps"
-    while num_swaps < max_swaps:
+    while True:
         halo = tracker.halo
         big, small = int(np.argmax(halo)), int(np.argmin(halo))
+        # Balance first: the last allowed swap may be the one that reaches it.
         if num_parts < 2 or halo[big] - halo[small] <= gamma * halo[big]:
             stop = "converged"
+            break
+        if num_swaps >= max_swaps:
+            stop = "max_swaps"
             break
         if rejected_in_row >= patience:
             next_weight = next(weights, None)

@@ -212,6 +212,18 @@ def test_limits_are_kept(products: Graph) -> None:
     assert (loose.num_swaps, loose.stop_reason) == (0, "converged")
 
 
+def test_the_last_allowed_swap_may_converge() -> None:
+    """Balance reached by swap max_swaps was reported as "max_swaps"."""
+    graph = products_graph(ProductsConfig(nodes=4_000, features=0, seed=1))
+    initial = MetisPartitioner(balance=("count", "degree")).assign(graph, 4, 0)
+    _, full = refine(graph, initial, 4)
+    assert full.stop_reason == "converged" and full.num_swaps > 1
+    _, capped = refine(graph, initial, 4, max_swaps=full.num_swaps)
+    assert (capped.num_swaps, capped.stop_reason) == (full.num_swaps, "converged")
+    _, short = refine(graph, initial, 4, max_swaps=full.num_swaps - 1)
+    assert (short.num_swaps, short.stop_reason) == (full.num_swaps - 1, "max_swaps")
+
+
 def test_deterministic_for_a_seed() -> None:
     graph = products_graph(ProductsConfig(nodes=4_000, features=0, seed=1))
     first = LocalityPartitioner().partition(graph, 4, seed=3)
