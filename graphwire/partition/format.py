@@ -353,9 +353,10 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
         ),
     )
     num_parts, offsets = meta["num_parts"], meta["offsets"]
+    if num_parts < 1:
+        raise DatasetError(path, f"field 'num_parts' must be >= 1, found {num_parts}")
     if (
-        num_parts < 1
-        or len(offsets) != num_parts + 1
+        len(offsets) != num_parts + 1
         or not all(is_int(o) for o in offsets)
         or offsets[0] != 0
         or offsets[-1] != meta["num_nodes"]

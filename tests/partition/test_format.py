@@ -322,6 +322,7 @@ def test_missing_and_corrupt_meta(tmp_path: Path) -> None:
         ({"offsets": [0, 5, 3, 40]}, "offsets must be 4 non-decreasing ints"),
         ({"offsets": [0, 10, 20]}, "offsets must be 4"),
         ({"parts": []}, "parts lists 0 entries, num_parts is 3"),
+        ({"num_parts": 0}, "field 'num_parts' must be >= 1, found 0"),
         ({"num_classes": "40"}, "field 'num_classes' must be a int"),
         ({"num_features": -1}, "field 'num_features' must be >= 0, found -1"),
         # JSON's true is 1 to Python, and 1.0 equals 1: both were taken
