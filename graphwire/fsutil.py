@@ -387,7 +387,13 @@ def write_failed(path: str | os.PathLike[str], error: OSError) -> OSError:
 
 
 def write_json(path: str | os.PathLike[str], payload: Any) -> None:
-    """Write JSON atomically, pretty-printed with sorted keys."""
+    """Write JSON atomically, pretty-printed with sorted keys.
+
+    Raises:
+        ValueError: ``payload`` holds NaN or an infinity, which JSON has not
+            (Python would write ``NaN``, which strict readers refuse); nothing
+            is written.
+    """
     with atomic_file(path) as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
+        json.dump(payload, handle, indent=2, sort_keys=True, allow_nan=False)
         handle.write("\n")

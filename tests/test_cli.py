@@ -578,6 +578,20 @@ def test_partition_overwrites_only_graphwire_folders(tmp_path, capsys) -> None:
     assert main([*argv, str(out), "--overwrite"]) == 0
 
 
+def test_more_parts_than_nodes_is_refused_naming_parts(tmp_path, capsys) -> None:
+    """The partitioner said 'num_parts: must be <= ...', a name never typed."""
+    out = tmp_path / "run"
+    for argv in (
+        ["partition", "--dataset", TINY, "--parts", "5000"],
+        ["train", "--dataset", TINY, "--partition", "random", "--parts", "5000"]
+        + ["--quiet", "--out", str(out)],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"--parts 5000: more than the 300 nodes of {TINY}" in err, err
+    assert not out.exists()
+
+
 def test_partition_help_names_every_registered_partitioner(capsys) -> None:
     for command in ("partition", "train"):
         with pytest.raises(SystemExit):

@@ -95,6 +95,15 @@ def test_what_is_written_has_the_modes_of_the_umask(tmp_path: Path, umask) -> No
     assert meta.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_write_json_refuses_nan_and_writes_nothing(tmp_path: Path) -> None:
+    """json.dump wrote NaN and Infinity, which are not JSON."""
+    target = tmp_path / "meta.json"
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="Out of range float values"):
+            write_json(target, {"params": {"limit": bad}})
+    assert list(tmp_path.iterdir()) == []
+
+
 _KILLED_WRITER = """
 import sys, time
 from pathlib import Path

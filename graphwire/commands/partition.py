@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.overwrite:
         raise ValueError("--overwrite: only with --out (without it nothing is written)")
     graph = load_with_status(args.dataset)
+    check_parts_fit(graph, int(args.parts), args.dataset)
     partition, stats, _ = _partition(
         graph, args.method, int(args.parts), int(args.seed)
     )
@@ -46,6 +47,16 @@ def run(args: argparse.Namespace) -> int:
             )
         console.print(f"partitioned graph: {args.out}")
     return 0
+
+
+def check_parts_fit(graph: Graph, parts: int, dataset: str) -> None:
+    """Refuse, naming ``--parts``, more parts than ``graph`` has nodes (the
+    partitioner would say ``num_parts``, which the user did not type)."""
+    if parts > graph.num_nodes:
+        raise ValueError(
+            f"--parts {parts}: more than the {graph.num_nodes} nodes of {dataset} "
+            "(a graph splits into at most as many parts as it has nodes)"
+        )
 
 
 def write_parts(

@@ -160,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(int(args.threads))
     graph = load_with_status(args.dataset, args.quiet)
     check_trainable_dataset(graph, args.dataset)
+    if args.partition:
+        from graphwire.commands.partition import check_parts_fit
+
+        check_parts_fit(graph, args.parts or 4, args.dataset)
     print_table("dataset", ["field", "value"], graph_rows(graph))
 
     with MetricsLog(out) as log:

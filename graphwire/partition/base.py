@@ -13,6 +13,7 @@ Shapes (N nodes, P parts):
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ class Partition:
         num_parts: P; parts may be empty, but IDs must lie in ``[0, P)``.
         method: Name of the partitioner that made it (``"metis"``, ...).
         params: The partitioner's parameters and seed; must be JSON-serialisable
-            (they are recorded in the partitioned format's ``meta.json``).
+            with finite numbers only (they are recorded in the partitioned
+            format's ``meta.json``).
     """
 
     assignment: torch.Tensor
@@ -90,6 +92,12 @@ class Partition:
                 f"params: must be JSON-serialisable (they go into meta.json), "
                 f"found {self.params!r} ({error})"
             ) from error
+        where = _non_finite(self.params, "params")
+        if where is not None:
+            raise ValueError(
+                f"{where[0]}: must be a finite number (params go into meta.json, "
+                f"and JSON has no NaN or Infinity), found {where[1]!r}"
+            )
         object.__setattr__(self, "assignment", assignment)
 
     @property
@@ -117,6 +125,23 @@ class Partition:
             f"Partition(method={self.method!r}, num_parts={self.num_parts}, "
             f"num_nodes={self.num_nodes}, params={self.params!r})"
         )
+
+
+def _non_finite(value: Any, where: str) -> tuple[str, float] | None:
+    """The first NaN or infinity in JSON-ready ``value`` (its path, such as
+    ``params.limits[1]``, and the number), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items: Any = ()
+    if isinstance(value, dict):
+        items = ((f"{where}.{key}", item) for key, item in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{where}[{i}]", item) for i, item in enumerate(value))
+    for path, item in items:
+        found = _non_finite(item, path)
+        if found is not None:
+            return found
+    return None
 
 
 def check_num_parts(graph: Graph, num_parts: int) -> None:

@@ -121,12 +121,26 @@ class PartitionBook:
         return local_nid + start
 
     def new_of(self, orig_nid: torch.Tensor) -> torch.Tensor:
-        """int64 [*]: new global IDs of original node IDs."""
-        return self._perm("new_from_orig")[orig_nid]
+        """int64 [*]: new global IDs of original node IDs.
+
+        Raises:
+            ValueError: an ID lies outside ``[0, num_nodes)`` (a negative one
+                would wrap around), or the book has no relabelling.
+        """
+        perm = self._perm("new_from_orig")
+        _check_ids("orig_nid", orig_nid, self.num_nodes)
+        return perm[orig_nid]
 
     def orig_of(self, global_nid: torch.Tensor) -> torch.Tensor:
-        """int64 [*]: original IDs of new global IDs."""
-        return self._perm("orig_from_new")[global_nid]
+        """int64 [*]: original IDs of new global IDs.
+
+        Raises:
+            ValueError: an ID lies outside ``[0, num_nodes)`` (a negative one
+                would wrap around), or the book has no relabelling.
+        """
+        perm = self._perm("orig_from_new")
+        self._check_global(global_nid)
+        return perm[global_nid]
 
     # ---------------------------------------------------------------- helpers
     def _perm(self, name: str) -> torch.Tensor:
@@ -145,10 +159,14 @@ class PartitionBook:
             )
 
     def _check_global(self, global_nid: torch.Tensor) -> None:
-        if global_nid.numel() and (
-            int(global_nid.min()) < 0 or int(global_nid.max()) >= self.num_nodes
-        ):
-            raise ValueError(
-                f"global_nid: must lie in [0, {self.num_nodes}), found range "
-                f"[{int(global_nid.min())}, {int(global_nid.max())}]"
-            )
+        _check_ids("global_nid", global_nid, self.num_nodes)
+
+
+def _check_ids(name: str, ids: torch.Tensor, high: int) -> None:
+    """Raise ``ValueError`` unless every ID lies in ``[0, high)`` (one min and
+    one max over ``ids``)."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= high):
+        raise ValueError(
+            f"{name}: must lie in [0, {high}), found range "
+            f"[{int(ids.min())}, {int(ids.max())}]"
+        )

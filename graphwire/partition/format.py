@@ -54,7 +54,7 @@ from graphwire.graph.seeds import is_int
 from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
 from graphwire.partition.local import LocalPart
-from graphwire.partition.stats import PartitionStats
+from graphwire.partition.stats import PER_PART, PartitionStats
 
 __all__ = [
     "FORMAT",
@@ -73,6 +73,16 @@ _REQUIRED = ("orig_nid", "indptr", "indices", "halo_nid")
 _OPTIONAL = ("x", "y", "train_local", "val_local", "test_local")
 _SPLITS = ("train", "val", "test")
 _SPLIT_ARRAYS = tuple(f"{split}_local" for split in _SPLITS)
+#: dtype and number of dimensions of every array, as the layout above fixes them.
+_KINDS: dict[str, tuple[str, int]] = {
+    "orig_nid": ("int64", 1),
+    "indptr": ("int64", 1),
+    "indices": ("int64", 1),
+    "halo_nid": ("int64", 1),
+    "x": ("float32", 2),
+    "y": ("int64", 1),
+    **{name: ("int64", 1) for name in _SPLIT_ARRAYS},
+}
 
 
 def part_folder(folder: str | os.PathLike[str], part_id: int) -> Path:
@@ -95,14 +105,16 @@ def write_partitioned(
         partition: One part ID per node of ``graph``.
         folder: The folder to create.
         overwrite: Replace ``folder`` if it exists (otherwise that is an error).
-        stats: Precomputed :class:`PartitionStats` to store (computed if None).
+        stats: Precomputed :class:`PartitionStats` of ``partition`` to store
+            (computed if None); checked against the counts the writing finds.
 
     Returns:
         ``folder`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ValueError: ``partition`` does not match ``graph``; or ``folder``
-            exists and is not a graphwire folder (never replaced).
+        ValueError: ``partition`` does not match ``graph``; ``stats`` are
+            not this partition's (nothing is written); or ``folder`` exists
+            and is not a graphwire folder (never replaced).
         FileExistsError: ``folder`` exists and ``overwrite`` is false.
     """
     partition.check_graph(graph)
@@ -135,6 +147,9 @@ def write_partitioned(
     y = None if graph.y is None else graph.y.cpu().numpy()
 
     parts_meta: list[dict[str, Any]] = []
+    # What this partition's stats must say, counted as the parts are cut.
+    found: dict[str, list[int]] = {name: [] for name in PER_PART}
+    found["edge_cut"] = [0]
     with atomic_dir(folder, overwrite=overwrite) as tmp:
         for part_id in range(partition.num_parts):
             start, stop = int(offsets[part_id]), int(offsets[part_id + 1])
@@ -157,9 +172,20 @@ def write_partitioned(
                 arrays["x"] = x[orig_nid]
             if y is not None:
                 arrays["y"] = y[orig_nid]
-            for split, ids in split_new.items():
+            for split in _SPLITS:
+                ids = split_new.get(split, np.empty(0, dtype=np.int64))
                 low, high = np.searchsorted(ids, [start, stop])
-                arrays[f"{split}_local"] = ids[low:high] - start
+                if split in split_new:
+                    arrays[f"{split}_local"] = ids[low:high] - start
+                found[f"num_{split}"].append(int(high - low))
+            for name, count in (
+                ("num_nodes", num_owned),
+                ("degree_sum", last - first),
+                ("num_in_edges", last - first),
+                ("num_halo", int(halo_nid.shape[0])),
+            ):
+                found[name].append(count)
+            found["edge_cut"][0] += int(np.count_nonzero(~owned))
             out = part_folder(tmp, part_id)
             out.mkdir()
             parts_meta.append(
@@ -177,6 +203,7 @@ def write_partitioned(
                     },
                 }
             )
+        _check_stats(stats, found)  # raised in atomic_dir: nothing is written
         write_json(
             tmp / META,
             {
@@ -196,6 +223,26 @@ def write_partitioned(
             },
         )
     return folder
+
+
+def _check_stats(stats: PartitionStats, found: dict[str, list[int]]) -> None:
+    """Raise ``ValueError`` unless ``stats`` has the counts ``found`` (per part,
+    and ``edge_cut``): stats passed for another partition of the same graph."""
+    for name, counts in found.items():
+        given = [stats.edge_cut] if name == "edge_cut" else list(getattr(stats, name))
+        if given == counts:
+            continue
+        if len(given) != len(counts):
+            raise ValueError(
+                f"stats: {name} has {len(given)} entries, but the partition has "
+                f"{len(counts)} parts"
+            )
+        part = int(np.flatnonzero(np.array(given) != np.array(counts))[0])
+        what = name if name == "edge_cut" else f"{name} of part {part}"
+        raise ValueError(
+            f"stats: {what} is {given[part]}, but the partition gives "
+            f"{counts[part]} (stats computed for another partition?)"
+        )
 
 
 def load_part(
@@ -225,7 +272,9 @@ def load_part(
             part's files is missing, truncated, of another dtype or shape than
             ``meta.json`` says, holds out-of-range IDs or labels (a label must
             lie in ``[0, num_classes)``; ``-1``, unlabelled, only on a node in
-            no split), or (with ``verify``) fails its checksum.
+            no split), or (with ``verify``) fails its checksum; ``meta.json``
+            lists any part's array with another dtype or number of dimensions
+            than the format's (int64 IDs and labels, float32 [n, F] x).
     """
     folder = Path(folder)
     meta = load_partition_meta(folder)
@@ -275,10 +324,13 @@ def is_partitioned_folder(path: str | os.PathLike[str]) -> bool:
 
 def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check ``folder/meta.json`` (format, version, field types, offsets,
-    and every part's counts and x width against the graph-wide fields).
+    every part's counts and x width against the graph-wide fields, and every
+    array's dtype and number of dimensions against the format's).
 
     Raises:
-        DatasetError: naming ``meta.json`` and the field that is wrong.
+        DatasetError: naming ``meta.json`` and the field that is wrong, or the
+            part's file that ``meta.json`` lists with a dtype or number of
+            dimensions other than the format's.
     """
     folder = Path(folder)
     path = folder / META
@@ -301,9 +353,10 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
         ),
     )
     num_parts, offsets = meta["num_parts"], meta["offsets"]
+    if num_parts < 1:
+        raise DatasetError(path, f"field 'num_parts' must be >= 1, found {num_parts}")
     if (
-        num_parts < 1
-        or len(offsets) != num_parts + 1
+        len(offsets) != num_parts + 1
         or not all(is_int(o) for o in offsets)
         or offsets[0] != 0
         or offsets[-1] != meta["num_nodes"]
@@ -373,6 +426,16 @@ def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
                 path,
                 f"{where}.arrays.{name} must be {{'dtype': str, 'shape': [int, "
                 f"...], 'sha256': str}}, found {spec!r}",
+            )
+        # The file must match its entry (load_array checks that): an entry the
+        # format does not allow names the file, for every rank alike.
+        dtype, ndim = _KINDS[name]
+        if spec["dtype"] != dtype or len(spec["shape"]) != ndim:
+            raise DatasetError(
+                part_folder(path.parent, part_id) / f"{name}.npy",
+                f"expected {dtype} with {ndim} dimension{'s' if ndim > 1 else ''}, "
+                f"found {spec['dtype']} of shape {spec['shape']} (as {path.name} "
+                f"lists it)",
             )
 
 

@@ -124,7 +124,19 @@ class LocalPart:
         return local
 
     def orig_of_local(self, local_nid: torch.Tensor) -> torch.Tensor:
-        """int64 [*]: original graph IDs of owned-local IDs."""
+        """int64 [*]: original graph IDs of owned-local IDs.
+
+        Raises:
+            ValueError: an ID lies outside ``[0, num_owned)`` (a negative one
+                would wrap around).
+        """
+        if local_nid.numel() and (
+            int(local_nid.min()) < 0 or int(local_nid.max()) >= self.num_owned
+        ):
+            raise ValueError(
+                f"local_nid: part {self.part_id} owns {self.num_owned} nodes, "
+                f"found range [{int(local_nid.min())}, {int(local_nid.max())}]"
+            )
         return self.orig_nid[local_nid]
 
     def halo_owner(self) -> torch.Tensor:

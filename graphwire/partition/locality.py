@@ -55,8 +55,11 @@ bytes: 157 MB for ogbn-products in 16 parts), ``halo`` int [P].
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,7 +67,13 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.graph import Graph
-from graphwire.partition.base import Partitioner, register, unique_sorted
+from graphwire.graph.seeds import is_int
+from graphwire.partition.base import (
+    Partition,
+    Partitioner,
+    register,
+    unique_sorted,
+)
 from graphwire.partition.metis import MetisPartitioner
 
 __all__ = ["HaloTracker", "LocalityPartitioner", "RefineResult", "refine"]
@@ -117,16 +126,24 @@ class HaloTracker:
         self.degree_sum = [int(d) for d in sums]
 
     def recount(self, owner: np.ndarray) -> tuple[np.ndarray, list[int], int]:
-        """From scratch: ``links`` int32 [P, N], halo sizes [P], edge cut."""
+        """From scratch: ``links`` int32 [P, N], halo sizes [P], edge cut.
+
+        Part by part, from the in-edges of its nodes: the peak is ``links``
+        (4PN bytes) plus one part's in-edges and an int64 [N] count. (One
+        bincount over all P * N keys held 8PN bytes of int64 counts besides.)
+        """
         num_nodes = owner.shape[0]
-        dst = np.repeat(np.arange(num_nodes), np.diff(self.indptr))
-        src, dst_part = self.indices, owner[dst]
-        flat = dst_part * np.int64(num_nodes) + src
-        counts = np.bincount(flat, minlength=self.num_parts * num_nodes)
-        links = counts.astype(np.int32).reshape(self.num_parts, num_nodes)
-        remote = (links > 0) & (owner[None, :] != np.arange(self.num_parts)[:, None])
-        halo = [int(c) for c in remote.sum(axis=1)]
-        return links, halo, int(np.count_nonzero(owner[src] != dst_part))
+        links = np.zeros((self.num_parts, num_nodes), dtype=np.int32)
+        halo, edge_cut = [], 0
+        for part in range(self.num_parts):
+            nodes = np.flatnonzero(owner == part)
+            _, srcs = self._gather(nodes)
+            row = links[part]
+            row[:] = np.bincount(srcs, minlength=num_nodes)
+            # Remote to `part`: sends an edge into it and is owned elsewhere.
+            halo.append(int(np.count_nonzero(row) - np.count_nonzero(row[nodes])))
+            edge_cut += int(np.count_nonzero(owner[srcs] != part))
+        return links, halo, edge_cut
 
     def move(self, node: int, part: int) -> None:
         """Give ``node`` to ``part``: O(in-degree) updates of all counts."""
@@ -369,9 +386,11 @@ def refine(
         gamma: Stop when ``(max - min) / max`` of the halo sizes is at most this.
         max_swaps: Stop after this many kept swaps.
         max_cut_growth: Reject swaps that grow the (deduplicated) edge cut by
-            more than this fraction of its stage-1 value; None for no limit.
+            more than this fraction of its stage-1 value; None (or inf) for
+            no limit.
         degree_slack: Reject swaps that leave a part's degree sum above
-            ``max(stage-1 maximum, (1 + degree_slack) * mean)``; None: no limit.
+            ``max(stage-1 maximum, (1 + degree_slack) * mean)``; None (or
+            inf): no limit.
         rule: ``"gain"`` (exact halo change) or ``"paper"`` (the paper's counts).
         batch_size: Candidates per lazy-greedy batch.
         patience: Rejected swaps in a row before the next weight (or stopping).
@@ -421,12 +440,15 @@ def refine(
         return batches[key]
 
     num_swaps = num_rejected = rejected_in_row = 0
-    stop = "max_swaps"
-    while num_swaps < max_swaps:
+    while True:
         halo = tracker.halo
         big, small = int(np.argmax(halo)), int(np.argmin(halo))
+        # Balance first: the last allowed swap may be the one that reaches it.
         if num_parts < 2 or halo[big] - halo[small] <= gamma * halo[big]:
             stop = "converged"
+            break
+        if num_swaps >= max_swaps:
+            stop = "max_swaps"
             break
         if rejected_in_row >= patience:
             next_weight = next(weights, None)
@@ -473,6 +495,10 @@ def refine(
     return tracker.owner, result
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 @register("locality")
 @dataclass(kw_only=True, slots=True)
 class LocalityPartitioner(Partitioner):
@@ -483,7 +509,9 @@ class LocalityPartitioner(Partitioner):
             degree sum); a comma-separated string is accepted too.
         ufactor: METIS imbalance tolerance in thousandths (None: its default).
         gamma, max_swaps, max_cut_growth, degree_slack, rule, batch_size,
-            patience: Stage 2's parameters, see :func:`refine`.
+            patience: Stage 2's parameters, see :func:`refine`; an infinite
+            ``max_cut_growth`` or ``degree_slack`` is recorded as None (no
+            limit), as JSON has no Infinity.
         last_refinement: The :class:`RefineResult` of the latest ``assign``
             (not a parameter).
     """
@@ -502,17 +530,27 @@ class LocalityPartitioner(Partitioner):
     )
 
     def __post_init__(self) -> None:
-        self.balance = self._stage1().balance  # validates balance and ufactor
-        if not 0.0 <= self.gamma < 1.0:
-            raise ValueError(f"gamma: expected a float in [0, 1), found {self.gamma}")
+        stage1 = self._stage1()  # validates balance and ufactor
+        self.balance, self.ufactor = stage1.balance, stage1.ufactor
+        if not _is_real(self.gamma) or not 0.0 <= self.gamma < 1.0:
+            raise ValueError(f"gamma: expected a float in [0, 1), found {self.gamma!r}")
+        self.gamma = float(self.gamma)  # a numpy float32 is not JSON
         for name, low in (("max_swaps", 0), ("batch_size", 1), ("patience", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, found {value!r}")
+            setattr(self, name, int(value))  # a numpy int is not JSON
         for name in ("max_cut_growth", "degree_slack"):
             value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"{name}: expected None or >= 0, found {value!r}")
+            if value is None or (_is_real(value) and value == math.inf):
+                setattr(self, name, None)  # no limit; JSON has no Infinity
+            elif _is_real(value) and 0 <= value < math.inf:
+                setattr(self, name, float(value))
+            else:
+                raise ValueError(
+                    f"{name}: expected a number >= 0, or None (or inf) for no "
+                    f"limit, found {value!r}"
+                )
         if self.rule not in RULES:
             raise ValueError(f"rule: expected one of {RULES}, found {self.rule!r}")
 
@@ -532,6 +570,14 @@ class LocalityPartitioner(Partitioner):
 
     def params(self) -> dict[str, Any]:
         return {**self._stage1().params(), **self._stage2()}
+
+    def partition(self, graph: Graph, num_parts: int, *, seed: int = 0) -> Partition:
+        """As :meth:`Partitioner.partition`; params also record the
+        ``constraints`` stage 1 balanced, as METIS's do."""
+        result = Partitioner.partition(self, graph, num_parts, seed=seed)
+        used = self._stage1().constraints(graph, int(num_parts))
+        params = {**result.params, "constraints": list(used)}
+        return dataclasses.replace(result, params=params)
 
     def assign(self, graph: Graph, num_parts: int, seed: int) -> np.ndarray:
         initial = self._stage1().assign(graph, num_parts, seed)

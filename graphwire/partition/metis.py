@@ -15,9 +15,12 @@ get an equal share of:
                                                   of training (eval) seeds
 
 The default ``("count", "degree", "train")`` balances memory, per-epoch
-aggregation work and mini-batch seeds. A constraint whose total is 0 (no
-``val_idx``, a graph without edges) is dropped: METIS divides by each total. The
-constraints actually used are recorded in the partition's params.
+aggregation work and mini-batch seeds. A constraint whose total is smaller than
+the number of parts is dropped: some part must get none of it, so it cannot be
+balanced, and METIS, asked to anyway, leaves parts empty (16 training nodes in
+32 parts: 15 empty parts) or, at a total of 0 (no ``val_idx``, a graph without
+edges), divides by it. The constraints actually used are recorded in the
+partition's params (``constraints``).
 
 What the installed pymetis supports (checked on 2025.2.2): ``part_graph`` passes
 ``ncon = 1`` to METIS whatever the length of ``vweights``, so it cannot do
@@ -46,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import is_int
 from graphwire.partition import _metislib
 from graphwire.partition.base import (
     Partition,
@@ -81,19 +85,19 @@ CONSTRAINTS: dict[str, Callable[[Graph], np.ndarray]] = {
 
 
 def vertex_weights(
-    graph: Graph, balance: tuple[str, ...]
+    graph: Graph, balance: tuple[str, ...], num_parts: int
 ) -> tuple[np.ndarray, tuple[str, ...]]:
-    """Weights of the constraints in ``balance`` whose totals are positive.
+    """Weights of the constraints in ``balance`` that ``num_parts`` (>= 1) parts
+    can share: those whose totals are at least ``num_parts`` (module docstring).
 
     Returns:
         ``(weights, used)``: int64 [N, C] (C = len(used)) and the names used.
     """
-    columns = [CONSTRAINTS[name](graph) for name in balance]
-    used = tuple(n for n, c in zip(balance, columns, strict=True) if c.sum() > 0)
-    kept = [c for c in columns if c.sum() > 0]
-    if not kept:
+    columns = {name: CONSTRAINTS[name](graph) for name in balance}
+    used = tuple(name for name, c in columns.items() if c.sum() >= num_parts)
+    if not used:
         return np.zeros((graph.num_nodes, 0), dtype=np.int64), ()
-    return np.stack(kept, axis=1), used
+    return np.stack([columns[name] for name in used], axis=1), used
 
 
 def _metis_seed(seed: int) -> int:
@@ -133,12 +137,18 @@ class MetisPartitioner(Partitioner):
         if len(set(balance)) != len(balance):
             raise ValueError(f"balance: names repeat in {list(balance)}")
         self.balance = balance
-        if self.ufactor is not None and (
-            isinstance(self.ufactor, bool)
-            or not isinstance(self.ufactor, int)
-            or self.ufactor < 1
-        ):
-            raise ValueError(f"ufactor: expected an int >= 1, found {self.ufactor!r}")
+        if self.ufactor is not None:
+            if not is_int(self.ufactor) or self.ufactor < 1:
+                raise ValueError(
+                    f"ufactor: expected an int >= 1, found {self.ufactor!r}"
+                )
+            self.ufactor = int(self.ufactor)  # a numpy int is not JSON
+        if self.recursive is not None:
+            if not isinstance(self.recursive, bool | np.bool_):
+                raise ValueError(
+                    f"recursive: expected True, False or None, found {self.recursive!r}"
+                )
+            self.recursive = bool(self.recursive)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -149,9 +159,13 @@ class MetisPartitioner(Partitioner):
 
     def partition(self, graph: Graph, num_parts: int, *, seed: int = 0) -> Partition:
         result = Partitioner.partition(self, graph, num_parts, seed=seed)
-        used = self._usable(vertex_weights(graph, self.balance)[1])
+        used = self.constraints(graph, int(num_parts))
         params = {**result.params, "constraints": list(used)}
         return dataclasses.replace(result, params=params)
+
+    def constraints(self, graph: Graph, num_parts: int) -> tuple[str, ...]:
+        """The names of the constraints METIS balances for this request."""
+        return self._usable(vertex_weights(graph, self.balance, num_parts)[1])
 
     def _usable(self, used: tuple[str, ...]) -> tuple[str, ...]:
         """The constraints METIS is actually given (at most 1 without the C API)."""
@@ -167,7 +181,7 @@ class MetisPartitioner(Partitioner):
         dtype = _metislib.idx_dtype()
         xadj = adjacency.indptr.numpy().astype(dtype, copy=False)
         adjncy = adjacency.indices.numpy().astype(dtype, copy=False)
-        weights, used = vertex_weights(graph, self.balance)
+        weights, used = vertex_weights(graph, self.balance, num_parts)
         usable = self._usable(used)
         if len(usable) < len(used):
             warnings.warn(

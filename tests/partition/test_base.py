@@ -61,6 +61,20 @@ def test_partition_params_must_be_json() -> None:
         Partition(torch.zeros(2, dtype=torch.int64), 1, params={"f": object()})
 
 
+@pytest.mark.parametrize(
+    ("params", "where"),
+    [
+        ({"x": float("nan")}, "params.x"),
+        ({"limits": {"cut": [0.1, float("inf")]}}, r"params.limits.cut\[1\]"),
+    ],
+)
+def test_partition_params_must_be_finite(params: dict, where: str) -> None:
+    """json.dumps writes NaN and Infinity, which are not JSON: meta.json got
+    them, and strict readers refuse the file."""
+    with pytest.raises(ValueError, match=rf"{where}: must be a finite number"):
+        Partition(torch.tensor([0, 1]), 2, params=params)
+
+
 def test_partition_length_must_match_graph() -> None:
     part = Partition(torch.zeros(3, dtype=torch.int64), num_parts=1)
     with pytest.raises(ValueError, match="has 3 entries but graph 'path' has 4"):

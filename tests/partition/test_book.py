@@ -96,3 +96,15 @@ def test_bad_ids() -> None:
         book.part_range(2)
     with pytest.raises(ValueError, match="new_from_orig: expected shape"):
         PartitionBook(torch.tensor([0, 2]), new_from_orig=torch.arange(3))
+
+
+def test_relabelling_refuses_ids_out_of_range() -> None:
+    # A negative ID wrapped around to the last node; one past the end was a raw
+    # torch IndexError.
+    book = PartitionBook.from_partition(Partition(torch.tensor([1, 0, 1]), 2))
+    for lookup, name in ((book.new_of, "orig_nid"), (book.orig_of, "global_nid")):
+        with pytest.raises(ValueError, match=rf"{name}: .*\[0, 3\), .*\[-1, 0\]"):
+            lookup(torch.tensor([0, -1]))
+        with pytest.raises(ValueError, match=rf"{name}: .*\[0, 3\), .*\[3, 3\]"):
+            lookup(torch.tensor([3]))
+        assert lookup(torch.tensor([], dtype=torch.int64)).tolist() == []

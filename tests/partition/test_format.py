@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +258,42 @@ def test_write_rejects_mismatched_partition(tmp_path: Path) -> None:
     assert not (tmp_path / "p").exists()
 
 
+def test_write_refuses_stats_of_another_partition(tmp_path: Path) -> None:
+    """Only num_parts and num_edges were compared: stats of another partition
+    of the graph went into meta.json, disagreeing with parts[*].num_halo."""
+    rng = np.random.default_rng(1)
+    graph = make_graph(40, rng.integers(0, 40, 160), rng.integers(0, 40, 160), rng)
+    random = get_partitioner("random")
+    partition = random.partition(graph, 3, seed=0)
+    other = random.partition(graph, 3, seed=1)  # the same part sizes
+    assert torch.equal(partition.part_sizes(), other.part_sizes())
+    stats = PartitionStats.compute(graph, other)
+    with pytest.raises(
+        ValueError,
+        match=r"stats: degree_sum of part 0 is \d+, but the partition gives \d+ "
+        r"\(stats computed for another partition\?\)",
+    ):
+        write_partitioned(graph, partition, tmp_path / "p", stats=stats)
+    own = PartitionStats.compute(graph, partition)
+    halo = list(own.num_halo)
+    halo[1] += 1
+    with pytest.raises(ValueError, match=rf"stats: num_halo of part 1 is {halo[1]},"):
+        write_partitioned(
+            graph, partition, tmp_path / "p", stats=replace(own, num_halo=tuple(halo))
+        )
+    with pytest.raises(ValueError, match=rf"stats: edge_cut is {own.edge_cut + 1},"):
+        write_partitioned(
+            graph,
+            partition,
+            tmp_path / "p",
+            stats=replace(own, edge_cut=own.edge_cut + 1),
+        )
+    assert list(tmp_path.iterdir()) == []
+    # Its own stats, passed in, are stored as computed.
+    folder = write_partitioned(graph, partition, tmp_path / "p", stats=own)
+    assert load_partition_meta(folder)["stats"] == json.loads(json.dumps(own.as_dict()))
+
+
 # ------------------------------------------------------------------ bad folders
 def edit_meta(folder: Path, **changes: Any) -> None:
     meta = json.loads((folder / "meta.json").read_text())
@@ -285,6 +322,7 @@ def test_missing_and_corrupt_meta(tmp_path: Path) -> None:
         ({"offsets": [0, 5, 3, 40]}, "offsets must be 4 non-decreasing ints"),
         ({"offsets": [0, 10, 20]}, "offsets must be 4"),
         ({"parts": []}, "parts lists 0 entries, num_parts is 3"),
+        ({"num_parts": 0}, "field 'num_parts' must be >= 1, found 0"),
         ({"num_classes": "40"}, "field 'num_classes' must be a int"),
         ({"num_features": -1}, "field 'num_features' must be >= 0, found -1"),
         # JSON's true is 1 to Python, and 1.0 equals 1: both were taken
@@ -377,9 +415,57 @@ def replace_array(folder: Path, part_id: int, name: str, values: np.ndarray) -> 
     np.save(path, values)
     meta = json.loads((folder / "meta.json").read_text())
     meta["parts"][part_id]["arrays"][name].update(
-        shape=list(values.shape), sha256=sha256_file(path)
+        dtype=values.dtype.name, shape=list(values.shape), sha256=sha256_file(path)
     )
     (folder / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "found"),
+    [
+        ("indices", lambda a: a.astype(np.float64), r"float64 of shape \[\d+\]"),
+        ("indptr", lambda a: a.astype(np.float32), r"float32 of shape \[\d+\]"),
+        ("halo_nid", lambda a: a.astype(np.uint64), r"uint64 of shape \[\d+\]"),
+        ("orig_nid", lambda a: np.stack([a, a], 1), r"int64 of shape \[\d+, 2\]"),
+        ("y", lambda a: a.astype(np.float32), r"float32 of shape \[\d+\]"),
+        ("y", lambda a: a[:, None].copy(), r"int64 of shape \[\d+, 1\]"),
+        ("x", lambda a: a.astype(np.float64), r"float64 of shape \[\d+, 2\]"),
+        ("train_local", lambda a: np.ones_like(a, bool), r"bool of shape \[\d+\]"),
+        ("indptr", lambda a: np.array(0), r"int64 of shape \[\]"),
+        ("orig_nid", lambda a: np.array(0), r"int64 of shape \[\]"),
+        ("x", lambda a: np.array(0, np.float32), r"float32 of shape \[\]"),
+    ],
+    ids=[
+        "indices-float",
+        "indptr-float",
+        "halo-unsigned",
+        "orig_nid-2d",
+        "y-float",
+        "y-2d",
+        "x-float64",
+        "train-bool",
+        "indptr-0d",
+        "orig_nid-0d",
+        "x-0d",
+    ],
+)
+def test_arrays_of_another_dtype_or_ndim_are_refused_at_load(
+    tmp_path: Path, name: str, change: Any, found: str
+) -> None:
+    """A rewritten array whose meta.json entry matches it loaded, and failed
+    later naming no file (float indices: IndexError; bool train_local: "holds
+    a node twice"; 0-d indptr: a bare IndexError). Every rank refuses alike."""
+    folder = write_example(tmp_path)
+    replace_array(folder, 0, name, change(np.load(folder / "part_0" / f"{name}.npy")))
+    dtype, ndim = (
+        ("float32", "2 dimensions") if name == "x" else ("int64", "1 dimension")
+    )
+    for part_id in (0, 1):
+        with pytest.raises(
+            DatasetError,
+            match=rf"part_0/{name}.npy: expected {dtype} with {ndim}, found {found}",
+        ):
+            load_part(folder, part_id)
 
 
 def test_labels_are_checked_against_num_classes_and_splits(tmp_path: Path) -> None:

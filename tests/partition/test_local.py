@@ -77,3 +77,16 @@ def test_example_part(tmp_path: Path) -> None:
     assert "global_range=[0, 2)" in repr(part0)
     with pytest.raises(ValueError, match="part 0 has 4 local nodes"):
         part0.local_to_global(torch.tensor([4]))
+
+
+def test_orig_of_local_refuses_ids_out_of_range(tmp_path: Path) -> None:
+    # Owned-local IDs only: a negative one wrapped around to the last owned
+    # node, a halo one (>= num_owned) was a raw IndexError.
+    graph = Graph.from_edge_index([0, 1, 3, 2], [2, 2, 1, 3], num_nodes=4)
+    partition = Partition(torch.tensor([1, 0, 0, 1]), num_parts=2)
+    part0, _ = load_all(graph, partition, tmp_path / "parts")
+    for bad, found in (([-1, 0], r"\[-1, 0\]"), ([2], r"\[2, 2\]")):
+        with pytest.raises(
+            ValueError, match=rf"local_nid: part 0 owns 2 nodes, .*{found}"
+        ):
+            part0.orig_of_local(torch.tensor(bad))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,12 @@ from hypothesis import strategies as st
 
 from graphwire.graph.graph import Graph
 from graphwire.graph.synthetic import ProductsConfig, products_graph
-from graphwire.partition import MetisPartitioner, Partition, PartitionStats
+from graphwire.partition import (
+    MetisPartitioner,
+    Partition,
+    PartitionStats,
+    write_partitioned,
+)
 from graphwire.partition.base import PARTITIONERS, get_partitioner
 from graphwire.partition.locality import (
     HALO_WEIGHTS,
@@ -91,6 +98,29 @@ def test_incremental_bookkeeping_matches_recount(
         if step % 5 == 0:
             check(tracker, graph, num_parts)
     check(tracker, graph, num_parts)
+
+
+def test_recount_peak_memory_is_about_links() -> None:
+    """The docstring's 4PN bytes: one bincount over P * N keys held int64
+    counts, their int32 copy and two [P, N] masks at once (about 12PN)."""
+    rng = np.random.default_rng(0)
+    num_nodes, num_parts = 20_000, 32  # links: 2.56 MB, edges: 0.3 MB
+    graph = Graph.from_edge_index(
+        rng.integers(0, num_nodes, 40_000),
+        rng.integers(0, num_nodes, 40_000),
+        num_nodes=num_nodes,
+    )
+    owner = rng.integers(0, num_parts, num_nodes)
+    tracker = HaloTracker(graph, owner, num_parts)
+    tracemalloc.start()
+    try:
+        links, halo, edge_cut = tracker.recount(owner)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * links.nbytes, (peak, links.nbytes)
+    np.testing.assert_array_equal(links, brute_links(graph, owner, num_parts))
+    assert (halo, edge_cut) == (tracker.halo, tracker.edge_cut)
 
 
 @given(graph_owner_moves())
@@ -182,6 +212,18 @@ def test_limits_are_kept(products: Graph) -> None:
     assert (loose.num_swaps, loose.stop_reason) == (0, "converged")
 
 
+def test_the_last_allowed_swap_may_converge() -> None:
+    """Balance reached by swap max_swaps was reported as "max_swaps"."""
+    graph = products_graph(ProductsConfig(nodes=4_000, features=0, seed=1))
+    initial = MetisPartitioner(balance=("count", "degree")).assign(graph, 4, 0)
+    _, full = refine(graph, initial, 4)
+    assert full.stop_reason == "converged" and full.num_swaps > 1
+    _, capped = refine(graph, initial, 4, max_swaps=full.num_swaps)
+    assert (capped.num_swaps, capped.stop_reason) == (full.num_swaps, "converged")
+    _, short = refine(graph, initial, 4, max_swaps=full.num_swaps - 1)
+    assert (short.num_swaps, short.stop_reason) == (full.num_swaps - 1, "max_swaps")
+
+
 def test_deterministic_for_a_seed() -> None:
     graph = products_graph(ProductsConfig(nodes=4_000, features=0, seed=1))
     first = LocalityPartitioner().partition(graph, 4, seed=3)
@@ -191,6 +233,58 @@ def test_deterministic_for_a_seed() -> None:
     assert not single.partition(graph, 1, seed=0).assignment.any()
     assert single.last_refinement is not None
     assert single.last_refinement.stop_reason == "converged"
+
+
+def test_params_record_the_constraints_stage_1_used() -> None:
+    graph = products_graph(ProductsConfig(nodes=100, degree=4, features=0))
+    partition = LocalityPartitioner().partition(graph, 2, seed=0)
+    assert partition.params["constraints"] == ["count", "degree"]
+    # Without edges METIS balances the node count only, as metis records.
+    no_edges = Graph.from_edge_index([], [], num_nodes=10)
+    partition = LocalityPartitioner().partition(no_edges, 2, seed=0)
+    assert partition.params["balance"] == ["count", "degree"]
+    assert partition.params["constraints"] == ["count"]
+
+
+def test_numpy_int_params_are_taken_as_plain_ints() -> None:
+    built = LocalityPartitioner(
+        ufactor=np.int64(40),
+        max_swaps=np.int64(5),
+        batch_size=np.int32(7),
+        patience=np.uint8(3),
+    )
+    params = built.params()
+    for name, value in (("ufactor", 40), ("max_swaps", 5), ("batch_size", 7)):
+        assert params[name] == value and type(params[name]) is int, name
+    assert params["patience"] == 3 and type(params["patience"]) is int
+    json.dumps(params)  # what meta.json will hold
+
+
+def test_an_infinite_limit_is_no_limit_and_recorded_as_none(tmp_path: Path) -> None:
+    """max_cut_growth=inf went into meta.json as Infinity, which is not JSON."""
+    graph = products_graph(ProductsConfig(nodes=100, degree=4, features=0))
+    built = get_partitioner(
+        "locality", max_cut_growth=float("inf"), degree_slack=np.float64("inf")
+    )
+    partition = built.partition(graph, 2, seed=0)
+    assert partition.params["max_cut_growth"] is None
+    assert partition.params["degree_slack"] is None
+    unlimited = LocalityPartitioner(max_cut_growth=None, degree_slack=None)
+    assert torch.equal(
+        unlimited.partition(graph, 2, seed=0).assignment, partition.assignment
+    )
+    folder = write_partitioned(graph, partition, tmp_path / "parts")
+    meta = json.loads((folder / "meta.json").read_text(), parse_constant=_refuse)
+    assert meta["params"]["max_cut_growth"] is None
+    for bad in (float("nan"), -float("inf"), -0.5, True, "0.1"):
+        with pytest.raises(
+            ValueError, match=r"max_cut_growth: expected a number >= 0, or None"
+        ):
+            LocalityPartitioner(max_cut_growth=bad)
+
+
+def _refuse(constant: str) -> None:
+    raise AssertionError(f"meta.json holds {constant}, which is not JSON")
 
 
 def test_registered_and_validated() -> None:

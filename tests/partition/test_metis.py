@@ -11,6 +11,7 @@ import torch
 import graphwire.partition._metislib as metislib
 from graphwire.graph.graph import Graph
 from graphwire.partition import MetisPartitioner, PartitionStats, get_partitioner
+from graphwire.partition.metis import DEFAULT_BALANCE
 
 
 def community_graph(
@@ -151,6 +152,24 @@ def test_zero_total_constraints_are_dropped() -> None:
     assert stats.num_train == (1, 1, 1) and stats.num_nodes == (4, 4, 4)
 
 
+def test_constraints_smaller_than_the_part_count_are_dropped(
+    sbm: Graph, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # 5 training nodes cannot go 1 per part to 8 parts: balancing them anyway,
+    # METIS left 3 parts empty and printed "***Cannot bisect ..." to stdout.
+    few_train = sbm.replace(train_idx=np.arange(5) * 97)
+    partition = MetisPartitioner().partition(few_train, 8, seed=0)
+    assert partition.params["constraints"] == ["count", "degree"]
+    stats = PartitionStats.compute(few_train, partition)
+    assert stats.imbalance["num_nodes"] <= 1.05, stats.num_nodes
+    assert "***" not in capfd.readouterr().out
+    # The same rule for degree: 3 edges among 8 parts.
+    path = Graph.from_edge_index([0, 1, 2], [1, 2, 3], num_nodes=40)
+    partition = MetisPartitioner().partition(path, 8, seed=0)
+    assert partition.params["constraints"] == ["count"]
+    assert partition.part_sizes().tolist() == [5] * 8
+
+
 def test_all_constraints_dropped_falls_back_to_unit_weights() -> None:
     graph = Graph.from_edge_index([0, 1, 2, 3], [1, 2, 3, 0], num_nodes=4)
     partition = MetisPartitioner(balance="val").partition(graph, 2, seed=0)
@@ -191,6 +210,28 @@ def test_params_parse_and_validate() -> None:
         MetisPartitioner(balance=("count", "count"))
     with pytest.raises(ValueError, match="ufactor: expected an int >= 1"):
         MetisPartitioner(ufactor=0)
+
+
+def test_numpy_params_are_taken_and_recursive_must_be_a_bool() -> None:
+    """partition() takes numpy ints; the parameters did not ("ufactor: expected
+    an int >= 1, found np.int64(30)"), and recursive="no" ran bisection."""
+    metis = MetisPartitioner(ufactor=np.int64(30), recursive=np.bool_(False))
+    params = metis.params()
+    assert params == {
+        "balance": list(DEFAULT_BALANCE),
+        "ufactor": 30,
+        "recursive": False,
+    }
+    assert type(params["ufactor"]) is int and type(params["recursive"]) is bool
+    for bad in ("no", 1, 0.0):
+        with pytest.raises(
+            ValueError, match=r"recursive: expected True, False or None"
+        ):
+            MetisPartitioner(recursive=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ufactor: expected an int >= 1, found True"):
+        MetisPartitioner(ufactor=True)
+    with pytest.raises(ValueError, match="ufactor: expected an int >= 1, found 30.0"):
+        MetisPartitioner(ufactor=30.0)  # type: ignore[arg-type]
 
 
 def test_metislib_reports_errors() -> None:
