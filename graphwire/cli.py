@@ -306,6 +306,11 @@ def apply_config(
         raise ValueError(f"--config {path}: not a text file (UTF-8)") from None
     except yaml.YAMLError as error:
         raise ValueError(f"--config {path}: not valid YAML: {error}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise ValueError(
+            f"--config {path}: not valid YAML: nested too deeply (a config "
+            "is a mapping of flag: value)"
+        ) from None
     if config is None:  # empty, or comments only
         config = {}
     if not isinstance(config, dict):

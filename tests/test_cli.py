@@ -144,6 +144,9 @@ def test_config_file_keys_must_be_known(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "not valid YAML" in err and "found the key 'model' twice" in err
     assert "line 3, column 1" in err
+    config.write_text("[" * 100_000)  # was a RecursionError traceback
+    assert main(["train", "--config", str(config)]) == 2
+    assert "not valid YAML: nested too deeply" in capsys.readouterr().err
     config.write_text("batch-size: 8\nbatch_size: 16\n")
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err
