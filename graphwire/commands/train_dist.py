@@ -406,7 +406,6 @@ def _print_time_split(reports: list[RankReport]) -> None:
 # The replicate engine's cost in rows: the L-hop nodes held beyond the owned
 # ones, and the rows computed per forward beyond the owned ones.
 _REPLICA_COUNTERS = ("replicated_rows", "redundant_rows")
-_ONCE = ("setup.", "meta.")  # tags sent once per run, not per epoch
 _PEER_COLUMNS = 8  # a column per destination up to this many ranks
 
 
@@ -429,8 +428,21 @@ def ledger_span(report: RankReport) -> tuple[int, str]:
     if count <= 0:
         return 0, "no epochs left to run, resumed"
     if first == 0:
-        return count, f"{count} epochs"
+        return count, f"{count} epoch{'s' if count > 1 else ''}"
     return count, f"epochs {first}-{report.epochs_run - 1}, resumed"
+
+
+def _epoch_bytes_by_tag(reports: list[RankReport]) -> dict[str, int]:
+    """Bytes sent per tag in the epochs the ledgers count (their records'
+    windows, so set-up and teardown traffic of a tag, such as the set-up's
+    ``sync.metrics``, is not spread over the epochs), over ranks."""
+    sums: dict[str, int] = defaultdict(int)
+    for report in reports:
+        for record in report.records:
+            if record["epoch"] >= report.first_epoch:
+                for tag, num_bytes in record["comm"]["by_tag"].items():
+                    sums[tag] += num_bytes
+    return sums
 
 
 def print_comm(reports: list[RankReport]) -> dict[str, int]:
@@ -446,6 +458,7 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
             messages[tag] += count
         recv += sum(row[3] for row in report.ledger["recv"])
     epochs, span = ledger_span(reports[0])
+    per_epoch = _epoch_bytes_by_tag(reports)
     print_table(
         f"bytes by tag (all ranks, {span})",
         ["tag", "bytes", "per epoch", "messages"],
@@ -453,9 +466,9 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
             (
                 tag,
                 by_tag[tag],
-                "-"
-                if tag.startswith(_ONCE) or not epochs
-                else format_bytes(by_tag[tag] / epochs),
+                format_bytes(per_epoch[tag] / epochs)
+                if tag in per_epoch and epochs
+                else "-",
                 messages[tag],
             )
             for tag in sorted(by_tag)

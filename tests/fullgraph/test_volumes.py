@@ -304,11 +304,15 @@ def test_epoch_traffic_by_rank_adds_up_to_every_ledger(tmp_path, exchange) -> No
             assert total == got, (rank, way)
 
 
-def _report(rank: int, ledger: dict) -> RankReport:
-    """A rank's report of a 2-epoch run holding only ``ledger``."""
+def _report(rank: int, ledger: dict, per_epoch: dict | None = None) -> RankReport:
+    """A rank's report of a 2-epoch run holding ``ledger`` and, for each
+    epoch, a record whose window sent ``per_epoch`` (tag -> bytes)."""
     return RankReport(
         rank=rank,
-        records=[],
+        records=[
+            {"epoch": epoch, "comm": {"by_tag": dict(per_epoch or {})}}
+            for epoch in range(2)
+        ],
         ledger=ledger,
         counters={},
         num_owned=0,
@@ -325,9 +329,19 @@ def test_the_end_of_run_tables_give_bytes_by_tag_and_by_peer(capsys) -> None:
     def sent(src: int, *rows: tuple[int, str, int]) -> dict:
         return {"sent": [(src, dst, tag, n, 1) for dst, tag, n in rows], "recv": []}
 
+    # Per epoch: the epoch records' windows. sync.metrics is sent in both
+    # epochs and once at set-up (24 = 8 + 2 x 8): 8 B per epoch, not 12.
     reports = [
-        _report(0, sent(0, (1, "fwd.L1", 3_000_000), (1, "setup.input", 5000))),
-        _report(1, sent(1, (0, "bwd.L1", 512), (0, "sync.metrics", 24))),
+        _report(
+            0,
+            sent(0, (1, "fwd.L1", 3_000_000), (1, "setup.input", 5000)),
+            {"fwd.L1": 1_500_000},
+        ),
+        _report(
+            1,
+            sent(1, (0, "bwd.L1", 512), (0, "sync.metrics", 24)),
+            {"bwd.L1": 256, "sync.metrics": 8},
+        ),
     ]
     assert training_bytes_by_peer(reports) == [[0, 3_000_000], [512, 0]]
     totals = print_comm(reports)
@@ -336,8 +350,10 @@ def test_the_end_of_run_tables_give_bytes_by_tag_and_by_peer(capsys) -> None:
         " ".join(line.strip("│ ").split())
         for line in capsys.readouterr().out.splitlines()
     ]
+    assert "bytes by tag (all ranks, 2 epochs)" in lines
     assert "fwd.L1 │ 3,000,000 │ 1.43 MiB │ 1" in lines  # 2 epochs
     assert "setup.input │ 5,000 │ - │ 1" in lines  # once per run
+    assert "sync.metrics │ 24 │ 8 B │ 1" in lines
     # Rank, sent, received (training tags only), then to each rank.
     assert "0 │ 2.86 MiB │ 512 B │ - │ 2.86 MiB" in lines
     assert "1 │ 512 B │ 2.86 MiB │ 512 B │ -" in lines
@@ -347,7 +363,7 @@ def test_the_end_of_run_tables_give_bytes_by_tag_and_by_peer(capsys) -> None:
     print_comm(reports)
     text = " ".join(capsys.readouterr().out.split())
     assert "bytes by tag (all ranks, epochs 1-1, resumed)" in text
-    assert "fwd.L1 │ 3,000,000 │ 2.86 MiB │ 1" in text  # per epoch: 1 epoch
+    assert "fwd.L1 │ 3,000,000 │ 1.43 MiB │ 1" in text  # epoch 1's record
     # Resumed after the last epoch: nothing to divide by.
     for report in reports:
         report.first_epoch = 2
