@@ -36,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     data = commands.add_parser("data", help="generate, describe or verify a graph")
-    data_commands = data.add_subparsers(dest="data_command", required=True)
+    data_commands = data.add_subparsers(
+        dest="data_command", required=True, metavar="SUBCOMMAND"
+    )
     generate = data_commands.add_parser(
         "generate", help="make or load a dataset and save it in graphwire's format"
     )

@@ -171,7 +171,8 @@ class TrainConfig:
         if self.patience is not None:
             if not is_int(self.patience) or self.patience < 1:
                 raise ValueError(
-                    f"patience: expected an integer >= 1 or None, got {self.patience!r}"
+                    f"patience: expected an integer >= 1 (None: never stop early), "
+                    f"got {self.patience!r}"
                 )
             _set(self, "patience", int(self.patience))
         _set(self, "seed", check_seed(self.seed))

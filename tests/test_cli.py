@@ -40,6 +40,13 @@ def test_help_lists_the_commands() -> None:
         assert command in out
 
 
+def test_a_command_without_its_subcommand_says_so(capsys) -> None:
+    with pytest.raises(SystemExit):  # argparse's usage error, exit 2
+        main(["data"])
+    err = capsys.readouterr().err  # it named the attribute, data_command
+    assert "the following arguments are required: SUBCOMMAND" in err
+
+
 def test_data_generate_then_info(tmp_path, capsys) -> None:
     folder = tmp_path / "g"
     assert main(["data", "generate", "--dataset", SMALL, "--out", str(folder)]) == 0
@@ -328,6 +335,10 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
         (["--partition", "random", "--parts", "0"], "--parts: expected >= 1, got 0"),
         (["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
         (["--eval-every", "0"], "--eval-every: expected an integer >= 1, got 0"),
+        (  # it said "or None", which no command line can give
+            ["--patience", "0"],
+            "--patience: expected an integer >= 1 (leave it out: never stop early)",
+        ),
         (
             ["--mode", "minibatch", "--layers", "3", "--fanouts", "-1,5"],
             "--fanouts: expected one per layer (--layers 3), got [-1, 5]",

@@ -103,6 +103,7 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
         field, colon, why = str(error).partition(": ")
         flag = _FLAG_OF_FIELD.get(field, field)
         why = why.replace("num_layers=", "--layers ")
+        why = why.replace("(None: ", "(leave it out: ")  # --patience
         raise ValueError(f"{flag}{colon}{why}") from None
 
 

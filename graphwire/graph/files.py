@@ -189,6 +189,9 @@ def save_npz(graph: Graph, path: str | os.PathLike[str]) -> Path:
 
 
 # --------------------------------------------------------------------- helpers
+_NPY_MAGIC = b"\x93NUMPY"  # how a single .npy array starts
+
+
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     """Every array of the archive, read now so damage is reported here."""
     if not path.is_file():
@@ -197,6 +200,14 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         # Our own handle: np.load leaks its file when the zip directory is bad.
         with open(path, "rb") as handle:
+            start = handle.read(len(_NPY_MAGIC))
+            if start == _NPY_MAGIC:
+                raise DatasetError(path, "expected an .npz archive, found one array")
+            if not start.startswith(b"PK"):  # numpy would suggest allow_pickle
+                raise DatasetError(
+                    path, "not an .npz archive (it does not start as a zip file does)"
+                )
+            handle.seek(0)
             archive = np.load(handle, allow_pickle=False)
             if not isinstance(archive, np.lib.npyio.NpzFile):
                 raise DatasetError(path, "expected an .npz archive, found one array")
