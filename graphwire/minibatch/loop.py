@@ -296,7 +296,13 @@ class RankLoop:
         After an error the peers are not in step, so no collective runs: the
         serving threads are daemons and go with the process. The presample
         goes whatever happens meanwhile (torchrun's SIGTERM, say, which
-        interrupts a rank cleaning up after a peer's failure)."""
+        interrupts a rank cleaning up after a peer's failure); after an error
+        it goes first, before joining threads that a dead peer can hold up
+        (the prefetcher's for up to 30 s, the cache builder's until its pull
+        times out) past torchrun's grace period: 30 s after its SIGTERM, the
+        agent SIGKILLs the rank, and nothing removes the folder then."""
+        if not collective and self._scratch is not None:
+            self._scratch.remove()  # threads reading from it fail: fine here
         try:
             if self.cache is not None:
                 # First: a prefetcher that ran into an epoch this run will not
