@@ -2,8 +2,9 @@
 
 Each ``python`` block of "The Python API" runs as a script of its own (the
 distributed one must: its workers import it), from a scratch folder, with the
-Cora path pointed at ``../shared`` and 30 epochs for the examples' 200. The distributed example's ranks must print
-the single-process example's test accuracy: the parity oracle, in the docs.
+Cora path pointed at ``../shared`` and 30 epochs for the examples' 200. The
+distributed example's ranks must print the single-process example's test
+accuracy: the parity oracle, in the docs.
 """
 
 from __future__ import annotations

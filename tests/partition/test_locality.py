@@ -22,9 +22,9 @@ from graphwire.partition import (
     write_partitioned,
 )
 from graphwire.partition.base import PARTITIONERS, get_partitioner
+from graphwire.partition.halo import HaloTracker
 from graphwire.partition.locality import (
     HALO_WEIGHTS,
-    HaloTracker,
     LocalityPartitioner,
     RefineResult,
     refine,
