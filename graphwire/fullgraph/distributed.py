@@ -54,7 +54,7 @@ from graphwire.fullgraph.checkpoint import (
 )
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.models import GNN, LAYER_KINDS
-from graphwire.partition.local import LocalPart
+from graphwire.partition.local import LocalPart, trainable_classes
 from graphwire.runlog import peak_rss_mb
 from graphwire.training import (
     SPLITS,
@@ -202,16 +202,8 @@ def train_distributed(
     Returns:
         The run, with accuracies over all ranks' nodes.
     """
-    if part.x is None or part.y is None or part.train_local is None:
-        raise ValueError(
-            f"part {part.part_id}: training needs features, labels and splits"
-        )
-    num_classes = int(part.meta.get("num_classes") or 0)
-    if num_classes < 1:
-        raise ValueError(
-            f"part {part.part_id}: meta.json says num_classes is "
-            f"{num_classes}; training needs labelled classes"
-        )
+    num_classes = trainable_classes(part)
+    assert part.x is not None  # (trainable_classes checked it)
     began = time.perf_counter()
     windows = LedgerWindows(transport.ledger)
     sizes = _split_sizes(part, transport)  # first: it checks no split is empty

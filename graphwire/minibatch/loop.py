@@ -38,7 +38,7 @@ from graphwire.minibatch.schedule import (
     steps_per_epoch,
 )
 from graphwire.nn.models import LAYER_KINDS
-from graphwire.partition.local import LocalPart
+from graphwire.partition.local import LocalPart, trainable_classes
 from graphwire.sampler.base import SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
 from graphwire.training import TrainConfig, make_optimizer
@@ -101,16 +101,8 @@ class RankLoop:
         config: TrainConfig,
         options: FetchOptions,
     ) -> None:
-        if part.x is None or part.y is None or part.train_local is None:
-            raise ValueError(
-                f"part {part.part_id}: training needs features, labels and splits"
-            )
-        num_classes = int(part.meta.get("num_classes") or 0)
-        if num_classes < 1:
-            raise ValueError(
-                f"part {part.part_id}: meta.json says num_classes is "
-                f"{num_classes}; training needs labelled classes"
-            )
+        num_classes = trainable_classes(part)
+        assert part.x is not None and part.train_local is not None  # (checked)
         assert config.fanouts is not None
         self.part, self.transport, self.config, self.options = (
             part,

@@ -27,7 +27,7 @@ import torch
 
 from graphwire.partition.book import PartitionBook
 
-__all__ = ["LocalPart"]
+__all__ = ["LocalPart", "trainable_classes"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,3 +156,23 @@ class LocalPart:
             f"global_range=[{start}, {stop}), num_halo={self.num_halo}, "
             f"num_in_edges={self.num_in_edges})"
         )
+
+
+def trainable_classes(part: LocalPart) -> int:
+    """``part``'s number of classes, once it is known to have what training
+    needs (features, labels, splits, labelled classes).
+
+    Raises:
+        ValueError: naming the part and what it lacks.
+    """
+    if part.x is None or part.y is None or part.train_local is None:
+        raise ValueError(
+            f"part {part.part_id}: training needs features, labels and splits"
+        )
+    num_classes = int(part.meta.get("num_classes") or 0)
+    if num_classes < 1:
+        raise ValueError(
+            f"part {part.part_id}: meta.json says num_classes is "
+            f"{num_classes}; training needs labelled classes"
+        )
+    return num_classes
