@@ -161,10 +161,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(int(args.threads))
     graph = load_with_status(args.dataset, args.quiet)
     check_trainable_dataset(graph, args.dataset)
+    parts = args.parts or 4  # with --partition: the split it reports
     if args.partition:
         from graphwire.commands.partition import check_parts_fit
 
-        check_parts_fit(graph, args.parts or 4, args.dataset)
+        check_parts_fit(graph, parts, args.dataset)
     print_table("dataset", ["field", "value"], graph_rows(graph))
 
     with MetricsLog(out) as log:
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             from graphwire.commands.partition import partition_and_report
 
             stats = partition_and_report(
-                graph, args.partition, args.parts or 4, int(args.seed), args.quiet
+                graph, args.partition, parts, int(args.seed), args.quiet
             )
             partition_fields = stats
             log.write("partition", **stats)
