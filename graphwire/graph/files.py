@@ -189,9 +189,6 @@ def save_npz(graph: Graph, path: str | os.PathLike[str]) -> Path:
 
 
 # --------------------------------------------------------------------- helpers
-_NPY_MAGIC = b"\x93NUMPY"  # how a single .npy array starts
-
-
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     """Every array of the archive, read now so damage is reported here."""
     if not path.is_file():
@@ -200,8 +197,9 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         # Our own handle: np.load leaks its file when the zip directory is bad.
         with open(path, "rb") as handle:
-            start = handle.read(len(_NPY_MAGIC))
-            if start == _NPY_MAGIC:
+            magic = np.lib.format.MAGIC_PREFIX  # how a single .npy array starts
+            start = handle.read(len(magic))
+            if start == magic:
                 raise DatasetError(path, "expected an .npz archive, found one array")
             if not start.startswith(b"PK"):  # numpy would suggest allow_pickle
                 raise DatasetError(
