@@ -29,6 +29,9 @@ Built once per rank at set-up (G3 §5.3) for
    bin of layer ``k - 1``, receiver), rows in the sender's schedule order, so
    a bin's rows can leave as soon as it is computed; each bin lists the
    messages its halo rows come in (``needs``), for eager computation.
+4. **The bins' graphs** (:class:`BinGraph`, :class:`StackGraph`), kept from
+   a forward for the backward, and the gradients returning to a layer's
+   source rows (:class:`Returns`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse import csgraph
 
-from graphwire.comm.base import Transport
+from graphwire.comm.base import Transport, Work
 from graphwire.comm.plan import ExchangePlan
 from graphwire.nn.base import MessageGraph
 
@@ -48,8 +51,11 @@ __all__ = [
     "ORDERS",
     "RAMP",
     "Bin",
+    "BinGraph",
     "LayerBins",
     "Messages",
+    "Returns",
+    "StackGraph",
     "bfs_order",
     "bin_bytes",
     "layer_bins",
@@ -126,6 +132,60 @@ class Messages:
     keys: list[tuple[int, int]]
     bins_sent: frozenset[int]
     halo_message: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BinGraph:
+    """One bin's autograd graph, kept from the forward for the backward.
+
+    Attributes:
+        index: the bin's index in its layer.
+        bin: the bin.
+        src: the leaf of its source rows (input rows, or projected rows when
+            the layer exchanges them).
+        dst: the leaf of its destinations' input rows (projected layers whose
+            ``propagate`` reads them), else None.
+        outs: what the bin hands on, with their graph: the last layer's
+            output rows, or the next layer's source rows (finished: activation
+            and dropout, then projected when the next layer exchanges
+            projected rows) and, when the next layer reads its destinations'
+            input rows, those rows unprojected.
+    """
+
+    index: int
+    bin: Bin
+    src: torch.Tensor
+    dst: torch.Tensor | None
+    outs: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StackGraph:
+    """One forward's graphs: every layer's bins (forward order), the input
+    rows' leaf and, when layer 0 exchanges projected rows, their projection."""
+
+    layers: list[list[BinGraph]]
+    h0: torch.Tensor
+    projection: torch.Tensor | None
+
+
+@dataclass(eq=False)
+class Returns:
+    """The gradients of one layer's source rows coming back from the peers
+    that read them: one message per (peer, sender bin), the reverse of the
+    forward's, added into ``grad`` (the owned source rows' gradient) bin by
+    bin as the backward needs them."""
+
+    grad: torch.Tensor
+    pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]]
+
+    def wait_bin(self, b: int | None) -> None:
+        """Wait for the messages of sender bin ``b`` (all when None), peers
+        in rank order, and add their rows."""
+        for key in sorted(k for k in self.pending if b is None or k[1] == b):
+            work, buf, rows = self.pending.pop(key)
+            work.wait()
+            self.grad.index_add_(0, rows, buf)
 
 
 # ------------------------------------------------------------------- order

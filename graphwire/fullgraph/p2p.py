@@ -72,7 +72,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any, cast
 
@@ -91,6 +91,9 @@ from graphwire.fullgraph.base import (
 from graphwire.fullgraph.g3_bins import (
     ORDERS,
     Bin,
+    BinGraph,
+    Returns,
+    StackGraph,
     bfs_order,
     layer_bins,
     priority_order,
@@ -107,60 +110,6 @@ __all__ = ["MODES", "P2PEngine", "SYNCS"]
 
 MODES = ("full", "inter", "intra", "sequential")
 SYNCS = ("layer", "epoch")
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class BinGraph:
-    """One bin's autograd graph, kept from the forward for the backward.
-
-    Attributes:
-        index: the bin's index in its layer.
-        bin: the bin.
-        src: the leaf of its source rows (input rows, or projected rows when
-            the layer exchanges them).
-        dst: the leaf of its destinations' input rows (projected layers whose
-            ``propagate`` reads them), else None.
-        outs: what the bin hands on, with their graph: the last layer's
-            output rows, or the next layer's source rows (finished: activation
-            and dropout, then projected when the next layer exchanges
-            projected rows) and, when the next layer reads its destinations'
-            input rows, those rows unprojected.
-    """
-
-    index: int
-    bin: Bin
-    src: torch.Tensor
-    dst: torch.Tensor | None
-    outs: tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class StackGraph:
-    """One forward's graphs: every layer's bins (forward order), the input
-    rows' leaf and, when layer 0 exchanges projected rows, their projection."""
-
-    layers: list[list[BinGraph]]
-    h0: torch.Tensor
-    projection: torch.Tensor | None
-
-
-@dataclass(eq=False)
-class Returns:
-    """The gradients of one layer's source rows coming back from the peers
-    that read them: one message per (peer, sender bin), the reverse of the
-    forward's, added into ``grad`` (the owned source rows' gradient) bin by
-    bin as the backward needs them."""
-
-    grad: torch.Tensor
-    pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]]
-
-    def wait_bin(self, b: int | None) -> None:
-        """Wait for the messages of sender bin ``b`` (all when None), peers
-        in rank order, and add their rows."""
-        for key in sorted(k for k in self.pending if b is None or k[1] == b):
-            work, buf, rows = self.pending.pop(key)
-            work.wait()
-            self.grad.index_add_(0, rows, buf)
 
 
 @register("g3")
@@ -574,8 +523,16 @@ class P2PEngine(Engine):
             # Pipelined sends of the next layer's rows stay in flight while it
             # computes; every send is complete before the forward returns.
             self.timed(self._drain_sends)
-        if out_src is None:  # a part without rows
-            width = int(getattr(layer, "out_dim", 0)) * int(getattr(layer, "heads", 1))
+        if out_src is None:  # a part without rows: what the layer would hand on
+            width = int(getattr(layer, "output_width", getattr(layer, "out_dim", 0)))
+            projection = None
+            if not last:
+                following = self._model_layers[index + 1]
+                projection = self.exchanged_projection(index + 1, following)
+            if projection is not None:
+                if projection.reads_dst_rows:
+                    out_dst = source.new_zeros((0, width))
+                width = int(cast(Any, projection).message_width)
             out_src = source.new_zeros((0, width))
         return out_src, out_dst, graphs
 
