@@ -19,7 +19,6 @@ Parses, builds, runs, tears down:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
@@ -38,7 +37,6 @@ from graphwire.fsutil import check_creatable
 from graphwire.fullgraph.checkpoint import (
     CheckpointConfig,
     check_resume,
-    parts_digest,
     saved_schedule,
 )
 from graphwire.fullgraph.distributed import TRAINING_TAGS
@@ -95,9 +93,10 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
     options: Any = _fetch_options(args) if minibatch else _engine_options(args)
     folder = _partitioned_folder(args, world, out, leader, resuming)
     if checkpoint is not None and (leader or resuming):
-        # The parts are known now (a fresh run's other ranks under torchrun
-        # wait for rank 0 to write them, and never write latest.json).
-        checkpoint = dataclasses.replace(checkpoint, parts=parts_digest(folder))
+        # The parts are known now, so a resume on others is refused before any
+        # work (a fresh run's other ranks under torchrun wait for rank 0 to
+        # write them; every rank learns them once its part is loaded).
+        checkpoint = checkpoint.on_parts(folder)
         if resuming:
             check_resume(checkpoint, world)  # the same parts as the run's
     log = RunLog(str(out), _header(args, config, world))

@@ -13,20 +13,23 @@ count and interval unless given others). ``--resume`` loads the epoch that
 run was started with (``CheckpointConfig.run``, kept in ``latest.json``): a
 resume that changes any of them is refused, naming them, and so is one on
 other parts than the run trained on (``CheckpointConfig.parts``, a digest of
-the partitioned folder's ``meta.json``). Dropout masks are hashed
-from (seed, epoch), so a resumed run takes the same steps as an uninterrupted
-one.
+the partitioned folder's ``meta.json``). Each rank's file is stamped with
+the run's settings and parts (their digest), and a resume refuses a file
+another run wrote (one started into the same folder that died before its
+``latest.json``). Dropout masks are hashed from (seed, epoch), so a resumed
+run takes the same steps as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,12 @@ class CheckpointConfig:
         if self.keep < 0:
             raise ValueError(f"checkpoints to keep: expected >= 0, got {self.keep}")
 
+    def on_parts(self, folder: str | os.PathLike[str]) -> CheckpointConfig:
+        """This config with ``parts`` the digest of the partitioned ``folder``
+        (:func:`parts_digest`), which every rank's ``latest.json`` and file
+        record."""
+        return replace(self, parts=parts_digest(folder))
+
 
 def _epoch_dir(folder: Path, epoch: int) -> Path:
     return folder / f"epoch{epoch:06d}"
@@ -101,13 +110,22 @@ def save_checkpoint(
     config: CheckpointConfig, epoch: int, rank: int, state: dict[str, Any]
 ) -> None:
     """Write this rank's ``state`` for ``epoch`` (atomic: temp file, rename),
-    stamped with ``rank`` and ``epoch`` (a resume checks both)."""
+    stamped with ``rank``, ``epoch`` and the run (:func:`_run_stamp`; a resume
+    checks all three)."""
     where = _epoch_dir(Path(config.folder), epoch)
     where.mkdir(parents=True, exist_ok=True)
     final = where / f"rank{rank}.pt"
     partial = where / f".rank{rank}.pt.partial"
-    torch.save({**state, "epoch": epoch, "rank": rank}, partial)
+    stamp = _run_stamp(config.run, config.parts)
+    torch.save({**state, "epoch": epoch, "rank": rank, "run": stamp}, partial)
     os.replace(partial, final)
+
+
+def _run_stamp(run: dict[str, Any], parts: str | None) -> dict[str, str | None]:
+    """What ties a rank's file to its run: the SHA-256 of the run's settings
+    (as ``latest.json`` holds them) and the parts' digest."""
+    settings = json.dumps(json.loads(json.dumps(run)), sort_keys=True)
+    return {"settings": hashlib.sha256(settings.encode()).hexdigest(), "parts": parts}
 
 
 def mark_complete(config: CheckpointConfig, epoch: int, world_size: int) -> None:
@@ -184,6 +202,13 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
             each differing one is named), or on other parts (``config.parts``,
             when both it and ``latest.json`` give them).
     """
+    meta = _latest(config, world_size)
+    return None if meta is None else int(meta["epoch"])
+
+
+def _latest(config: CheckpointConfig, world_size: int) -> dict[str, Any] | None:
+    """``latest.json`` of ``config.folder``, checked as :func:`check_resume`
+    says (None if there is none)."""
     latest = Path(config.folder) / "latest.json"
     if not latest.exists():
         return None
@@ -227,7 +252,7 @@ def check_resume(config: CheckpointConfig, world_size: int) -> int | None:
             "another one; resume on the parts the run trained on, or start "
             "afresh with another --out"
         )
-    return epoch
+    return dict(meta, epoch=epoch)
 
 
 def load_checkpoint(
@@ -239,11 +264,13 @@ def load_checkpoint(
         ValueError: as :func:`check_resume`, or ``latest.json`` names an
             epoch whose file is missing, unreadable (truncated, not written
             by torch, or holding more than tensors and plain values), or
-            written for another epoch or rank (a file copied in).
+            written for another epoch, rank or run (a file copied in, or
+            written by another run started into the same folder).
     """
-    epoch = check_resume(config, world_size)
-    if epoch is None:
+    meta = _latest(config, world_size)
+    if meta is None:
         return None
+    epoch = int(meta["epoch"])
     path = _epoch_dir(Path(config.folder), epoch) / f"rank{rank}.pt"
     if not path.exists():
         raise ValueError(f"{path}: missing (latest.json names epoch {epoch})")
@@ -262,7 +289,18 @@ def load_checkpoint(
             f"epoch {state['epoch']}, not of rank {rank} after epoch {epoch} "
             "(latest.json); was the checkpoint folder changed by hand?"
         )
-    return dict(state)
+    stamp = state.get("run", {})  # (an older graphwire's file has none)
+    stamp = stamp if isinstance(stamp, dict) else {"settings": stamp}
+    run = _run_stamp(meta.get("run") or {}, meta.get("parts"))
+    parts = {stamp.get("parts"), run["parts"]} - {None}  # None: not known
+    if stamp.get("settings", run["settings"]) != run["settings"] or len(parts) > 1:
+        raise ValueError(
+            f"{path}: written by another run than the one latest.json names "
+            f"(with other settings or parts); did another run write into "
+            f"{config.folder}? Resume from a folder only its own run wrote, or "
+            "start afresh with another --out"
+        )
+    return {name: value for name, value in state.items() if name != "run"}
 
 
 # What every training loop's state holds (:func:`save_checkpoint` adds the rank).

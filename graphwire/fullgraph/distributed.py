@@ -474,9 +474,22 @@ def restore_training_state(
     best: BestEpoch,
     records: list[EpochRecord],
 ) -> int:
-    """Load ``state``; return the first epoch still to run."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    """Load ``state``; return the first epoch still to run.
+
+    Raises:
+        ValueError: the state's model or optimizer does not fit these (a
+            checkpoint file changed by hand).
+    """
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as error:
+        said = str(error).strip().splitlines()
+        raise ValueError(
+            f"the checkpoint of rank {state.get('rank')} after epoch "
+            f"{state.get('epoch')} does not fit this model: "
+            f"{said[-1].strip() if said else type(error).__name__}"
+        ) from None
     torch.set_rng_state(state["rng"])
     saved = state["best"]
     best.epoch, best.val_acc = saved["epoch"], saved["val_acc"]

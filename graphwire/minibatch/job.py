@@ -48,7 +48,7 @@ def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:
             job.options,
             on_epoch=on_epoch,
             on_restore=on_epoch.restored,
-            checkpoint=job.checkpoint,
+            checkpoint=job.checkpoint and job.checkpoint.on_parts(job.folder),
         )
 
     return serve_rank(ctx, job, train, _show)

@@ -256,6 +256,57 @@ def test_a_damaged_or_swapped_checkpoint_file_is_refused_naming_it(tmp_path) -> 
         load_checkpoint(resume, 1, 2)
 
 
+def test_a_rank_file_another_run_wrote_is_refused_naming_it(tmp_path) -> None:
+    """A run started into the same folder with other settings or on other
+    parts, which died before its ``latest.json``, leaves its files under the
+    first run's index: refused, where one with the same shapes resumed with
+    the ranks' weights apart, and one with others ended in a torch
+    traceback."""
+    from dataclasses import replace
+
+    config = CheckpointConfig(str(tmp_path), every=1, run=RUN, parts="a" * 64)
+    for rank in (0, 1):
+        save_checkpoint(config, 3, rank, _state(3))
+    mark_complete(config, 3, 2)
+    resume = replace(config, resume=True)
+    assert load_checkpoint(resume, 1, 2)["epoch"] == 3
+    for other in (replace(config, run={**RUN, "seed": 5}), replace(config, parts="b")):
+        save_checkpoint(other, 3, 1, _state(3))
+        with pytest.raises(
+            ValueError, match=r"rank1.pt: written by another run than the one latest"
+        ):
+            load_checkpoint(resume, 1, 2)
+        assert load_checkpoint(resume, 0, 2)["epoch"] == 3
+
+
+def test_a_state_that_does_not_fit_the_model_is_refused_in_a_line() -> None:
+    """A file changed by hand so its weights fit another model: one line
+    naming the rank and epoch, not torch's size-mismatch paragraph."""
+    from graphwire.fullgraph.distributed import (
+        restore_training_state,
+        seeded_model,
+        training_state,
+    )
+    from graphwire.training import BestEpoch, TrainConfig, make_optimizer
+
+    def fresh(hidden: int):
+        config = TrainConfig(model="gcn", hidden=hidden)
+        model = seeded_model(6, 3, config)
+        return model, make_optimizer(model, config), BestEpoch(config.patience)
+
+    wide = fresh(16)
+    state = training_state(4, *wide, []) | {"rank": 1}
+    model, optimizer, best = fresh(8)
+    with pytest.raises(ValueError) as caught:
+        restore_training_state(state, model, optimizer, best, [])
+    message = str(caught.value)
+    assert message.startswith(
+        "the checkpoint of rank 1 after epoch 4 does not fit this model: "
+    )
+    assert "\n" not in message
+    assert restore_training_state(training_state(4, *fresh(8), []), *fresh(8), []) == 5
+
+
 def test_machines_sharing_the_folder_mark_and_prune_it_together(tmp_path) -> None:
     """The first rank of each machine marks every checkpoint complete: where
     the machines share the folder, they write the same ``latest.json`` and

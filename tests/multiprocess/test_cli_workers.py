@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from graphwire.comm.launch import free_port
+from graphwire.fullgraph.checkpoint import parts_digest
 from tests.comm.launchers import worker_children
 
 SPEC = "synthetic:products?nodes=2000&degree=8&features=16&classes=4&seed=3"
@@ -333,10 +334,13 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
     assert "summary " not in stdouts[1]
     # Node 1's local rank 0 (global rank 2) writes no records, but marks its
     # node's checkpoints: the newest epoch's, its own ranks' files only.
+    # Both record the parts, which a resume checks (node 1's had none).
     assert not list((tmp_path / "node1").glob("metrics.jsonl*"))
     for node, own in ((0, {"rank0.pt", "rank1.pt"}), (1, {"rank2.pt", "rank3.pt"})):
         folder = tmp_path / f"node{node}" / "checkpoints"
-        assert json.loads((folder / "latest.json").read_text())["epoch"] == 3
+        latest = json.loads((folder / "latest.json").read_text())
+        assert latest["epoch"] == 3
+        assert latest["parts"] == parts_digest(tmp_path / "parts")
         assert sorted(p.name for p in folder.glob("epoch*")) == ["epoch000003"]
         assert {p.name for p in (folder / "epoch000003").iterdir()} == own
     resumed = _summary(_two_nodes(common, tmp_path, "--resume", "--epochs", "6")[0])
