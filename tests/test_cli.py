@@ -464,6 +464,12 @@ def test_under_torchrun_workers_must_match_its_world(
     argv = ["train", "--dataset", str(tmp_path / "missing"), "--workers", "4"]
     assert main([*argv, "--quiet", "--out", str(tmp_path / "run")]) == 2
     assert "--workers 4: torchrun started 2 workers" in capsys.readouterr().err
+    # A malformed variable is named before any work (it was int()'s message).
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    assert main([*argv[:3], "--quiet", "--out", str(tmp_path / "run")]) == 2
+    assert "variable WORLD_SIZE must be an integer, got 'abc'" in (
+        capsys.readouterr().err
+    )
 
 
 def test_train_config_file_stands_in_for_flags(tmp_path, capsys) -> None:

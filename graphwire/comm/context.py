@@ -77,10 +77,18 @@ class WorkerContext:
             raise ValueError(
                 f"rank: expected 0 <= rank < {self.world_size}, got {self.rank}"
             )
-        if self.local_rank < 0:
-            raise ValueError(f"local_rank: expected >= 0, got {self.local_rank}")
+        if not 0 <= self.local_rank < self.world_size:
+            raise ValueError(
+                f"local_rank: expected 0 <= local_rank < {self.world_size} (the "
+                f"world size), got {self.local_rank}"
+            )
         if not self.master_addr:
             raise ValueError("master_addr: expected a host name or address, got ''")
+        if _has_port(self.master_addr):
+            raise ValueError(
+                f"master_addr: expected a host name or address without a port "
+                f"(the port is master_port), got {self.master_addr!r}"
+            )
         if not 0 < self.master_port < 65536:
             raise ValueError(f"master_port: expected 1..65535, got {self.master_port}")
         if self.backend not in BACKENDS:
@@ -119,6 +127,14 @@ class WorkerContext:
                 "not set; launch with torchrun or graphwire.comm.launch"
             )
         values = {name: _int_var(env, name) for name in _INTS}
+        if env.get("LOCAL_WORLD_SIZE"):
+            local_world = _int_var(env, "LOCAL_WORLD_SIZE")
+            if not 0 <= values["LOCAL_RANK"] < local_world:
+                raise ValueError(
+                    f"worker context: LOCAL_RANK {values['LOCAL_RANK']} is not "
+                    f"below LOCAL_WORLD_SIZE {local_world} (the ranks on this "
+                    "machine)"
+                )
         try:
             return cls(
                 rank=values["RANK"],
@@ -159,6 +175,14 @@ class WorkerContext:
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
+
+
+def _has_port(host: str) -> bool:
+    """Whether ``host`` ends in ``:port`` (``[v6]:port`` or ``name:port``);
+    a bare IPv6 address has colons but no port."""
+    if host.startswith("["):
+        return not host.endswith("]")
+    return host.count(":") == 1  # (a name or IPv4 address has none)
 
 
 def _int_var(env: Mapping[str, str], name: str) -> int:

@@ -259,7 +259,9 @@ class TorchTransport(Transport):
         """See :meth:`Transport.irecv`; ``tensor`` is filled by ``wait()``."""
         self._check_peer(src, "irecv", tag)
         direct = tensor.device == self.device and tensor.is_contiguous()
-        staged = tensor if direct else torch.empty_like(tensor, device=self.device)
+        staged = tensor
+        if not direct:  # (empty_like keeps a transposed view's strides)
+            staged = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
         try:
             work = dist.irecv(staged, src, tag=_P2P_TAG)
         except RuntimeError as error:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 from typing import Any
 
@@ -121,13 +120,15 @@ _FLAG_OF_FIELD = {
 def run(args: argparse.Namespace) -> int:
     _check_run_flags(args)
     config = build_config(args)
-    from graphwire.comm.context import under_torchrun
+    from graphwire.comm.context import WorkerContext, under_torchrun
     from graphwire.commands.train_dist import run_distributed
 
     if int(args.workers) > 1 or under_torchrun():
         if under_torchrun() and not args.out:
             raise ValueError("under torchrun, --out is required (one folder per run)")
-        world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.workers
+        world = args.workers
+        if under_torchrun():  # every variable checked, naming any that is wrong
+            world = WorkerContext.from_env().world_size
         if int(args.workers) > 1 and int(args.workers) != world:
             raise ValueError(
                 f"--workers {args.workers}: torchrun started {world} workers "

@@ -122,13 +122,16 @@ def exchange_suite(transport: Transport, mismatch: bool = False) -> dict[str, An
     if world > 1:
         succ, pred = (rank + 1) % world, (rank - 1) % world
         inbox = [torch.empty(P2P_LEN, dtype=torch.float64) for _ in range(NUM_P2P)]
+        # The last, sent as [P2P_LEN / 2, 2], lands in a transposed
+        # (non-contiguous) view of that shape, in its order.
+        inbox[-1] = torch.empty(2, P2P_LEN // 2, dtype=torch.float64).t()
+        outbox = [p2p_message(rank, k) for k in range(NUM_P2P)]
+        outbox[-1] = outbox[-1].reshape(inbox[-1].shape)
         recvs = [transport.irecv(buf, pred, "p2p") for buf in inbox]
-        sends = [
-            transport.isend(p2p_message(rank, k), succ, "p2p") for k in range(NUM_P2P)
-        ]
+        sends = [transport.isend(message, succ, "p2p") for message in outbox]
         for work in [*sends, *recvs]:
             work.wait()
-        out["p2p"] = inbox
+        out["p2p"] = [buf.reshape(-1) for buf in inbox]
     out["objects"] = transport.all_gather_object(gather_payload(rank), "obj")
     out["ledger"] = transport.ledger.snapshot()
     out["mismatch"] = None

@@ -51,6 +51,14 @@ def test_malformed_variable_is_named() -> None:
         WorkerContext.from_env(ENV | {"MASTER_PORT": "x1"})
     with pytest.raises(ValueError, match=r"RANK=4.*rank: expected 0 <= rank < 4"):
         WorkerContext.from_env(ENV | {"RANK": "4"})
+    # No rank of the machine would lead it (write its checkpoints' index).
+    with pytest.raises(
+        ValueError, match="LOCAL_RANK 1 is not below LOCAL_WORLD_SIZE 1"
+    ):
+        WorkerContext.from_env(ENV | {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1"})
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must be an integer"):
+        WorkerContext.from_env(ENV | {"LOCAL_WORLD_SIZE": "two"})
+    assert WorkerContext.from_env(ENV | {"LOCAL_WORLD_SIZE": "2"}).local_rank == 0
 
 
 @pytest.mark.parametrize(
@@ -58,6 +66,9 @@ def test_malformed_variable_is_named() -> None:
     [
         ("world_size", 0, "world_size"),
         ("local_rank", -1, "local_rank"),
+        ("local_rank", 2, r"local_rank: expected 0 <= local_rank < 2"),
+        ("master_addr", "127.0.0.1:80", "master_addr: expected a host name or .* "),
+        ("master_addr", "[::1]:80", "without a port"),
         ("master_port", 70000, "master_port"),
         ("backend", "mpi", "backend"),
         ("timeout_s", 0.0, "timeout_s"),
@@ -74,5 +85,8 @@ def test_invalid_fields(field: str, value: object, message: str) -> None:
 def test_context_is_frozen_and_ipv6_is_bracketed() -> None:
     ctx = WorkerContext(0, 1, 0, "::1", 1234, "gloo")
     assert ctx.init_method == "tcp://[::1]:1234"
+    assert dataclasses.replace(ctx, master_addr="[::1]").init_method == (
+        "tcp://[::1]:1234"
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.rank = 1  # type: ignore[misc]
