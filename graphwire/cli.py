@@ -7,16 +7,23 @@ what it needs, runs, prints a table, and writes its outputs atomically.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # a launcher's worker
+    # Before torch is imported, which reads it once: c10d logs a failed join
+    # or a lost peer with a page of C++ frames, then raises what the CLI
+    # reports in a line (graphwire's own workers start so: comm.launch).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 
-from graphwire.bench.registry import BENCHMARKS
-from graphwire.fsutil import check_creatable
-from graphwire.graph.datasets import DEFAULT_SPEC
+import yaml  # noqa: E402
+
+from graphwire.bench.registry import BENCHMARKS  # noqa: E402
+from graphwire.fsutil import check_creatable  # noqa: E402
+from graphwire.graph.datasets import DEFAULT_SPEC  # noqa: E402
 
 __all__ = ["add_bench_flags", "build_parser", "main"]
 

@@ -935,3 +935,28 @@ def test_verify_finds_parts_that_disagree_with_checksums_intact(
     capsys.readouterr()
     assert main(["data", "verify", "--dataset", str(parts)]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_under_a_launcher_a_failed_join_is_one_line(tmp_path) -> None:
+    """A rank whose master never comes up: torch's C++ log (a page of
+    ``frame #`` lines before the error) is off under a launcher unless the
+    user set its level, so stderr is graphwire's one line naming the rank."""
+    from graphwire.comm.launch import free_port
+
+    parts = tmp_path / "parts"
+    argv = ["partition", "--dataset", SMALL, "--method", "random", "--parts", "2"]
+    assert main([*argv, "--out", str(parts)]) == 0
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    env |= {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    done = subprocess.run(
+        [sys.executable, "-m", "graphwire", "train", "--dataset", str(parts)]
+        + ["--quiet", "--timeout", "2", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert done.stderr.startswith("graphwire: error: rank 1: joining 2 ranks at ")
+    assert done.stderr.count("\n") == 1, done.stderr
