@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use, so that ``python -m graphwire`` can set torch's
-    # environment (graphwire/__main__.py) before anything imports torch.
+    # Imported on first use, so that the CLI (graphwire/cli.py) can set torch's
+    # environment under a launcher before anything imports torch.
     if name in __all__:
         from graphwire.graph import graph
 
