@@ -3,7 +3,10 @@
 A :class:`MessageGraph` is a bipartite CSR whose row ``d`` lists the source rows of
 the edges that end at destination ``d``. Following DGL's blocks, the first
 ``num_dst`` source rows *are* the destination nodes, so a layer's self (root) term
-is ``h_src[:num_dst]``. Three producers build one:
+is ``h_src[:num_dst]``, unless ``dst_index`` names the source row of each
+destination (a G3 bin reading a whole table of rows); layers read their
+destinations' rows through :meth:`MessageGraph.dst_rows`. Three producers
+build one:
 
 - full-graph training: ``MessageGraph.from_graph(graph)`` (``num_src == num_dst``);
 - the samplers: a :class:`~graphwire.sampler.base.Block` per layer;
@@ -14,6 +17,7 @@ Shapes (S = num_src, D = num_dst, E edges, H heads, F features):
     indptr       int64 [D + 1]
     indices      int64 [E]       source row of each edge, in [0, S)
     edge_weight  float32 [E]     optional, in CSR order
+    dst_index    int64 [D]       optional, source row of each destination
 
 The sums run as a sparse-CSR times dense product inside one
 ``torch.autograd.Function``; its backward multiplies by the transposed CSR, which
@@ -74,6 +78,14 @@ class ProjectsToOutput:
         """Width of ``project``'s rows."""
         return self.out_dim
 
+    @property
+    def transforms_sources(self) -> bool:
+        """Whether ``forward`` transforms every source row (work per source
+        row) rather than only aggregating them (work per edge): a caller may
+        hand a layer that does not a whole table of rows as its sources, with
+        ``MessageGraph.dst_index``, instead of gathering the rows it reads."""
+        return self.projects_first
+
 
 @dataclass(frozen=True, eq=False)
 class MessageGraph:
@@ -82,10 +94,13 @@ class MessageGraph:
     Attributes:
         indptr: int64 [num_dst + 1], row pointers.
         indices: int64 [E], source row of every edge.
-        num_src: number of source rows (``>= num_dst``; the first ``num_dst`` of
-            them are the destinations themselves).
+        num_src: number of source rows (``>= num_dst``; unless ``dst_index``
+            is given, the first ``num_dst`` of them are the destinations
+            themselves).
         num_dst: number of destination rows.
         edge_weight: optional float32 [E] per-edge weight in CSR order.
+        dst_index: optional int64 [num_dst], the source row holding each
+            destination's own row (None: the first ``num_dst``).
     """
 
     indptr: torch.Tensor
@@ -93,6 +108,7 @@ class MessageGraph:
     num_src: int
     num_dst: int
     edge_weight: torch.Tensor | None = None
+    dst_index: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.indptr.dtype != torch.int64 or self.indices.dtype != torch.int64:
@@ -105,10 +121,19 @@ class MessageGraph:
                 f"MessageGraph.indptr: expected shape [num_dst + 1 = "
                 f"{self.num_dst + 1}], found {tuple(self.indptr.shape)}"
             )
-        if self.num_src < self.num_dst:
+        if self.dst_index is None and self.num_src < self.num_dst:
             raise ValueError(
                 f"MessageGraph: num_src ({self.num_src}) must be >= num_dst "
                 f"({self.num_dst}): destinations are the first source rows"
+            )
+        if self.dst_index is not None and (
+            self.dst_index.dtype != torch.int64
+            or self.dst_index.shape != (self.num_dst,)
+        ):
+            raise ValueError(
+                f"MessageGraph.dst_index: expected int64 [num_dst = "
+                f"{self.num_dst}], found {self.dst_index.dtype} "
+                f"{list(self.dst_index.shape)}"
             )
         if self.indices.dim() != 1:
             raise ValueError(
@@ -136,6 +161,12 @@ class MessageGraph:
         lo_idx, hi_idx = (
             torch.aminmax(self.indices) if num_edges else (zero[0], zero[0])
         )
+        dst_index = self.dst_index
+        lo_dst, hi_dst = (
+            torch.aminmax(dst_index)
+            if dst_index is not None and dst_index.numel()
+            else (zero[0], zero[0])
+        )
         stats = torch.stack(
             [
                 self.indptr[0],
@@ -143,9 +174,11 @@ class MessageGraph:
                 steps.min() if steps.numel() else zero[0],
                 lo_idx,
                 hi_idx,
+                lo_dst,
+                hi_dst,
             ]
         ).tolist()
-        first, last, min_step, lo, hi = stats
+        first, last, min_step, lo, hi, lo_d, hi_d = stats
         if first != 0:
             raise ValueError(f"MessageGraph.indptr: must start at 0, found {first}")
         if last != num_edges:
@@ -164,6 +197,12 @@ class MessageGraph:
             raise ValueError(
                 f"MessageGraph.indices: source rows must lie in [0, num_src = "
                 f"{self.num_src}), found range [{lo}, {hi}]"
+            )
+        bad_dst = lo_d < 0 or hi_d >= self.num_src
+        if self.num_dst and dst_index is not None and bad_dst:
+            raise ValueError(
+                f"MessageGraph.dst_index: source rows must lie in [0, num_src = "
+                f"{self.num_src}), found range [{lo_d}, {hi_d}]"
             )
 
     @classmethod
@@ -188,6 +227,13 @@ class MessageGraph:
     @property
     def num_edges(self) -> int:
         return int(self.indices.numel())
+
+    def dst_rows(self, h_src: torch.Tensor) -> torch.Tensor:
+        """The destinations' own rows of ``h_src`` (float [num_src, ...] ->
+        [num_dst, ...]): the first ``num_dst``, or those ``dst_index`` names."""
+        if self.dst_index is None:
+            return h_src[: self.num_dst]
+        return h_src.index_select(0, self.dst_index)
 
     def in_degrees(self) -> torch.Tensor:
         """int64 [num_dst]: in-edges of each destination."""

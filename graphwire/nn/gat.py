@@ -83,6 +83,11 @@ class GATConv(ProjectsToOutput, nn.Module):
             nn.init.zeros_(self.bias)
 
     @property
+    def transforms_sources(self) -> bool:
+        """Always: every source row is projected and scored."""
+        return True
+
+    @property
     def message_width(self) -> int:
         """Width of :meth:`project`'s rows: all heads. (The layer always
         projects first; ``projects_first`` tells a distributed engine whether
@@ -111,7 +116,8 @@ class GATConv(ProjectsToOutput, nn.Module):
             mg: message graph.
             h_src: float [num_src, in_dim].
             src_ids: int64 [num_src], the global node ID of every source row
-                (destinations are the first ``num_dst``); needed with ``seed``.
+                (destinations' as ``mg.dst_rows`` reads them); needed with
+                ``seed``.
             seed: hash the attention dropout mask from this seed and the edges'
                 global endpoints instead of drawing it.
 
@@ -119,7 +125,7 @@ class GATConv(ProjectsToOutput, nn.Module):
             float [num_dst, heads * out_dim] if ``concat`` else [num_dst, out_dim].
         """
         return self.propagate(
-            mg, self.project(h_src), h_src[: mg.num_dst], src_ids=src_ids, seed=seed
+            mg, self.project(h_src), mg.dst_rows(h_src), src_ids=src_ids, seed=seed
         )
 
     def propagate(
@@ -141,7 +147,7 @@ class GATConv(ProjectsToOutput, nn.Module):
             )
         z = m_src.view(-1, self.heads, self.out_dim)  # [S, H, F]
         score_src = (z * self.att_src).sum(-1)  # [S, H]
-        score_dst = (z[: mg.num_dst] * self.att_dst).sum(-1)  # [D, H]
+        score_dst = (mg.dst_rows(z) * self.att_dst).sum(-1)  # [D, H]
         scores = score_src[mg.indices] + score_dst[mg.dst_of_edges]  # [E, H]
         scores = F.leaky_relu(scores, self.negative_slope)
         alpha = edge_softmax(mg, scores)
@@ -154,7 +160,7 @@ class GATConv(ProjectsToOutput, nn.Module):
                     f"GATConv: src_ids: expected shape ({mg.num_src},) (num_src), "
                     f"found {tuple(src_ids.shape)}"
                 )
-            src, dst = src_ids[mg.indices], src_ids[mg.dst_of_edges]
+            src, dst = src_ids[mg.indices], mg.dst_rows(src_ids)[mg.dst_of_edges]
             alpha = hashed_edge_dropout(alpha, self.attn_dropout, src, dst, seed)
         else:
             alpha = F.dropout(alpha, self.attn_dropout, True)

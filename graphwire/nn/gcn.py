@@ -79,7 +79,7 @@ class GCNConv(ProjectsToOutput, nn.Module):
             float [num_dst, out_dim].
         """
         if self.projects_first:
-            return self.propagate(mg, self.project(h_src), h_src[: mg.num_dst])
+            return self.propagate(mg, self.project(h_src), mg.dst_rows(h_src))
         out = spmm_sum(mg, h_src, self._norm(mg)) @ self.weight
         return out + self.bias if self.bias is not None else out
 

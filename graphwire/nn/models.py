@@ -172,7 +172,7 @@ def feature_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 class Projecting(Protocol):
     """A layer that splits into a row-wise projection and the rest:
-    ``forward(mg, h_src) == propagate(mg, project(h_src), h_src[:num_dst])``."""
+    ``forward(mg, h_src) == propagate(mg, project(h_src), mg.dst_rows(h_src))``."""
 
     message_width: int
     reads_dst_rows: bool  # whether propagate() reads h_dst (else it may be None)
@@ -198,7 +198,7 @@ def projects_first(layer: nn.Module) -> bool:
     """Whether ``layer`` is better fed projected rows than input rows.
 
     A layer that splits as ``forward(mg, h_src) == propagate(mg,
-    project(h_src), h_src[:num_dst])``, with ``project`` row-wise and narrower
+    project(h_src), mg.dst_rows(h_src))``, with ``project`` row-wise and narrower
     than its input (``message_width < in_dim``), says so with
     ``projects_first``. A distributed engine then has each row's owner project
     it and exchanges the narrower rows (GCN, GraphSAGE and GAT layers do, when

@@ -2,7 +2,8 @@
 
 ``h'_d = W_self h_d + W_neigh mean_{s -> d} h_s + b``, as PyG ``SAGEConv`` and DGL
 ``SAGEConv(aggregator_type="mean")``. The destination's own row is
-``h_src[:num_dst]`` (destinations are the first source rows); a destination
+``mg.dst_rows(h_src)`` (the first source rows, unless the MessageGraph names
+them with ``dst_index``); a destination
 without in-edges gets a zero neighbour mean.
 
 Shapes: ``h_src`` float [num_src, in_dim] -> float [num_dst, out_dim].
@@ -77,9 +78,9 @@ class SAGEConv(ProjectsToOutput, nn.Module):
             float [num_dst, out_dim].
         """
         if self.projects_first:
-            return self.propagate(mg, self.project(h_src), h_src[: mg.num_dst])
+            return self.propagate(mg, self.project(h_src), mg.dst_rows(h_src))
         neigh = self.lin_neigh(spmm_mean(mg, h_src))
-        return self._combine(h_src[: mg.num_dst], neigh)
+        return self._combine(mg.dst_rows(h_src), neigh)
 
     def _combine(self, h_dst: torch.Tensor, neigh: torch.Tensor) -> torch.Tensor:
         out = self.lin_self(h_dst) + neigh

@@ -174,3 +174,26 @@ def test_edgeless_csr_is_valid() -> None:
     mg = MessageGraph(torch.zeros(3, dtype=torch.int64), empty, 4, 2)
     assert torch.equal(spmm_sum(mg, torch.ones(4, 2)), torch.zeros(2, 2))
     assert MessageGraph(torch.zeros(1, dtype=torch.int64), empty, 0, 0).num_dst == 0
+
+
+@pytest.mark.parametrize(
+    ("dst_index", "match"),
+    [
+        (torch.tensor([0, 1], dtype=torch.int32), r"dst_index: expected int64"),
+        (torch.tensor([0]), r"dst_index: expected int64 \[num_dst = 2\]"),
+        (torch.tensor([0, 3]), r"dst_index: .* found range \[0, 3\]"),
+        (torch.tensor([-1, 1]), r"dst_index: .* found range \[-1, 1\]"),
+    ],
+)
+def test_a_bad_dst_index_is_refused(dst_index, match) -> None:
+    indptr, indices = torch.tensor([0, 1, 2]), torch.tensor([0, 2])
+    with pytest.raises(ValueError, match=match):
+        MessageGraph(indptr, indices, 3, 2, dst_index=dst_index)
+
+
+def test_dst_rows_are_the_first_rows_or_those_dst_index_names() -> None:
+    h = torch.arange(8.0).view(4, 2)
+    indptr, indices = torch.tensor([0, 1, 2]), torch.tensor([0, 3])
+    assert torch.equal(MessageGraph(indptr, indices, 4, 2).dst_rows(h), h[:2])
+    named = MessageGraph(indptr, indices, 4, 2, dst_index=torch.tensor([3, 1]))
+    assert torch.equal(named.dst_rows(h), h[[3, 1]])

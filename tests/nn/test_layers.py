@@ -221,3 +221,44 @@ def test_layers_split_into_a_row_projection_and_the_rest(layer, narrows) -> None
     # A layer that says it reads no destination rows computes without them.
     h_dst = h if layer.reads_dst_rows else None
     torch.testing.assert_close(layer.propagate(mg, projected, h_dst), layer(mg, h))
+
+
+@pytest.mark.parametrize(
+    ("layer", "transforms"),
+    [
+        (GCNConv(5, 3), True),
+        (GCNConv(3, 5), False),
+        (SAGEConv(5, 3), True),
+        (SAGEConv(5, 5), False),
+        (GATConv(5, 2, heads=3, attn_dropout=0.5), True),
+    ],
+    ids=repr,
+)
+def test_a_layer_reads_a_table_of_rows_through_dst_index(layer, transforms) -> None:
+    """A MessageGraph may name its destinations' source rows (``dst_index``)
+    instead of listing them first: every layer then gives the same output and
+    gradients as on the rows gathered in the usual order (G3's input layer
+    reads its whole table of rows so, when ``transforms_sources`` is false)."""
+    torch.manual_seed(5)
+    mg = MessageGraph.from_graph(_graph(seed=5).add_self_loops())
+    h = torch.randn(30, layer.in_dim, dtype=torch.float32)
+    # The same rows at other places in a bigger table: 30 rows among 41.
+    where = torch.randperm(41)[:30]
+    table = torch.randn(41, layer.in_dim)
+    table[where] = h
+    moved = MessageGraph(
+        mg.indptr, where[mg.indices], 41, 30, dst_index=where[: mg.num_dst]
+    )
+    ids, table_ids = torch.arange(30), torch.full((41,), -1, dtype=torch.int64)
+    table_ids[where] = ids
+    assert layer.transforms_sources is transforms
+    layer.train()
+    kwargs = {"seed": 9} if isinstance(layer, GATConv) else {}
+    expected = layer(mg, h, **({"src_ids": ids} | kwargs if kwargs else {}))
+    grads = torch.autograd.grad(expected.sum(), list(layer.parameters()))
+    out = layer(moved, table, **({"src_ids": table_ids} | kwargs if kwargs else {}))
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(
+        torch.autograd.grad(out.sum(), list(layer.parameters())), grads, strict=True
+    ):
+        torch.testing.assert_close(got, want)
