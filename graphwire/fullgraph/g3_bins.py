@@ -25,25 +25,23 @@ Built once per rank at set-up (G3 §5.3) for
    a layer's first sends leave after a small bin instead of a full one,
    while later bins keep their size (small bins throughout would gather
    shared source rows more often).
-3. **Messages.** Layer ``k``'s halo rows arrive as one message per (sender
-   bin of layer ``k - 1``, receiver), rows in the sender's schedule order, so
-   a bin's rows can leave as soon as it is computed; each bin lists the
-   messages its halo rows come in (``needs``), for eager computation.
-4. **The bins' graphs** (:class:`BinGraph`, :class:`StackGraph`), kept from
-   a forward for the backward, and the gradients returning to a layer's
-   source rows (:class:`Returns`).
+3. **The bins' graphs** (:class:`BinGraph`, :class:`StackGraph`), kept from
+   a forward for the backward; a bin's graph over the whole table of local
+   rows (:func:`table_graph`).
+
+How the rows travel between the bins of peers:
+:mod:`graphwire.fullgraph.g3_messages`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 from scipy.sparse import csgraph
 
-from graphwire.comm.base import Transport, Work
 from graphwire.comm.plan import ExchangePlan
 from graphwire.nn.base import MessageGraph
 
@@ -53,16 +51,12 @@ __all__ = [
     "Bin",
     "BinGraph",
     "LayerBins",
-    "Messages",
-    "Returns",
     "StackGraph",
     "bfs_order",
     "bin_bytes",
     "layer_bins",
     "priority_order",
-    "send_order",
-    "setup_messages",
-    "with_needs",
+    "table_graph",
 ]
 
 ORDERS = ("bfs", "priority")
@@ -112,28 +106,6 @@ class LayerBins:
     bin_start: torch.Tensor
 
 
-@dataclass(frozen=True, eq=False)
-class Messages:
-    """How one layer's halo rows travel (see the module docstring, 3).
-
-    Attributes:
-        send_rows: per peer, sender bin -> ``(owned rows, their positions in
-            the bin)`` for every bin with rows that peer needs, in send order.
-        recv_pos: per message ``(peer, sender bin)``, the halo positions its
-            rows fill, in order.
-        keys: every message this rank receives, each peer's in send order.
-        bins_sent: the sender bins with rows for some peer.
-        halo_message: int64 [num_halo], the index in ``keys`` of each halo row's
-            message.
-    """
-
-    send_rows: list[dict[int, tuple[torch.Tensor, torch.Tensor]]]
-    recv_pos: dict[tuple[int, int], torch.Tensor]
-    keys: list[tuple[int, int]]
-    bins_sent: frozenset[int]
-    halo_message: torch.Tensor
-
-
 @dataclass(frozen=True, slots=True, eq=False)
 class BinGraph:
     """One bin's autograd graph, kept from the forward for the backward.
@@ -167,25 +139,6 @@ class StackGraph:
     layers: list[list[BinGraph]]
     h0: torch.Tensor
     projection: torch.Tensor | None
-
-
-@dataclass(eq=False)
-class Returns:
-    """The gradients of one layer's source rows coming back from the peers
-    that read them: one message per (peer, sender bin), the reverse of the
-    forward's, added into ``grad`` (the owned source rows' gradient) bin by
-    bin as the backward needs them."""
-
-    grad: torch.Tensor
-    pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]]
-
-    def wait_bin(self, b: int | None) -> None:
-        """Wait for the messages of sender bin ``b`` (all when None), peers
-        in rank order, and add their rows."""
-        for key in sorted(k for k in self.pending if b is None or k[1] == b):
-            work, buf, rows = self.pending.pop(key)
-            work.wait()
-            self.grad.index_add_(0, rows, buf)
 
 
 # ------------------------------------------------------------------- order
@@ -367,80 +320,18 @@ def _bin(mg: MessageGraph, rows: torch.Tensor) -> Bin:
     return Bin(rows, sub, src_rows[~is_halo], src_rows[is_halo] - n)
 
 
-# ---------------------------------------------------------------- messages
-def setup_messages(
-    senders: LayerBins, plan: ExchangePlan, transport: Transport, halo_first: bool
-) -> Messages:
-    """Collective: agree with every peer on how rows computed in ``senders``'
-    bins travel: one message per sender bin and receiver, sent in the order the
-    sender computes its bins (:func:`send_order`), which is the order the
-    receiver posts its receives in (messages between a pair keep their order).
-    """
-    rank, world = transport.rank, transport.world_size
-    mine = send_order(len(senders.bins), senders.num_local, halo_first)
-    send_rows: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = []
-    perms, counts = [], []
-    for peer in range(world):
-        idx = plan.send_idx[peer]
-        perm = torch.argsort(senders.position[idx], stable=True)
-        ordered = idx[perm]
-        per_bin = torch.bincount(
-            senders.bin_of_row[ordered], minlength=len(senders.bins)
-        )
-        chunks = torch.split(ordered, per_bin.tolist())
-        send_rows.append(
-            {
-                b: (chunks[b], senders.position[chunks[b]] - senders.bin_start[b])
-                for b in mine
-                if chunks[b].numel()
-            }
-        )
-        perms.append(perm)
-        counts.append(per_bin.tolist())
-    their_perm = transport.all_to_all(perms, plan.recv_rows, "setup.g3")
-    gathered = transport.all_gather_object((counts, senders.num_local), "setup.g3")
-    recv_pos: dict[tuple[int, int], torch.Tensor] = {}
-    halo_message = torch.full((plan.num_halo,), -1, dtype=torch.int64)
-    keys: list[tuple[int, int]] = []
-    for peer in range(world):
-        if peer == rank:
-            continue
-        their_counts, their_local = gathered[peer]
-        positions = plan.recv_idx[peer][their_perm[peer]]
-        split = torch.split(positions, their_counts[rank])
-        for b in send_order(len(split), their_local, halo_first):
-            if split[b].numel():
-                recv_pos[(peer, b)] = split[b]
-                halo_message[split[b]] = len(keys)
-                keys.append((peer, b))
-    return Messages(
-        send_rows=send_rows,
-        recv_pos=recv_pos,
-        keys=keys,
-        bins_sent=frozenset(b for chunks in send_rows for b in chunks),
-        halo_message=halo_message,
+def table_graph(bin_: Bin, num_owned: int, num_halo: int) -> MessageGraph:
+    """``bin_``'s MessageGraph over the whole table of local rows (owned, then
+    halo) instead of its gathered source rows: the same edges and weights,
+    each source its local row, the destinations ``bin_.rows``
+    (``dst_index``)."""
+    mg = bin_.mg
+    local = torch.cat([bin_.src_owned, num_owned + bin_.src_halo])
+    return MessageGraph(
+        mg.indptr,
+        local[mg.indices],
+        num_owned + num_halo,
+        mg.num_dst,
+        mg.edge_weight,
+        dst_index=bin_.rows,
     )
-
-
-def send_order(num_bins: int, num_local: int, halo_first: bool) -> list[int]:
-    """The order a layer computes (and sends) its bins in: those with halo
-    inputs first when ``halo_first`` (their rows are the ones peers need),
-    else those without first (eager computation while halo rows arrive)."""
-    local, halo = list(range(num_local)), list(range(num_local, num_bins))
-    return halo + local if halo_first else local + halo
-
-
-def with_needs(layer: LayerBins, messages: Messages) -> LayerBins:
-    """``layer`` with each bin's ``needs``: the messages of ``messages`` its
-    halo rows come in."""
-    bins = [
-        replace(
-            b,
-            needs=frozenset(
-                messages.keys[int(m)]
-                for m in torch.unique(messages.halo_message[b.src_halo])
-            ),
-        )
-        for b in layer.bins
-    ]
-    return replace(layer, bins=bins)

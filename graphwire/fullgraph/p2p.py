@@ -26,6 +26,12 @@ the transfer behind computation:
   first, while halo rows are in flight; each bin that needs halo rows waits
   only for the messages carrying its own remote inputs. The cached input
   layer drops out each halo row when the first bin that reads it runs.
+- **The input layer's source rows.** A bin gathers the rows it reads (its
+  own, then their in-neighbours), and neighbours shared by bins are gathered
+  again by each. When the input layer only aggregates its rows before
+  transforming them (GCN or GraphSAGE widening the input) and they need no
+  gradient, its bins read the whole ``[owned; halo]`` table in place instead
+  (counter ``bins.in_place``).
 - **Backward in reverse bins, pipelined across layers.** Layer by layer, top
   down: the bins that read halo rows first, after which each halo row's
   gradient is complete and goes back to its owner (``isend``, tag
@@ -72,7 +78,6 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any, cast
 
@@ -92,14 +97,14 @@ from graphwire.fullgraph.g3_bins import (
     ORDERS,
     Bin,
     BinGraph,
-    Returns,
     StackGraph,
-    bfs_order,
-    layer_bins,
-    priority_order,
+    table_graph,
+)
+from graphwire.fullgraph.g3_messages import (
+    Returns,
+    plan_layers,
+    plan_returns,
     send_order,
-    setup_messages,
-    with_needs,
 )
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
@@ -173,9 +178,12 @@ class P2PEngine(Engine):
         self.counters = {"bins": sum(len(layer.bins) for layer in self.layers)}
         for index, layer in enumerate(self.layers):
             self.counters[f"bins.L{index}"] = len(layer.bins)
+        self.counters["bins.in_place"] = 0  # bins run on the table (_table_bins)
         self._pending_recv: dict[int, dict[tuple[int, int], tuple[Work, Any]]] = {}
         self._sends: list[Work] = []
         self._halo: dict[int, torch.Tensor] = {}
+        self._table_mgs: list[MessageGraph] | None = None  # see _table_bins
+        self._table: torch.Tensor | None = None
         self._begin: tuple[Any, float, int | None, bool] | None = None
         self._model_layers: list[nn.Module] = []
         # The bins' backward passes explicit gradients to autograd.backward,
@@ -193,45 +201,21 @@ class P2PEngine(Engine):
         rows (layer ``k``'s grouped by the sender's bins of layer ``k - 1``;
         the input layer's by its own bins)."""
         n = self.part.num_owned
-        order = (
-            bfs_order(self._mg)
-            if self.order == "bfs"
-            else priority_order(self._mg, self.plan)
+        assert self.local_orig_nid is not None
+        self.layers, self.messages = plan_layers(
+            self._mg,
+            self.plan,
+            self.transport,
+            self.local_orig_nid,
+            widths=widths,
+            budget_bytes=int(self.bin_mb * 2**20),
+            bin_rows=self.bin_rows,
+            order=self.order,
+            halo_first=[self._halo_first(i) for i in range(self.num_layers)],
         )
-        budget = int(self.bin_mb * 2**20)
-        last = self.num_layers - 1
-        layers = [
-            # The last layer's output goes to no peer, so the row cap (which
-            # makes sends start early) does not apply to it.
-            layer_bins(
-                self._mg,
-                order,
-                widths[index],
-                budget,
-                None if index == last else self.bin_rows,
-            )
-            for index in range(self.num_layers)
-        ]
-        self.messages = [
-            setup_messages(
-                layers[max(index - 1, 0)],
-                self.plan,
-                self.transport,
-                self._halo_first(max(index - 1, 0)),
-            )
-            for index in range(self.num_layers)
-        ]
-        ids = self.local_orig_nid
-        assert ids is not None
-        self.layers = []
-        for layer, messages in zip(layers, self.messages, strict=True):
-            layer = with_needs(layer, messages)
-            bins = [
-                replace(b, src_ids=ids[torch.cat([b.src_owned, n + b.src_halo])])
-                for b in layer.bins
-            ]
-            self.layers.append(replace(layer, bins=bins))
-        self._plan_returns()
+        self._return_rows, self._return_pos = plan_returns(
+            self.messages, self.grad_plans(self._mgs), self.plan, n
+        )
         # Per layer k, the bins that hand on rows peers read at layer k + 1:
         # in the backward they wait for those rows' gradients to come back.
         self._returning = [
@@ -248,30 +232,6 @@ class P2PEngine(Engine):
                 seen[fresh] = True
                 self._first_read[b] = fresh
             self._x_dropped = self._x_halo.new_empty(self._x_halo.shape)
-
-    def _plan_returns(self) -> None:
-        """What each layer's backward returns, message by message: the rows
-        whose gradients the loss can make nonzero (:meth:`grad_plans`; every
-        row without ``loss_rows``). Messages left empty are neither sent nor
-        received."""
-        self._return_rows = [
-            [{b: rows for b, (rows, _) in chunks.items()} for chunks in m.send_rows]
-            for m in self.messages
-        ]
-        self._return_pos = [dict(m.recv_pos) for m in self.messages]
-        for index, plan in enumerate(self.grad_plans(self._mgs)):
-            if plan is self.plan:
-                continue
-            keep = torch.zeros(plan.num_halo, dtype=torch.bool)
-            keep[torch.cat(plan.recv_idx)] = True
-            pos = {k: p[keep[p]] for k, p in self._return_pos[index].items()}
-            self._return_pos[index] = {k: p for k, p in pos.items() if p.numel()}
-            returns = self._return_rows[index]
-            for peer, chunks in enumerate(returns):
-                kept = torch.zeros(self.part.num_owned, dtype=torch.bool)
-                kept[plan.send_idx[peer]] = True
-                rows = {b: r[kept[r]] for b, r in chunks.items()}
-                returns[peer] = {b: r for b, r in rows.items() if r.numel()}
 
     # ---------------------------------------------------------------- runtime
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
@@ -320,11 +280,20 @@ class P2PEngine(Engine):
         out: torch.Tensor = G3Stack.apply(h, self, (track, needs_grad), *params)
         return out
 
-    def _post_recvs(self, layer: int, width: int, like: torch.Tensor) -> None:
-        """Post the receives of layer ``layer``'s halo rows (once per forward)."""
+    def _post_recvs(
+        self,
+        layer: int,
+        width: int,
+        like: torch.Tensor,
+        halo: torch.Tensor | None = None,
+    ) -> None:
+        """Post the receives of layer ``layer``'s halo rows (once per forward),
+        to land in ``halo`` (default: a new buffer)."""
         if layer in self._halo:
             return
-        self._halo[layer] = like.new_empty((self.plan.num_halo, width))
+        if halo is None:
+            halo = like.new_empty((self.plan.num_halo, width))
+        self._halo[layer] = halo
         tag = f"{self.phase}fwd.L{layer}"
         pending = self._pending_recv[layer] = {}
         messages = self.messages[layer]
@@ -412,10 +381,50 @@ class P2PEngine(Engine):
         _, _, training = self._dropout
         if not training:
             return self.cached_input_halo(bin_.src_halo)
+        self._fill_input_halo(b, self._x_dropped)
+        return self._x_dropped.index_select(0, bin_.src_halo)
+
+    def _gather(
+        self, index: int, b: int, bin_: Bin, source: torch.Tensor, cached: bool
+    ) -> torch.Tensor:
+        """Bin ``b``'s source rows of layer ``index``: owned rows from
+        ``source``, then its halo rows."""
+        h_src = source.index_select(0, bin_.src_owned)
+        if not bin_.src_halo.numel():
+            return h_src
+        halo = (
+            self._input_halo(b, bin_)
+            if cached
+            else self._halo[index].index_select(0, bin_.src_halo)
+        )
+        return torch.cat([h_src, halo])
+
+    def _fill_input_halo(self, b: int, halo: torch.Tensor) -> None:
+        """Put in ``halo`` the cached input rows bin ``b`` reads first."""
         fresh = self._first_read[b]
         if fresh.numel():
-            self._x_dropped[fresh] = self.cached_input_halo(fresh)
-        return self._x_dropped.index_select(0, bin_.src_halo)
+            halo[fresh] = self.cached_input_halo(fresh)
+
+    def _table_bins(
+        self, index: int, layer: nn.Module, grads: tuple[bool, bool]
+    ) -> list[MessageGraph] | None:
+        """The input layer's bins as MessageGraphs over the whole table of
+        local rows (:func:`~graphwire.fullgraph.g3_bins.table_graph`), when
+        the layer only aggregates its source rows
+        (``transforms_sources`` false) and they need no gradient; else None.
+        Its bins then read the table as it is, with no per-bin gather of
+        source rows (which repeat from bin to bin). The table is one buffer,
+        rewritten by every forward: such a layer's backward keeps no source
+        row (autograd would refuse the rewritten buffer if it did)."""
+        if index or grads[0] or getattr(layer, "transforms_sources", True):
+            return None
+        if self.exchanged_projection(index, layer) is not None:
+            return None
+        if self._table_mgs is None:
+            n, num_halo = self.part.num_owned, self.plan.num_halo
+            bins = self.layers[index].bins
+            self._table_mgs = [table_graph(b, n, num_halo) for b in bins]
+        return self._table_mgs
 
     def _forward_stack(
         self, h0: torch.Tensor, track: bool, needs_grad: bool
@@ -469,8 +478,18 @@ class P2PEngine(Engine):
         eager = self.mode in ("full", "intra")
         projected = self.exchanged_projection(index, layer)
         cached = index == 0 and self.cache_input
+        n = self.part.num_owned
+        table_mgs = self._table_bins(index, layer, grads)
+        table = None
+        if table_mgs is not None:  # the bins read [owned; halo] in place
+            shape = (n + self.plan.num_halo, source.shape[1])
+            if self._table is None or self._table.shape != shape:
+                self._table = source.new_empty(shape)
+            table = self._table
+            table[:n] = source
         if not cached:
-            self._post_recvs(index, source.shape[1], source)
+            halo = table[n:] if table is not None else None
+            self._post_recvs(index, source.shape[1], source, halo)
             if index == 0 or not pipelined:
                 self._send_all(index, source)
             if not eager:
@@ -482,20 +501,21 @@ class P2PEngine(Engine):
         for b, bin_ in self._bin_order(index):
             if eager and bin_.needs:
                 self._wait(index, bin_.needs)
-            h_src = source.index_select(0, bin_.src_owned)
-            if bin_.src_halo.numel():
-                halo = (
-                    self._input_halo(b, bin_)
-                    if cached
-                    else self._halo[index].index_select(0, bin_.src_halo)
-                )
-                h_src = torch.cat([h_src, halo])
             assert bin_.src_ids is not None
+            mg, src_ids = bin_.mg, bin_.src_ids
+            if table is not None:
+                assert table_mgs is not None and self.local_orig_nid is not None
+                if cached:
+                    self._fill_input_halo(b, table[n:])
+                h_src, mg, src_ids = table, table_mgs[b], self.local_orig_nid
+                self.counters["bins.in_place"] += 1
+            else:
+                h_src = self._gather(index, b, bin_, source, cached)
             with torch.set_grad_enabled(track):
                 h_src = h_src.requires_grad_(track and grads[0])
                 h_dst = None
                 if projected is None:
-                    out = self.call_layer(index, layer, bin_.mg, h_src, bin_.src_ids)
+                    out = self.call_layer(index, layer, mg, h_src, src_ids)
                 else:
                     if projected.reads_dst_rows:
                         assert dst_rows is not None
@@ -508,9 +528,9 @@ class P2PEngine(Engine):
             if track:
                 graphs.append(BinGraph(b, bin_, h_src, h_dst, outs))
             if out_src is None:
-                out_src = outs[0].new_empty((self.part.num_owned, outs[0].shape[1]))
+                out_src = outs[0].new_empty((n, outs[0].shape[1]))
                 if len(outs) > 1:
-                    out_dst = outs[1].new_empty((self.part.num_owned, outs[1].shape[1]))
+                    out_dst = outs[1].new_empty((n, outs[1].shape[1]))
             out_src[bin_.rows] = outs[0].detach()
             if out_dst is not None:
                 out_dst[bin_.rows] = outs[1].detach()

@@ -109,6 +109,35 @@ def test_one_row_bins_match_single_process_on_cora(cora_dir, tmp_path) -> None:
     _assert_matches(ranks, oracle)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"bin_rows": 16},
+        {"bin_rows": 16, "cache_input": False},
+        {"bin_rows": 16, "cache_input": False, "mode": "sequential"},
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+@pytest.mark.parametrize("num_parts", [2, 3])
+def test_g3_input_bins_reading_the_whole_table_match_single_process(
+    graph, tmp_path, options, model, num_parts
+):
+    """A hidden width above the input's: the input layer aggregates its rows
+    before transforming them, so G3's input bins read the whole [owned; halo]
+    table in place (``dst_index``), with no per-bin gather of source rows."""
+    from dataclasses import replace
+
+    config = replace(config_for(model), hidden=16)  # the graph has 12 features
+    oracle = single_step(graph, config)
+    method = "random" if num_parts == 3 else "metis"
+    folder = write_parts(graph, num_parts, tmp_path, method)
+    ranks = run_dist_steps(folder, num_parts, config, "g3", options)
+    _assert_matches(ranks, oracle)
+    for rank in ranks:
+        assert rank["counters"]["bins.in_place"] == rank["counters"]["bins.L0"]
+
+
 def _assert_matches(ranks, oracle) -> None:
     """Every rank's owned logits, the summed loss and every rank's synced
     gradients equal the single process's."""
