@@ -15,7 +15,10 @@ sizes a single process trains on; the reported accuracy is the test accuracy at
 the epoch of best validation accuracy.
 
 GCN samples from ``A + I`` and its blocks carry the *full graph's* ``gcn_norm``
-for the sampled edges; GAT samples from ``A + I``; SAGE from ``A``.
+for the sampled edges, each scaled by its destination's in-degree over the
+edges it kept (:func:`~graphwire.sampler.uniform.sampled_weights`: unbiased,
+and exact where every edge is kept); GAT samples from ``A + I``; SAGE from
+``A``.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from graphwire.sampler.uniform import (
     check_seeds,
     layer_seed,
     sample_rows,
+    sampled_weights,
     slot_table,
     stitch_block,
 )
@@ -83,7 +84,9 @@ class OwnedCSR:
                 f"{self.start + self.num_owned})"
             )
         indptr, pos = sample_rows(self.indptr, rows, fanout, seed, keys=dst_nid)
-        weight = None if self.weight is None else self.weight.index_select(0, pos)
+        weight = None
+        if self.weight is not None:
+            weight = sampled_weights(self.weight, self.indptr, rows, indptr, pos)
         return (
             indptr[1:] - indptr[:-1],
             self.indices.index_select(0, pos),

@@ -38,6 +38,7 @@ __all__ = [
     "check_batch_seed",
     "check_fanouts",
     "check_seeds",
+    "sampled_weights",
     "hashed_draws",
     "layer_seed",
     "relabel",
@@ -229,8 +230,37 @@ class UniformNeighborSampler:
         sources = self.graph.indices.index_select(0, eid)
         weight = None
         if self.edge_weight is not None:
-            weight = self.edge_weight.index_select(0, eid)
+            weight = sampled_weights(
+                self.edge_weight, self.graph.indptr, dst_nid, indptr, eid
+            )
         return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
+
+
+def sampled_weights(
+    weight: torch.Tensor,
+    indptr: torch.Tensor,
+    rows: torch.Tensor,
+    block_indptr: torch.Tensor,
+    pos: torch.Tensor,
+) -> torch.Tensor:
+    """The weights of the edges :func:`sample_rows` kept, each times its row's
+    in-degree over the edges the row kept: unbiased estimates of the row's
+    weighted sums (exactly the weights where a row kept every edge).
+
+    Args:
+        weight: float32 [e], the CSR's edge weights.
+        indptr: int64 [R + 1], the CSR's row offsets.
+        rows: int64 [n], the sampled rows.
+        block_indptr: int64 [n + 1], the sample's row offsets.
+        pos: int64 [E], the CSR position of each kept edge.
+
+    Returns:
+        float32 [E].
+    """
+    deg = indptr.index_select(0, rows + 1) - indptr.index_select(0, rows)
+    kept = block_indptr[1:] - block_indptr[:-1]
+    scale = deg.to(torch.float32) / kept.clamp(min=1).to(torch.float32)
+    return weight.index_select(0, pos) * torch.repeat_interleave(scale, kept)
 
 
 def layer_seed(batch_seed: int, layer: int) -> int:

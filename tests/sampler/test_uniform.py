@@ -184,6 +184,35 @@ def test_full_fanout_takes_every_in_edge_and_weights_follow() -> None:
         assert torch.equal(block.edge_weight, weight[block.eid])
 
 
+def test_sampled_weights_make_unbiased_sums() -> None:
+    """A weighted sum over a destination's sampled in-edges estimates its sum
+    over all of them: each kept edge's weight is scaled by in-degree / kept
+    (without it, fanout 3 of ~30 edges sums to a tenth of the full graph's)."""
+    graph = _random_graph(40, 1200, seed=8)
+    weight = torch.rand(graph.num_edges)
+    full = torch.zeros(graph.num_nodes).index_add_(
+        0, torch.repeat_interleave(torch.arange(40), graph.in_degrees()), weight
+    )
+    sampler = UniformNeighborSampler(graph, [3], edge_weight=weight)
+    seeds = torch.arange(40)
+    total = torch.zeros(40, dtype=torch.float64)
+    draws = 600
+    for draw in range(draws):
+        block = sampler.sample(seeds, draw).blocks[0]
+        assert block.edge_weight is not None
+        total += (
+            torch.zeros(40)
+            .index_add_(0, block.dst_of_edges, block.edge_weight)
+            .double()
+        )
+    torch.testing.assert_close(total / draws, full.double(), rtol=0.05, atol=0.0)
+    # Where a destination keeps every in-edge its weights are the graph's.
+    everything = UniformNeighborSampler(graph, [100], edge_weight=weight)
+    block = everything.sample(seeds).blocks[0]
+    assert block.edge_weight is not None
+    assert torch.equal(block.edge_weight, weight[block.eid])
+
+
 def test_isolated_seeds_give_empty_rows() -> None:
     graph = Graph.from_edge_index(torch.tensor([0]), torch.tensor([1]), num_nodes=4)
     batch = UniformNeighborSampler(graph, [2, 2]).sample(torch.tensor([2, 1]))
