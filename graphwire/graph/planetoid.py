@@ -83,6 +83,13 @@ def load_planetoid(
         _same(paths[part], feats.shape[1], "columns", paths["allx"], allx.shape[1])
     for part, labels in (("y", y), ("ty", ty)):
         _same(paths[part], labels.shape[1], "columns", paths["ally"], ally.shape[1])
+    # Densified only now that the shapes agree (a sparse header can claim any).
+    x, tx, allx = (
+        _dense(m, paths[p]) for m, p in ((x, "x"), (tx, "tx"), (allx, "allx"))
+    )
+    y, ty, ally = (
+        _dense(m, paths[p]) for m, p in ((y, "y"), (ty, "ty"), (ally, "ally"))
+    )
 
     graph_dict = raw["graph"]
     if not isinstance(graph_dict, dict):
@@ -248,16 +255,61 @@ def _read_pickle(path: Path) -> Any:
 
 
 # ---------------------------------------------------------------- conversions
-def _matrix(value: Any, path: Path, what: str) -> np.ndarray:
-    """A 2-D dense array from a scipy sparse matrix or an ndarray."""
+# The most entries a matrix may densify to (16 GiB of float32; PubMed's allx
+# has 9.1M): a larger shape in a sparse header is damage, not a dataset.
+_MAX_DENSE_ENTRIES = 1 << 32
+
+
+def _matrix(value: Any, path: Path, what: str) -> Any:
+    """A 2-D ndarray, or a scipy CSR matrix checked but not yet densified.
+
+    An unpickled CSR matrix is whatever the file says: an index past its row
+    or an ``indptr`` past ``indices`` makes ``toarray()`` write out of bounds
+    (a segfault), so its structure is checked in full here.
+    """
     if hasattr(value, "toarray") and hasattr(value, "shape"):
-        value = value.toarray()
+        try:
+            value.check_format(full_check=True)
+            rows, cols = (int(n) for n in value.shape)
+        except Exception as error:  # a damaged matrix raises various types
+            raise DatasetError(
+                path,
+                f"corrupt sparse {what} matrix ({type(error).__name__}: {error})",
+            ) from error
+        if rows < 0 or cols < 0:
+            raise DatasetError(
+                path, f"corrupt sparse {what} matrix: shape {value.shape}"
+            )
+        if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
+            raise DatasetError(
+                path, f"expected numeric {what}, found dtype {value.dtype}"
+            )
+        return value
     if not isinstance(value, np.ndarray) or value.ndim != 2:
         found = getattr(value, "shape", type(value).__name__)
         raise DatasetError(path, f"expected a 2-D {what} matrix, found {found}")
     if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
         raise DatasetError(path, f"expected numeric {what}, found dtype {value.dtype}")
     return value
+
+
+def _dense(value: Any, path: Path) -> np.ndarray:
+    """``value`` (from :func:`_matrix`) as a dense ndarray."""
+    if isinstance(value, np.ndarray):
+        return value
+    rows, cols = value.shape
+    if rows * cols > _MAX_DENSE_ENTRIES:
+        raise DatasetError(
+            path,
+            f"sparse matrix of shape ({rows}, {cols}) has {rows * cols:,} entries "
+            f"when dense, more than {_MAX_DENSE_ENTRIES:,} (a damaged header?)",
+        )
+    try:
+        return np.asarray(value.toarray())
+    except MemoryError as error:
+        raise DatasetError(
+            path, f"sparse matrix of shape ({rows}, {cols}) does not fit in memory"
+        ) from error
 
 
 def _read_test_index(path: Path) -> np.ndarray:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +338,54 @@ def test_dataset_error_is_a_value_error_and_pickles() -> None:
         "truncated pickle",
         "/data/ind.cora.x: truncated pickle",
     )
+
+
+def _damaged_csr(matrix: Any, damage: str) -> Any:
+    """A copy of ``matrix`` with one structural field broken, as a flipped byte
+    in the file would leave it (scipy does not check an unpickled matrix)."""
+    broken = matrix.copy()
+    if damage == "index":
+        broken.indices[0] = 1 << 30
+    elif damage == "negative index":
+        broken.indices[0] = -5
+    elif damage == "indptr":
+        broken.indptr[-1] = broken.indices.size + 10_000_000
+    return broken
+
+
+@pytest.mark.parametrize("damage", ["index", "negative index", "indptr"])
+def test_corrupt_sparse_structure_is_named_not_a_crash(
+    cora_dir: Path, tmp_path: Path, damage: str
+) -> None:
+    # Without the check, toarray() writes out of bounds (a segfault, or a
+    # silently wrong matrix), so this runs in a child process.
+    folder = linked_cora(cora_dir, tmp_path)
+    _repickle(cora_dir, folder, "tx", lambda tx: _damaged_csr(tx, damage))
+    script = (
+        "from graphwire.graph.planetoid import load_planetoid\n"
+        "from graphwire.graph.errors import DatasetError\n"
+        "try:\n"
+        f"    load_planetoid({str(folder)!r}, 'cora')\n"
+        "except DatasetError as error:\n"
+        "    print(error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ind.cora.tx: corrupt sparse features matrix" in result.stdout
+
+
+def test_sparse_shape_too_large_to_densify_is_named(
+    cora_dir: Path, tmp_path: Path
+) -> None:
+    folder = linked_cora(cora_dir, tmp_path)
+    for part in ("x", "tx", "allx"):  # consistent columns, so only the cap catches it
+
+        def widen(matrix: Any) -> Any:
+            matrix._shape = (matrix.shape[0], 10**12)
+            return matrix
+
+        _repickle(cora_dir, folder, part, widen)
+    with pytest.raises(DatasetError, match=r"ind.cora.x: sparse matrix of shape "):
+        load_planetoid(folder, "cora")
