@@ -31,6 +31,7 @@ import numpy as np
 
 from graphwire.fsutil import atomic_file
 from graphwire.graph.errors import DatasetError
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.graph import Graph, GraphError
 
 __all__ = ["load_edgelist", "load_npz", "read_table", "save_npz"]
@@ -156,6 +157,8 @@ def load_npz(path: str | os.PathLike[str]) -> Graph:
         raise DatasetError(
             path, f"src and dst differ in length ({src.shape[0]} vs {dst.shape[0]})"
         )
+    if "x" in arrays:
+        check_finite_features(arrays["x"], path, "array 'x'")
     num_nodes = _npz_num_nodes(path, arrays)
     num_nodes = _check_ids(path, "edge", src, dst, num_nodes)
     try:

@@ -40,6 +40,7 @@ from graphwire.fsutil import (
     write_json,
 )
 from graphwire.graph.errors import DatasetError
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.graph import Graph, GraphError
 from graphwire.graph.labels import check_labels
 from graphwire.graph.seeds import is_int
@@ -137,6 +138,8 @@ def load_graph(
     for name, entry in meta["arrays"].items():
         arrays[name] = load_array(folder / f"{name}.npy", entry, mmap, verify)
     meta_path = folder / META
+    if "x" in arrays:  # reads x once, as verify would
+        check_finite_features(arrays["x"], folder / "x.npy")
     for field, found in (
         ("num_nodes", arrays["indptr"].shape[0] - 1),
         ("num_edges", arrays["indices"].shape[0]),

@@ -24,6 +24,7 @@ import numpy as np
 
 from graphwire.graph.datasets import parse_flag
 from graphwire.graph.errors import DatasetError
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.files import read_table
 from graphwire.graph.graph import Graph, GraphError
 from graphwire.graph.labels import check_labels
@@ -87,6 +88,7 @@ def load_ogb(
     feat_path = raw / "node-feat.csv.gz"
     if feat_path.is_file():
         x = read_table(feat_path, np.float32)
+        check_finite_features(x, feat_path, "node features")
         sizes.append((feat_path, x.shape[0]))
     label_path = raw / "node-label.csv.gz"
     if label_path.is_file():

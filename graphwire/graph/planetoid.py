@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.errors import DatasetError
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.graph import Graph
 
 __all__ = ["load_planetoid"]
@@ -90,6 +91,9 @@ def load_planetoid(
     y, ty, ally = (
         _dense(m, paths[p]) for m, p in ((y, "y"), (ty, "ty"), (ally, "ally"))
     )
+    for part, feats in (("x", x), ("tx", tx), ("allx", allx)):
+        # Before row normalisation, which would spread one nan over its row.
+        check_finite_features(feats, paths[part], "features")
 
     graph_dict = raw["graph"]
     if not isinstance(graph_dict, dict):
