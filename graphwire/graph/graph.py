@@ -84,8 +84,28 @@ def _as_tensor(
                 raise GraphError(
                     f"{name}: holds value {peak}, beyond int64 (at most {_INT64_MAX})"
                 )
-        tensor = tensor.to(dtype)
+        converted = tensor.to(dtype)
+        if (
+            dtype.is_floating_point
+            and tensor.dtype.is_floating_point
+            and torch.finfo(tensor.dtype).max > torch.finfo(dtype).max
+        ):
+            _check_no_overflow(tensor, converted, name)
+        tensor = converted
     return tensor
+
+
+def _check_no_overflow(wide: torch.Tensor, narrow: torch.Tensor, name: str) -> None:
+    """Refuse a narrowing float cast that turned a finite value into inf."""
+    overflowed = torch.isinf(narrow) & torch.isfinite(wide)
+    if bool(overflowed.any()):
+        where = torch.nonzero(overflowed)[0].tolist()
+        position = ", ".join(map(str, where))
+        raise GraphError(
+            f"{name}: value {float(wide[tuple(where)])} at [{position}] does not fit "
+            f"in {narrow.dtype} (largest {torch.finfo(narrow.dtype).max:.4g}); "
+            f"{int(overflowed.sum())} such entries"
+        )
 
 
 _MASK_HINT = "; a boolean mask? pass its node indices, mask.nonzero().view(-1)"

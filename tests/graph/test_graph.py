@@ -339,3 +339,16 @@ def test_from_pyg_checks_masks_against_the_inferred_node_count() -> None:
         Graph.from_pyg(data)
     data.train_mask = torch.tensor([True, False, True])
     assert Graph.from_pyg(data).train_idx.tolist() == [0, 2]
+
+
+def test_float64_features_beyond_float32_are_refused_not_made_inf() -> None:
+    x = np.ones((3, 2))
+    x[1, 1] = 1e300
+    with pytest.raises(GraphError, match=r"x: value 1e\+300 at \[1, 1\] does not fit"):
+        Graph.from_edge_index([0, 1, 2], [1, 2, 0], x=x)
+    with pytest.raises(GraphError, match="does not fit in torch.float32"):
+        Graph.from_edge_index([0, 1, 2], [1, 2, 0], x=torch.from_numpy(x))
+    x[1, 1] = np.inf  # already infinite: not an overflow (loaders refuse it)
+    x[2, 0] = 1e-300  # underflow to 0 is a rounding, kept
+    graph = Graph.from_edge_index([0, 1, 2], [1, 2, 0], x=x)
+    assert graph.x[1, 1] == float("inf") and graph.x[2, 0] == 0
