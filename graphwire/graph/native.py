@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +114,9 @@ def load_graph(
 
     Args:
         folder: The graph folder.
-        mmap: Memory-map the arrays (read-only, shared page cache) instead of
-            reading them into memory.
+        mmap: Memory-map the arrays copy-on-write (shared page cache; an
+            in-place op on a tensor writes a private copy, never the file)
+            instead of reading them into memory.
         verify: Also check every array's SHA-256 against ``meta.json`` (reads
             every byte once).
 
@@ -294,7 +294,10 @@ def load_array(
                 f"{entry['sha256']} (the file changed after it was written)",
             )
     try:
-        array = load_npy(path, mmap_mode="r" if mmap else None)
+        # Copy-on-write ("c", MAP_PRIVATE): pages stay shared until written, and
+        # a write (g.x.sub_(...)) lands in a private copy. A read-only map
+        # ("r") made any in-place op on the tensors a segfault.
+        array = load_npy(path, mmap_mode="c" if mmap else None)
     except (ValueError, OSError, EOFError) as error:
         raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
     if not isinstance(array, np.ndarray):
@@ -317,8 +320,4 @@ def load_array(
 
 def _as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """Share each array's memory with a tensor (no copy, mmap stays mmap)."""
-    with warnings.catch_warnings():
-        # Memory-mapped arrays are read-only; torch warns that writing through
-        # the tensor would be undefined. Graph never writes into its arrays.
-        warnings.simplefilter("ignore", UserWarning)
-        return {name: torch.from_numpy(array) for name, array in arrays.items()}
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}
