@@ -215,6 +215,13 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
             with archive:
                 for name in archive.files:
                     arrays[name] = archive[name]
+                    if not isinstance(arrays[name], np.ndarray):
+                        # np.load hands back the raw bytes of such a member
+                        raise DatasetError(
+                            path,
+                            f"array {name!r}: not an .npy array (its member does "
+                            "not start with the .npy header)",
+                        )
     except DatasetError:
         raise
     except (zipfile.BadZipFile, EOFError, zlib.error) as error:

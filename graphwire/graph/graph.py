@@ -316,7 +316,11 @@ class Graph:
         """
         import scipy.sparse as sp
 
-        if not sp.issparse(matrix) or matrix.shape[0] != matrix.shape[1]:
+        if (
+            not sp.issparse(matrix)
+            or len(matrix.shape) != 2
+            or matrix.shape[0] != matrix.shape[1]
+        ):
             raise GraphError(
                 f"scipy matrix: expected a square sparse matrix, found "
                 f"{type(matrix).__name__} of shape {getattr(matrix, 'shape', None)}"

@@ -138,6 +138,12 @@ def load_graph(
     for name, entry in meta["arrays"].items():
         arrays[name] = load_array(folder / f"{name}.npy", entry, mmap, verify)
     meta_path = folder / META
+    for name in _REQUIRED:  # (their shapes agree with meta.json's, not with 1-D)
+        if arrays[name].ndim != 1:
+            raise DatasetError(
+                folder / f"{name}.npy",
+                f"expected a 1-D array, found shape {list(arrays[name].shape)}",
+            )
     if "x" in arrays:  # reads x once, as verify would
         check_finite_features(arrays["x"], folder / "x.npy")
     for field, found in (

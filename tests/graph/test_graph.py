@@ -352,3 +352,10 @@ def test_float64_features_beyond_float32_are_refused_not_made_inf() -> None:
     x[2, 0] = 1e-300  # underflow to 0 is a rounding, kept
     graph = Graph.from_edge_index([0, 1, 2], [1, 2, 0], x=x)
     assert graph.x[1, 1] == float("inf") and graph.x[2, 0] == 0
+
+
+def test_from_scipy_names_a_1d_sparse_array() -> None:
+    sp = pytest.importorskip("scipy.sparse")
+    vector = sp.coo_array(np.array([1, 0, 1]))
+    with pytest.raises(GraphError, match=r"expected a square .* shape \(3,\)"):
+        Graph.from_scipy(vector)

@@ -379,3 +379,15 @@ def test_in_place_ops_on_mapped_arrays_stay_private(saved: Path) -> None:
     again = load_graph(saved)
     assert torch.equal(again.x, small_graph().x)
     assert torch.equal(again.indices, small_graph().indices)
+
+
+@pytest.mark.parametrize("name", ["indptr", "indices"])
+def test_a_0d_structure_array_is_named(saved: Path, name: str) -> None:
+    # meta.json agrees with the file, so only the 1-D check catches it (it was
+    # an IndexError on shape[0]).
+    meta = json.loads((saved / "meta.json").read_text())
+    np.save(saved / f"{name}.npy", np.array(3, dtype=np.int64))
+    meta["arrays"][name]["shape"] = []
+    (saved / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match=rf"{name}.npy: expected a 1-D array.*\[\]"):
+        load_graph(saved)
