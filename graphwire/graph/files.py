@@ -266,6 +266,12 @@ def _check_ids(
                 f"{what} node ID {high} would make {num_nodes:,} nodes (IDs are "
                 f"rows 0..N-1, N at most 2**31): relabel the IDs to 0..N-1",
             )
+    elif num_nodes > _MAX_INFERRED_NODES:  # given (npz array, spec option): as capped
+        raise DatasetError(
+            path,
+            f"num_nodes is {num_nodes:,}, more than 2**31 (N + 1 int64 row "
+            "offsets alone would take over 16 GiB); expected the node count",
+        )
     if num_nodes < 0 or low < 0 or high >= num_nodes:
         raise DatasetError(
             path,
