@@ -95,6 +95,11 @@ def load_planetoid(
         # Before row normalisation, which would spread one nan over its row.
         check_finite_features(feats, paths[part], "features")
 
+    if ally.shape[1] == 0:
+        raise DatasetError(
+            paths["ally"], "expected one-hot label rows, found 0 columns (no classes)"
+        )
+
     graph_dict = raw["graph"]
     if not isinstance(graph_dict, dict):
         raise DatasetError(
@@ -336,6 +341,17 @@ def _edges_from_dict(
         neighbours = np.asarray([n for values in graph.values() for n in values])
     except TypeError as error:
         raise DatasetError(path, f"expected a dict of lists ({error})") from error
+    except ValueError:  # numpy cannot make one flat array of nested sequences
+        keys = neighbours = np.zeros((0, 0))
+    if keys.ndim != 1 or neighbours.ndim != 1:
+        nested = next(  # a Python loop over the nodes, only to name one
+            (k for k, v in graph.items() if np.ndim(k) or any(map(np.ndim, v))), None
+        )
+        raise DatasetError(
+            path,
+            "expected a dict of lists of integer node IDs, found a nested sequence "
+            f"(at node {nested!r})",
+        )
     for label, ids in (("keys", keys), ("neighbour IDs", neighbours)):
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
             raise DatasetError(path, f"{label} must be integers, found {ids.dtype}")

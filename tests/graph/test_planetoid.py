@@ -318,6 +318,13 @@ def _repickle(cora_dir: Path, folder: Path, part: str, change: Any) -> None:
         ("graph", lambda g: {**g, 0: [-3]}, "ind.cora.graph: neighbour IDs must be"),
         ("graph", lambda g: {**g, 0: [1.5]}, "ind.cora.graph: neighbour IDs must be"),
         ("graph", lambda g: {**g, 0: 7}, "ind.cora.graph: expected a dict of lists"),
+        ("graph", lambda g: {**g, 9: [[633, 1862]]}, r"nested sequence \(at node 9\)"),
+        ("graph", lambda g: {**g, 9: [[1, 2], 3]}, r"nested sequence \(at node 9\)"),
+        (
+            "graph",
+            lambda g: {k: [list(v)] for k, v in g.items() if len(v) == 1},
+            "ind.cora.graph: expected a dict of lists of integer node IDs, found a",
+        ),
     ],
 )
 def test_inconsistent_contents_are_named(
@@ -388,4 +395,14 @@ def test_sparse_shape_too_large_to_densify_is_named(
 
         _repickle(cora_dir, folder, part, widen)
     with pytest.raises(DatasetError, match=r"ind.cora.x: sparse matrix of shape "):
+        load_planetoid(folder, "cora")
+
+
+def test_labels_without_columns_are_named(cora_dir: Path, tmp_path: Path) -> None:
+    # It was numpy's "attempt to get argmax of an empty sequence".
+    folder = linked_cora(cora_dir, tmp_path)
+    for part in ("y", "ty", "ally"):  # protocol 4: 2 pickles b"" as bytes()
+        empty = _read_pickle(cora_dir / f"ind.cora.{part}")[:, :0]
+        replace(folder, part, pickle.dumps(empty, protocol=4))
+    with pytest.raises(DatasetError, match="ind.cora.ally: expected one-hot .*0 col"):
         load_planetoid(folder, "cora")
