@@ -95,6 +95,8 @@ def load_planetoid(
         # Before row normalisation, which would spread one nan over its row.
         check_finite_features(feats, paths[part], "features")
 
+    for part, labels in (("y", y), ("ty", ty), ("ally", ally)):
+        _check_one_hot(labels, paths[part])
     if ally.shape[1] == 0:
         raise DatasetError(
             paths["ally"], "expected one-hot label rows, found 0 columns (no classes)"
@@ -319,6 +321,28 @@ def _dense(value: Any, path: Path) -> np.ndarray:
         raise DatasetError(
             path, f"sparse matrix of shape ({rows}, {cols}) does not fit in memory"
         ) from error
+
+
+def _check_one_hot(labels: np.ndarray, path: Path) -> None:
+    """Refuse a label row that is not one 1 among zeros (all zeros: unlabelled).
+
+    argmax would make a multi-hot row, or one of -1s, class 0 without a word.
+    """
+    zeros = np.count_nonzero(labels == 0, axis=1)
+    ones = np.count_nonzero(labels == 1, axis=1)
+    width = labels.shape[1]
+    bad = ~((zeros == width) | ((ones == 1) & (zeros == width - 1)))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        cols = np.flatnonzero(labels[row])
+        values = {int(c): labels[row, c].item() for c in cols[:5]}
+        more = ", ..." if cols.size > 5 else ""
+        raise DatasetError(
+            path,
+            f"row {row}: expected a one-hot label row (one 1, zeros elsewhere) or "
+            f"all zeros, found nonzero entries {{column: value}} {values}{more} "
+            f"({int(bad.sum())} such rows)",
+        )
 
 
 def _read_test_index(path: Path) -> np.ndarray:

@@ -299,6 +299,17 @@ def _repickle(cora_dir: Path, folder: Path, part: str, change: Any) -> None:
     replace(folder, part, pickle.dumps(value, protocol=2))
 
 
+def _set_row(
+    labels: np.ndarray, row: int, fill: int, at: dict[int, int] | None = None
+) -> np.ndarray:
+    """``labels`` with one row set to ``fill`` (then ``at``'s column: value)."""
+    labels = labels.copy()
+    labels[row] = fill
+    for col, value in (at or {}).items():
+        labels[row, col] = value
+    return labels
+
+
 @pytest.mark.parametrize(
     "part, change, message",
     [
@@ -318,6 +329,9 @@ def _repickle(cora_dir: Path, folder: Path, part: str, change: Any) -> None:
         ("graph", lambda g: {**g, 0: [-3]}, "ind.cora.graph: neighbour IDs must be"),
         ("graph", lambda g: {**g, 0: [1.5]}, "ind.cora.graph: neighbour IDs must be"),
         ("graph", lambda g: {**g, 0: 7}, "ind.cora.graph: expected a dict of lists"),
+        ("ally", lambda y: _set_row(y, 3, 1), r"ind.cora.ally: row 3: expected a one"),
+        ("ty", lambda y: _set_row(y, 8, -1), r"ind.cora.ty: row 8: .*\{0: -1, 1: -1"),
+        ("y", lambda y: _set_row(y, 2, 0, {4: 2}), r"ind.cora.y: row 2: .*\{4: 2\}"),
         ("graph", lambda g: {**g, 9: [[633, 1862]]}, r"nested sequence \(at node 9\)"),
         ("graph", lambda g: {**g, 9: [[1, 2], 3]}, r"nested sequence \(at node 9\)"),
         (
