@@ -154,6 +154,33 @@ def _check_split(name: str, idx: torch.Tensor, y: torch.Tensor | None) -> None:
             )
 
 
+def _check_disjoint(splits: dict[str, torch.Tensor]) -> None:
+    """Refuse a node in two splits (each already names a node at most once).
+
+    A node in train and test is evaluated on what it was trained on, and the
+    test accuracy says nothing. One sort of all the split IDs together.
+    """
+    if sum(idx.numel() for idx in splits.values()) < 2 or len(splits) < 2:
+        return
+    nodes = torch.cat(list(splits.values()))
+    which = torch.cat(
+        [torch.full_like(idx, k) for k, idx in enumerate(splits.values())]
+    )
+    nodes, order = torch.sort(nodes, stable=True)
+    which = which[order]
+    shared = nodes[1:] == nodes[:-1]
+    if bool(shared.any()):
+        at = int(torch.nonzero(shared)[0])
+        names = list(splits)
+        first, second = names[int(which[at])], names[int(which[at + 1])]
+        count = int(shared.sum())
+        raise GraphError(
+            f"{second}: node {int(nodes[at])} is also in {first} ({count} "
+            f"{'node' if count == 1 else 'nodes'} in two splits); train, val and "
+            "test must be disjoint"
+        )
+
+
 @dataclass(frozen=True, eq=False)
 class Graph:
     """A directed graph stored as CSR over in-edges, with node data.
@@ -221,6 +248,7 @@ class Graph:
             if y.numel() and int(y.min()) < -1:
                 raise GraphError("y: labels must be >= 0 (or -1 for unlabelled)")
             set_(self, "y", y)
+        splits: dict[str, torch.Tensor] = {}
         for split in ("train_idx", "val_idx", "test_idx"):
             value = getattr(self, split)
             if value is None:
@@ -228,6 +256,8 @@ class Graph:
             idx = node_ids(value, split, num_nodes)
             _check_split(split, idx, self.y)
             set_(self, split, idx)
+            splits[split] = idx
+        _check_disjoint(splits)
 
     # ------------------------------------------------------------------ sizes
     @property

@@ -359,3 +359,22 @@ def test_from_scipy_names_a_1d_sparse_array() -> None:
     vector = sp.coo_array(np.array([1, 0, 1]))
     with pytest.raises(GraphError, match=r"expected a square .* shape \(3,\)"):
         Graph.from_scipy(vector)
+
+
+@pytest.mark.parametrize(
+    "splits, message",
+    [
+        (dict(train_idx=[0, 1], test_idx=[3, 1]), "test_idx: node 1 is also in train"),
+        (dict(val_idx=[2], test_idx=[2, 0]), "test_idx: node 2 is also in val_idx"),
+        (
+            dict(train_idx=[0, 3], val_idx=[1, 3], test_idx=[0, 2]),
+            r"node 0 is also in train_idx \(2 nodes in two splits\)",
+        ),
+    ],
+)
+def test_a_node_in_two_splits_is_named(splits, message) -> None:
+    with pytest.raises(GraphError, match=message):
+        Graph(indptr=[0, 0, 0, 0, 0], indices=[], **splits)
+    disjoint = Graph(indptr=[0, 0, 0, 0, 0], indices=[], train_idx=[0], test_idx=[1])
+    with pytest.raises(GraphError, match="test_idx: node 1 is also in val_idx"):
+        disjoint.replace(val_idx=[1, 2])  # replace() checks again

@@ -84,8 +84,8 @@ def test_split_schemes(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"several: \['random', 'time'\]") as info:
         load_ogb(folder)
     assert info.value.path == str(folder / "split")
-    write_gz(folder / "split" / "random" / "test.csv.gz", "1\n")
-    for scheme, test_ids in (("random", [1]), ("time", [4, 2])):
+    write_gz(folder / "split" / "random" / "test.csv.gz", "2\n")  # not in train
+    for scheme, test_ids in (("random", [2]), ("time", [4, 2])):
         test_idx = load_ogb(folder, scheme=scheme).test_idx
         assert test_idx is not None and test_idx.tolist() == test_ids
     with pytest.raises(DatasetError, match="split/year: missing split scheme"):
@@ -160,4 +160,11 @@ def test_missing_folders_are_named(tmp_path: Path) -> None:
     np.savez(folder / "raw" / "data.npz", a=np.zeros(1))
     (folder / "raw" / "edge.csv.gz").unlink()
     with pytest.raises(DatasetError, match="only the raw CSV layout"):
+        load_ogb(folder)
+
+
+def test_overlapping_splits_are_named(tmp_path: Path) -> None:
+    folder = make_ogb(tmp_path)
+    write_gz(folder / "split" / "time" / "test.csv.gz", "4\n1\n")  # 1 is in train
+    with pytest.raises(DatasetError, match="test_idx: node 1 is also in train_idx"):
         load_ogb(folder)
