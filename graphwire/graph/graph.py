@@ -545,7 +545,9 @@ def _csr_from_coo(
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
     if dst.size and np.all(dst[1:] >= dst[:-1]):
-        indices = np.ascontiguousarray(src, dtype=np.int64)
+        # Always a copy: ascontiguousarray returned the caller's own array, so
+        # writing into it changed the graph.
+        indices = np.array(src, dtype=np.int64, copy=True)
     else:
         order = np.argsort(dst, kind="stable")
         indices = src[order].astype(np.int64, copy=False)

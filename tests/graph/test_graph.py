@@ -378,3 +378,16 @@ def test_a_node_in_two_splits_is_named(splits, message) -> None:
     disjoint = Graph(indptr=[0, 0, 0, 0, 0], indices=[], train_idx=[0], test_idx=[1])
     with pytest.raises(GraphError, match="test_idx: node 1 is also in val_idx"):
         disjoint.replace(val_idx=[1, 2])  # replace() checks again
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_from_edge_index_owns_its_indices(as_tensor: bool) -> None:
+    src, dst = np.array([2, 0, 1]), np.array([0, 1, 2])  # dst sorted: no reorder
+    graph = Graph.from_edge_index(
+        torch.from_numpy(src) if as_tensor else src,
+        torch.from_numpy(dst) if as_tensor else dst,
+    )
+    src[:] = 0
+    dst[:] = 0
+    assert graph.indices.tolist() == [2, 0, 1]
+    assert graph.indptr.tolist() == [0, 1, 2, 3]
