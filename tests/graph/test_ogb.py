@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 from pathlib import Path
 
 import numpy as np
@@ -167,4 +168,19 @@ def test_overlapping_splits_are_named(tmp_path: Path) -> None:
     folder = make_ogb(tmp_path)
     write_gz(folder / "split" / "time" / "test.csv.gz", "4\n1\n")  # 1 is in train
     with pytest.raises(DatasetError, match="test_idx: node 1 is also in train_idx"):
+        load_ogb(folder)
+
+
+@pytest.mark.parametrize("label", ["inf", "-inf", "1e30", "9007199254740992"])
+def test_a_label_that_is_not_a_finite_integer_is_named(
+    tmp_path: Path, label: str
+) -> None:
+    # inf and 1e30 passed as integers and were cast to -9223372036854775808.
+    folder = make_ogb(tmp_path)
+    labels = "".join(f"{i % 3}\n" if i != 2 else f"{label}\n" for i in range(6))
+    write_gz(folder / "raw" / "node-label.csv.gz", labels)
+    shown = re.escape(str(float(label)))
+    with pytest.raises(
+        DatasetError, match=rf"label.csv.gz: .*found {shown} on data li"
+    ):
         load_ogb(folder)
