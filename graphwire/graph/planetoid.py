@@ -186,6 +186,14 @@ def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
     return text.encode("latin1")
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    # Protocol-2 pickles written by Python 3 store b"" (an empty array's data)
+    # as bytes(); bytes(n) would allocate n bytes, so only the empty call passes.
+    if args:
+        raise pickle.UnpicklingError("builtins.bytes called with arguments")
+    return b""
+
+
 def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
     # numpy pickles an array as _reconstruct(ndarray, (0,), b"b") + __setstate__;
     # refuse other subtypes and big shells (a cheap way to exhaust memory).
@@ -212,6 +220,8 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
         ("collections", "defaultdict"): collections.defaultdict,
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("_codecs", "encode"): _latin1_encode,
+        ("__builtin__", "bytes"): _empty_bytes,
+        ("builtins", "bytes"): _empty_bytes,
     }
     for core in ("numpy.core", "numpy._core"):
         allowed[(f"{core}.multiarray", "_reconstruct")] = _reconstruct

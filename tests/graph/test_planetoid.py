@@ -412,11 +412,23 @@ def test_sparse_shape_too_large_to_densify_is_named(
         load_planetoid(folder, "cora")
 
 
-def test_labels_without_columns_are_named(cora_dir: Path, tmp_path: Path) -> None:
-    # It was numpy's "attempt to get argmax of an empty sequence".
+@pytest.mark.parametrize("protocol", [2, 4])  # 2 pickles b"" as bytes()
+def test_labels_without_columns_are_named(
+    cora_dir: Path, tmp_path: Path, protocol: int
+) -> None:
+    # It was numpy's "attempt to get argmax of an empty sequence" (protocol 4)
+    # and "forbidden global __builtin__.bytes" (protocol 2).
     folder = linked_cora(cora_dir, tmp_path)
-    for part in ("y", "ty", "ally"):  # protocol 4: 2 pickles b"" as bytes()
+    for part in ("y", "ty", "ally"):
         empty = _read_pickle(cora_dir / f"ind.cora.{part}")[:, :0]
-        replace(folder, part, pickle.dumps(empty, protocol=4))
+        replace(folder, part, pickle.dumps(empty, protocol=protocol))
     with pytest.raises(DatasetError, match="ind.cora.ally: expected one-hot .*0 col"):
         load_planetoid(folder, "cora")
+
+
+def test_bytes_with_an_argument_is_refused(tmp_path: Path) -> None:
+    # bytes() is allowed for empty arrays; bytes(n) would allocate n bytes.
+    path = tmp_path / "ind.cora.x"
+    path.write_bytes(b"\x80\x02c__builtin__\nbytes\nJ\x00\x00\x00\x40\x85R.")
+    with pytest.raises(DatasetError, match="ind.cora.x: corrupt pickle .*argument"):
+        _read_pickle(path)
