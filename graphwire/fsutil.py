@@ -363,7 +363,7 @@ _NPY_LOCK = threading.Lock()
 
 
 def load_npy(
-    path: str | os.PathLike[str], mmap_mode: Literal["r"] | None = None
+    path: str | os.PathLike[str], mmap_mode: Literal["r", "c"] | None = None
 ) -> Any:
     """``np.load(path, mmap_mode, allow_pickle=False)``, one thread at a time
     (the header's parse is not thread-safe on CPython 3.11); an ``.npz``

@@ -31,6 +31,7 @@ import numpy as np
 
 from graphwire.fsutil import atomic_file
 from graphwire.graph.errors import DatasetError
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.graph import Graph, GraphError
 
 __all__ = ["load_edgelist", "load_npz", "read_table", "save_npz"]
@@ -156,6 +157,8 @@ def load_npz(path: str | os.PathLike[str]) -> Graph:
         raise DatasetError(
             path, f"src and dst differ in length ({src.shape[0]} vs {dst.shape[0]})"
         )
+    if "x" in arrays:
+        check_finite_features(arrays["x"], path, "array 'x'")
     num_nodes = _npz_num_nodes(path, arrays)
     num_nodes = _check_ids(path, "edge", src, dst, num_nodes)
     try:
@@ -212,6 +215,13 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
             with archive:
                 for name in archive.files:
                     arrays[name] = archive[name]
+                    if not isinstance(arrays[name], np.ndarray):
+                        # np.load hands back the raw bytes of such a member
+                        raise DatasetError(
+                            path,
+                            f"array {name!r}: not an .npy array (its member does "
+                            "not start with the .npy header)",
+                        )
     except DatasetError:
         raise
     except (zipfile.BadZipFile, EOFError, zlib.error) as error:
@@ -256,6 +266,12 @@ def _check_ids(
                 f"{what} node ID {high} would make {num_nodes:,} nodes (IDs are "
                 f"rows 0..N-1, N at most 2**31): relabel the IDs to 0..N-1",
             )
+    elif num_nodes > _MAX_INFERRED_NODES:  # given (npz array, spec option): as capped
+        raise DatasetError(
+            path,
+            f"num_nodes is {num_nodes:,}, more than 2**31 (N + 1 int64 row "
+            "offsets alone would take over 16 GiB); expected the node count",
+        )
     if num_nodes < 0 or low < 0 or high >= num_nodes:
         raise DatasetError(
             path,

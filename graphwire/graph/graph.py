@@ -84,8 +84,28 @@ def _as_tensor(
                 raise GraphError(
                     f"{name}: holds value {peak}, beyond int64 (at most {_INT64_MAX})"
                 )
-        tensor = tensor.to(dtype)
+        converted = tensor.to(dtype)
+        if (
+            dtype.is_floating_point
+            and tensor.dtype.is_floating_point
+            and torch.finfo(tensor.dtype).max > torch.finfo(dtype).max
+        ):
+            _check_no_overflow(tensor, converted, name)
+        tensor = converted
     return tensor
+
+
+def _check_no_overflow(wide: torch.Tensor, narrow: torch.Tensor, name: str) -> None:
+    """Refuse a narrowing float cast that turned a finite value into inf."""
+    overflowed = torch.isinf(narrow) & torch.isfinite(wide)
+    if bool(overflowed.any()):
+        where = torch.nonzero(overflowed)[0].tolist()
+        position = ", ".join(map(str, where))
+        raise GraphError(
+            f"{name}: value {float(wide[tuple(where)])} at [{position}] does not fit "
+            f"in {narrow.dtype} (largest {torch.finfo(narrow.dtype).max:.4g}); "
+            f"{int(overflowed.sum())} such entries"
+        )
 
 
 _MASK_HINT = "; a boolean mask? pass its node indices, mask.nonzero().view(-1)"
@@ -132,6 +152,33 @@ def _check_split(name: str, idx: torch.Tensor, y: torch.Tensor | None) -> None:
                 f"{name}: node {node} has label -1 (unlabelled); nodes in "
                 "train/val/test need a label in [0, num_classes)"
             )
+
+
+def _check_disjoint(splits: dict[str, torch.Tensor]) -> None:
+    """Refuse a node in two splits (each already names a node at most once).
+
+    A node in train and test is evaluated on what it was trained on, and the
+    test accuracy says nothing. One sort of all the split IDs together.
+    """
+    if sum(idx.numel() for idx in splits.values()) < 2 or len(splits) < 2:
+        return
+    nodes = torch.cat(list(splits.values()))
+    which = torch.cat(
+        [torch.full_like(idx, k) for k, idx in enumerate(splits.values())]
+    )
+    nodes, order = torch.sort(nodes, stable=True)
+    which = which[order]
+    shared = nodes[1:] == nodes[:-1]
+    if bool(shared.any()):
+        at = int(torch.nonzero(shared)[0])
+        names = list(splits)
+        first, second = names[int(which[at])], names[int(which[at + 1])]
+        count = int(shared.sum())
+        raise GraphError(
+            f"{second}: node {int(nodes[at])} is also in {first} ({count} "
+            f"{'node' if count == 1 else 'nodes'} in two splits); train, val and "
+            "test must be disjoint"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,6 +248,7 @@ class Graph:
             if y.numel() and int(y.min()) < -1:
                 raise GraphError("y: labels must be >= 0 (or -1 for unlabelled)")
             set_(self, "y", y)
+        splits: dict[str, torch.Tensor] = {}
         for split in ("train_idx", "val_idx", "test_idx"):
             value = getattr(self, split)
             if value is None:
@@ -208,6 +256,8 @@ class Graph:
             idx = node_ids(value, split, num_nodes)
             _check_split(split, idx, self.y)
             set_(self, split, idx)
+            splits[split] = idx
+        _check_disjoint(splits)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -296,7 +346,11 @@ class Graph:
         """
         import scipy.sparse as sp
 
-        if not sp.issparse(matrix) or matrix.shape[0] != matrix.shape[1]:
+        if (
+            not sp.issparse(matrix)
+            or len(matrix.shape) != 2
+            or matrix.shape[0] != matrix.shape[1]
+        ):
             raise GraphError(
                 f"scipy matrix: expected a square sparse matrix, found "
                 f"{type(matrix).__name__} of shape {getattr(matrix, 'shape', None)}"
@@ -491,7 +545,9 @@ def _csr_from_coo(
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
     if dst.size and np.all(dst[1:] >= dst[:-1]):
-        indices = np.ascontiguousarray(src, dtype=np.int64)
+        # Always a copy: ascontiguousarray returned the caller's own array, so
+        # writing into it changed the graph.
+        indices = np.array(src, dtype=np.int64, copy=True)
     else:
         order = np.argsort(dst, kind="stable")
         indices = src[order].astype(np.int64, copy=False)

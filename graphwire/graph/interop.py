@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.graph import GraphError, check_inferred_rows, node_count
 
 __all__ = ["dgl_parts", "pyg_parts"]
@@ -55,6 +56,7 @@ def pyg_parts(data: Any) -> Parts:
         num_nodes = node_count(num_nodes, "pyg data: num_nodes")
     node_data: dict[str, Any] = {}
     if getattr(data, "x", None) is not None:
+        check_finite_features(data.x, None, "pyg data: x")
         node_data["x"] = data.x
     if getattr(data, "y", None) is not None:
         node_data["y"] = _label_vector(data.y, "pyg data: y")
@@ -84,6 +86,7 @@ def dgl_parts(graph: Any) -> Parts:
     ndata = graph.ndata
     node_data: dict[str, Any] = {}
     if "feat" in ndata:
+        check_finite_features(ndata["feat"], None, "dgl ndata: feat")
         node_data["x"] = ndata["feat"]
     if "label" in ndata:
         node_data["y"] = _label_vector(ndata["label"], "dgl ndata: label")

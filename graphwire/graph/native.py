@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from graphwire.fsutil import (
     write_json,
 )
 from graphwire.graph.errors import DatasetError
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.graph import Graph, GraphError
 from graphwire.graph.labels import check_labels
 from graphwire.graph.seeds import is_int
@@ -114,8 +114,9 @@ def load_graph(
 
     Args:
         folder: The graph folder.
-        mmap: Memory-map the arrays (read-only, shared page cache) instead of
-            reading them into memory.
+        mmap: Memory-map the arrays copy-on-write (shared page cache; an
+            in-place op on a tensor writes a private copy, never the file)
+            instead of reading them into memory.
         verify: Also check every array's SHA-256 against ``meta.json`` (reads
             every byte once).
 
@@ -137,6 +138,14 @@ def load_graph(
     for name, entry in meta["arrays"].items():
         arrays[name] = load_array(folder / f"{name}.npy", entry, mmap, verify)
     meta_path = folder / META
+    for name in _REQUIRED:  # (their shapes agree with meta.json's, not with 1-D)
+        if arrays[name].ndim != 1:
+            raise DatasetError(
+                folder / f"{name}.npy",
+                f"expected a 1-D array, found shape {list(arrays[name].shape)}",
+            )
+    if "x" in arrays:  # reads x once, as verify would
+        check_finite_features(arrays["x"], folder / "x.npy")
     for field, found in (
         ("num_nodes", arrays["indptr"].shape[0] - 1),
         ("num_edges", arrays["indices"].shape[0]),
@@ -291,7 +300,10 @@ def load_array(
                 f"{entry['sha256']} (the file changed after it was written)",
             )
     try:
-        array = load_npy(path, mmap_mode="r" if mmap else None)
+        # Copy-on-write ("c", MAP_PRIVATE): pages stay shared until written, and
+        # a write (g.x.sub_(...)) lands in a private copy. A read-only map
+        # ("r") made any in-place op on the tensors a segfault.
+        array = load_npy(path, mmap_mode="c" if mmap else None)
     except (ValueError, OSError, EOFError) as error:
         raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
     if not isinstance(array, np.ndarray):
@@ -314,8 +326,4 @@ def load_array(
 
 def _as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """Share each array's memory with a tensor (no copy, mmap stays mmap)."""
-    with warnings.catch_warnings():
-        # Memory-mapped arrays are read-only; torch warns that writing through
-        # the tensor would be undefined. Graph never writes into its arrays.
-        warnings.simplefilter("ignore", UserWarning)
-        return {name: torch.from_numpy(array) for name, array in arrays.items()}
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}

@@ -24,12 +24,14 @@ import numpy as np
 
 from graphwire.graph.datasets import parse_flag
 from graphwire.graph.errors import DatasetError
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.files import read_table
 from graphwire.graph.graph import Graph, GraphError
 from graphwire.graph.labels import check_labels
 
 __all__ = ["load_ogb"]
 
+_MAX_EXACT_LABEL = float(2**53)
 _SPLITS = (("train", "train_idx"), ("valid", "val_idx"), ("test", "test_idx"))
 
 
@@ -87,6 +89,7 @@ def load_ogb(
     feat_path = raw / "node-feat.csv.gz"
     if feat_path.is_file():
         x = read_table(feat_path, np.float32)
+        check_finite_features(x, feat_path, "node features")
         sizes.append((feat_path, x.shape[0]))
     label_path = raw / "node-label.csv.gz"
     if label_path.is_file():
@@ -138,13 +141,21 @@ def _labels(path: Path) -> np.ndarray:
     """int64 [N] from one float per line; nan (unlabelled) becomes -1."""
     values = read_table(path, np.float64, 1)[:, 0]
     labelled = ~np.isnan(values)
-    bad = labelled & ((values != np.round(values)) | (values < 0))
+    # inf (and 1e30) passed the round() test and the int64 cast made them
+    # -9223372036854775808; from 2**53 on a float64 holds no exact integer.
+    bad = labelled & (
+        ~np.isfinite(values)
+        | (values != np.round(values))
+        | (values < 0)
+        | (values >= _MAX_EXACT_LABEL)
+    )
     if bad.any():
         line = int(np.flatnonzero(bad)[0])
         raise DatasetError(
             path,
-            f"labels must be non-negative integers or nan, found {values[line]} "
-            f"on data line {line + 1}",
+            f"labels must be non-negative integers below 2**53 or nan, found "
+            f"{float(values[line])} on data line {line + 1} (not a finite "
+            "integer label)",
         )
     labels = np.full(values.shape, -1, dtype=np.int64)
     labels[labelled] = values[labelled].astype(np.int64)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.errors import DatasetError
+from graphwire.graph.features import check_finite_features
 from graphwire.graph.graph import Graph
 
 __all__ = ["load_planetoid"]
@@ -83,6 +84,23 @@ def load_planetoid(
         _same(paths[part], feats.shape[1], "columns", paths["allx"], allx.shape[1])
     for part, labels in (("y", y), ("ty", ty)):
         _same(paths[part], labels.shape[1], "columns", paths["ally"], ally.shape[1])
+    # Densified only now that the shapes agree (a sparse header can claim any).
+    x, tx, allx = (
+        _dense(m, paths[p]) for m, p in ((x, "x"), (tx, "tx"), (allx, "allx"))
+    )
+    y, ty, ally = (
+        _dense(m, paths[p]) for m, p in ((y, "y"), (ty, "ty"), (ally, "ally"))
+    )
+    for part, feats in (("x", x), ("tx", tx), ("allx", allx)):
+        # Before row normalisation, which would spread one nan over its row.
+        check_finite_features(feats, paths[part], "features")
+
+    for part, labels in (("y", y), ("ty", ty), ("ally", ally)):
+        _check_one_hot(labels, paths[part])
+    if ally.shape[1] == 0:
+        raise DatasetError(
+            paths["ally"], "expected one-hot label rows, found 0 columns (no classes)"
+        )
 
     graph_dict = raw["graph"]
     if not isinstance(graph_dict, dict):
@@ -168,6 +186,14 @@ def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
     return text.encode("latin1")
 
 
+def _empty_bytes(*args: Any) -> bytes:
+    # Protocol-2 pickles written by Python 3 store b"" (an empty array's data)
+    # as bytes(); bytes(n) would allocate n bytes, so only the empty call passes.
+    if args:
+        raise pickle.UnpicklingError("builtins.bytes called with arguments")
+    return b""
+
+
 def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> np.ndarray:
     # numpy pickles an array as _reconstruct(ndarray, (0,), b"b") + __setstate__;
     # refuse other subtypes and big shells (a cheap way to exhaust memory).
@@ -194,6 +220,8 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
         ("collections", "defaultdict"): collections.defaultdict,
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("_codecs", "encode"): _latin1_encode,
+        ("__builtin__", "bytes"): _empty_bytes,
+        ("builtins", "bytes"): _empty_bytes,
     }
     for core in ("numpy.core", "numpy._core"):
         allowed[(f"{core}.multiarray", "_reconstruct")] = _reconstruct
@@ -248,16 +276,83 @@ def _read_pickle(path: Path) -> Any:
 
 
 # ---------------------------------------------------------------- conversions
-def _matrix(value: Any, path: Path, what: str) -> np.ndarray:
-    """A 2-D dense array from a scipy sparse matrix or an ndarray."""
+# The most entries a matrix may densify to (16 GiB of float32; PubMed's allx
+# has 9.1M): a larger shape in a sparse header is damage, not a dataset.
+_MAX_DENSE_ENTRIES = 1 << 32
+
+
+def _matrix(value: Any, path: Path, what: str) -> Any:
+    """A 2-D ndarray, or a scipy CSR matrix checked but not yet densified.
+
+    An unpickled CSR matrix is whatever the file says: an index past its row
+    or an ``indptr`` past ``indices`` makes ``toarray()`` write out of bounds
+    (a segfault), so its structure is checked in full here.
+    """
     if hasattr(value, "toarray") and hasattr(value, "shape"):
-        value = value.toarray()
+        try:
+            value.check_format(full_check=True)
+            rows, cols = (int(n) for n in value.shape)
+        except Exception as error:  # a damaged matrix raises various types
+            raise DatasetError(
+                path,
+                f"corrupt sparse {what} matrix ({type(error).__name__}: {error})",
+            ) from error
+        if rows < 0 or cols < 0:
+            raise DatasetError(
+                path, f"corrupt sparse {what} matrix: shape {value.shape}"
+            )
+        if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
+            raise DatasetError(
+                path, f"expected numeric {what}, found dtype {value.dtype}"
+            )
+        return value
     if not isinstance(value, np.ndarray) or value.ndim != 2:
         found = getattr(value, "shape", type(value).__name__)
         raise DatasetError(path, f"expected a 2-D {what} matrix, found {found}")
     if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
         raise DatasetError(path, f"expected numeric {what}, found dtype {value.dtype}")
     return value
+
+
+def _dense(value: Any, path: Path) -> np.ndarray:
+    """``value`` (from :func:`_matrix`) as a dense ndarray."""
+    if isinstance(value, np.ndarray):
+        return value
+    rows, cols = value.shape
+    if rows * cols > _MAX_DENSE_ENTRIES:
+        raise DatasetError(
+            path,
+            f"sparse matrix of shape ({rows}, {cols}) has {rows * cols:,} entries "
+            f"when dense, more than {_MAX_DENSE_ENTRIES:,} (a damaged header?)",
+        )
+    try:
+        return np.asarray(value.toarray())
+    except MemoryError as error:
+        raise DatasetError(
+            path, f"sparse matrix of shape ({rows}, {cols}) does not fit in memory"
+        ) from error
+
+
+def _check_one_hot(labels: np.ndarray, path: Path) -> None:
+    """Refuse a label row that is not one 1 among zeros (all zeros: unlabelled).
+
+    argmax would make a multi-hot row, or one of -1s, class 0 without a word.
+    """
+    zeros = np.count_nonzero(labels == 0, axis=1)
+    ones = np.count_nonzero(labels == 1, axis=1)
+    width = labels.shape[1]
+    bad = ~((zeros == width) | ((ones == 1) & (zeros == width - 1)))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        cols = np.flatnonzero(labels[row])
+        values = {int(c): labels[row, c].item() for c in cols[:5]}
+        more = ", ..." if cols.size > 5 else ""
+        raise DatasetError(
+            path,
+            f"row {row}: expected a one-hot label row (one 1, zeros elsewhere) or "
+            f"all zeros, found nonzero entries {{column: value}} {values}{more} "
+            f"({int(bad.sum())} such rows)",
+        )
 
 
 def _read_test_index(path: Path) -> np.ndarray:
@@ -280,6 +375,17 @@ def _edges_from_dict(
         neighbours = np.asarray([n for values in graph.values() for n in values])
     except TypeError as error:
         raise DatasetError(path, f"expected a dict of lists ({error})") from error
+    except ValueError:  # numpy cannot make one flat array of nested sequences
+        keys = neighbours = np.zeros((0, 0))
+    if keys.ndim != 1 or neighbours.ndim != 1:
+        nested = next(  # a Python loop over the nodes, only to name one
+            (k for k, v in graph.items() if np.ndim(k) or any(map(np.ndim, v))), None
+        )
+        raise DatasetError(
+            path,
+            "expected a dict of lists of integer node IDs, found a nested sequence "
+            f"(at node {nested!r})",
+        )
     for label, ids in (("keys", keys), ("neighbour IDs", neighbours)):
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
             raise DatasetError(path, f"{label} must be integers, found {ids.dtype}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -259,3 +260,30 @@ def test_read_table_any_width_and_floats(tmp_path: Path) -> None:
     (tmp_path / "ragged.csv").write_text("1,2\n3,4,5\n")
     with pytest.raises(DatasetError, match="ragged.csv: cannot parse"):
         read_table(tmp_path / "ragged.csv", np.float32)
+
+
+def test_an_npz_member_that_is_not_npy_is_named(tmp_path: Path) -> None:
+    # np.load returns such a member's raw bytes (an AttributeError later on).
+    path = tmp_path / "g.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, array in (("src", np.arange(3)), ("dst", np.arange(3))):
+            buffer = io.BytesIO()
+            np.save(buffer, array)
+            archive.writestr(f"{name}.npy", buffer.getvalue())
+        archive.writestr("x.npy", b"1.0,2.0\n3.0,4.0\n")
+    with pytest.raises(DatasetError, match=r"g.npz: array 'x': not an .npy array"):
+        load_npz(path)
+
+
+@pytest.mark.parametrize("num_nodes", [2**31 + 1, 2**40, 2**62])
+def test_a_given_node_count_is_capped_as_an_inferred_one(
+    tmp_path: Path, num_nodes: int
+) -> None:
+    path = tmp_path / "g.npz"
+    np.savez(path, src=np.arange(3), dst=np.arange(3), num_nodes=np.int64(num_nodes))
+    with pytest.raises(DatasetError, match=f"g.npz: num_nodes is {num_nodes:,}, more"):
+        load_npz(path)
+    text = tmp_path / "g.txt"
+    text.write_text("0 1\n")
+    with pytest.raises(DatasetError, match=f"g.txt: num_nodes is {num_nodes:,}"):
+        load_edgelist(text, num_nodes=num_nodes)

@@ -339,3 +339,55 @@ def test_from_pyg_checks_masks_against_the_inferred_node_count() -> None:
         Graph.from_pyg(data)
     data.train_mask = torch.tensor([True, False, True])
     assert Graph.from_pyg(data).train_idx.tolist() == [0, 2]
+
+
+def test_float64_features_beyond_float32_are_refused_not_made_inf() -> None:
+    x = np.ones((3, 2))
+    x[1, 1] = 1e300
+    with pytest.raises(GraphError, match=r"x: value 1e\+300 at \[1, 1\] does not fit"):
+        Graph.from_edge_index([0, 1, 2], [1, 2, 0], x=x)
+    with pytest.raises(GraphError, match="does not fit in torch.float32"):
+        Graph.from_edge_index([0, 1, 2], [1, 2, 0], x=torch.from_numpy(x))
+    x[1, 1] = np.inf  # already infinite: not an overflow (loaders refuse it)
+    x[2, 0] = 1e-300  # underflow to 0 is a rounding, kept
+    graph = Graph.from_edge_index([0, 1, 2], [1, 2, 0], x=x)
+    assert graph.x[1, 1] == float("inf") and graph.x[2, 0] == 0
+
+
+def test_from_scipy_names_a_1d_sparse_array() -> None:
+    sp = pytest.importorskip("scipy.sparse")
+    vector = sp.coo_array(np.array([1, 0, 1]))
+    with pytest.raises(GraphError, match=r"expected a square .* shape \(3,\)"):
+        Graph.from_scipy(vector)
+
+
+@pytest.mark.parametrize(
+    "splits, message",
+    [
+        (dict(train_idx=[0, 1], test_idx=[3, 1]), "test_idx: node 1 is also in train"),
+        (dict(val_idx=[2], test_idx=[2, 0]), "test_idx: node 2 is also in val_idx"),
+        (
+            dict(train_idx=[0, 3], val_idx=[1, 3], test_idx=[0, 2]),
+            r"node 0 is also in train_idx \(2 nodes in two splits\)",
+        ),
+    ],
+)
+def test_a_node_in_two_splits_is_named(splits, message) -> None:
+    with pytest.raises(GraphError, match=message):
+        Graph(indptr=[0, 0, 0, 0, 0], indices=[], **splits)
+    disjoint = Graph(indptr=[0, 0, 0, 0, 0], indices=[], train_idx=[0], test_idx=[1])
+    with pytest.raises(GraphError, match="test_idx: node 1 is also in val_idx"):
+        disjoint.replace(val_idx=[1, 2])  # replace() checks again
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_from_edge_index_owns_its_indices(as_tensor: bool) -> None:
+    src, dst = np.array([2, 0, 1]), np.array([0, 1, 2])  # dst sorted: no reorder
+    graph = Graph.from_edge_index(
+        torch.from_numpy(src) if as_tensor else src,
+        torch.from_numpy(dst) if as_tensor else dst,
+    )
+    src[:] = 0
+    dst[:] = 0
+    assert graph.indices.tolist() == [2, 0, 1]
+    assert graph.indptr.tolist() == [0, 1, 2, 3]

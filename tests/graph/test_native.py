@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -355,4 +356,38 @@ def test_an_array_in_the_other_byte_order_is_named(saved: Path) -> None:
     x = np.load(saved / "x.npy")
     np.save(saved / "x.npy", x.astype(x.dtype.newbyteorder(">")))
     with pytest.raises(DatasetError, match=r"x.npy: big-endian, not in this machine"):
+        load_graph(saved)
+
+
+def test_in_place_ops_on_mapped_arrays_stay_private(saved: Path) -> None:
+    """With read-only maps, ``g.x.sub_(0)`` segfaulted: a child process runs it."""
+    before = {p.name: p.read_bytes() for p in saved.iterdir()}
+    script = (
+        "import torch\n"
+        "from graphwire.graph.native import load_graph\n"
+        f"g = load_graph({str(saved)!r})\n"
+        "g.x.sub_(1.0)\n"
+        "g.indices.zero_()\n"
+        "print(g.x[1].tolist(), int(g.indices.sum()))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert result.stdout.split() == ["[0.0,", "0.5]", "0"]
+    assert {p.name: p.read_bytes() for p in saved.iterdir()} == before
+    again = load_graph(saved)
+    assert torch.equal(again.x, small_graph().x)
+    assert torch.equal(again.indices, small_graph().indices)
+
+
+@pytest.mark.parametrize("name", ["indptr", "indices"])
+def test_a_0d_structure_array_is_named(saved: Path, name: str) -> None:
+    # meta.json agrees with the file, so only the 1-D check catches it (it was
+    # an IndexError on shape[0]).
+    meta = json.loads((saved / "meta.json").read_text())
+    np.save(saved / f"{name}.npy", np.array(3, dtype=np.int64))
+    meta["arrays"][name]["shape"] = []
+    (saved / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match=rf"{name}.npy: expected a 1-D array.*\[\]"):
         load_graph(saved)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 from pathlib import Path
 
 import numpy as np
@@ -84,8 +85,8 @@ def test_split_schemes(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"several: \['random', 'time'\]") as info:
         load_ogb(folder)
     assert info.value.path == str(folder / "split")
-    write_gz(folder / "split" / "random" / "test.csv.gz", "1\n")
-    for scheme, test_ids in (("random", [1]), ("time", [4, 2])):
+    write_gz(folder / "split" / "random" / "test.csv.gz", "2\n")  # not in train
+    for scheme, test_ids in (("random", [2]), ("time", [4, 2])):
         test_idx = load_ogb(folder, scheme=scheme).test_idx
         assert test_idx is not None and test_idx.tolist() == test_ids
     with pytest.raises(DatasetError, match="split/year: missing split scheme"):
@@ -160,4 +161,26 @@ def test_missing_folders_are_named(tmp_path: Path) -> None:
     np.savez(folder / "raw" / "data.npz", a=np.zeros(1))
     (folder / "raw" / "edge.csv.gz").unlink()
     with pytest.raises(DatasetError, match="only the raw CSV layout"):
+        load_ogb(folder)
+
+
+def test_overlapping_splits_are_named(tmp_path: Path) -> None:
+    folder = make_ogb(tmp_path)
+    write_gz(folder / "split" / "time" / "test.csv.gz", "4\n1\n")  # 1 is in train
+    with pytest.raises(DatasetError, match="test_idx: node 1 is also in train_idx"):
+        load_ogb(folder)
+
+
+@pytest.mark.parametrize("label", ["inf", "-inf", "1e30", "9007199254740992"])
+def test_a_label_that_is_not_a_finite_integer_is_named(
+    tmp_path: Path, label: str
+) -> None:
+    # inf and 1e30 passed as integers and were cast to -9223372036854775808.
+    folder = make_ogb(tmp_path)
+    labels = "".join(f"{i % 3}\n" if i != 2 else f"{label}\n" for i in range(6))
+    write_gz(folder / "raw" / "node-label.csv.gz", labels)
+    shown = re.escape(str(float(label)))
+    with pytest.raises(
+        DatasetError, match=rf"label.csv.gz: .*found {shown} on data li"
+    ):
         load_ogb(folder)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +299,17 @@ def _repickle(cora_dir: Path, folder: Path, part: str, change: Any) -> None:
     replace(folder, part, pickle.dumps(value, protocol=2))
 
 
+def _set_row(
+    labels: np.ndarray, row: int, fill: int, at: dict[int, int] | None = None
+) -> np.ndarray:
+    """``labels`` with one row set to ``fill`` (then ``at``'s column: value)."""
+    labels = labels.copy()
+    labels[row] = fill
+    for col, value in (at or {}).items():
+        labels[row, col] = value
+    return labels
+
+
 @pytest.mark.parametrize(
     "part, change, message",
     [
@@ -316,6 +329,16 @@ def _repickle(cora_dir: Path, folder: Path, part: str, change: Any) -> None:
         ("graph", lambda g: {**g, 0: [-3]}, "ind.cora.graph: neighbour IDs must be"),
         ("graph", lambda g: {**g, 0: [1.5]}, "ind.cora.graph: neighbour IDs must be"),
         ("graph", lambda g: {**g, 0: 7}, "ind.cora.graph: expected a dict of lists"),
+        ("ally", lambda y: _set_row(y, 3, 1), r"ind.cora.ally: row 3: expected a one"),
+        ("ty", lambda y: _set_row(y, 8, -1), r"ind.cora.ty: row 8: .*\{0: -1, 1: -1"),
+        ("y", lambda y: _set_row(y, 2, 0, {4: 2}), r"ind.cora.y: row 2: .*\{4: 2\}"),
+        ("graph", lambda g: {**g, 9: [[633, 1862]]}, r"nested sequence \(at node 9\)"),
+        ("graph", lambda g: {**g, 9: [[1, 2], 3]}, r"nested sequence \(at node 9\)"),
+        (
+            "graph",
+            lambda g: {k: [list(v)] for k, v in g.items() if len(v) == 1},
+            "ind.cora.graph: expected a dict of lists of integer node IDs, found a",
+        ),
     ],
 )
 def test_inconsistent_contents_are_named(
@@ -336,3 +359,76 @@ def test_dataset_error_is_a_value_error_and_pickles() -> None:
         "truncated pickle",
         "/data/ind.cora.x: truncated pickle",
     )
+
+
+def _damaged_csr(matrix: Any, damage: str) -> Any:
+    """A copy of ``matrix`` with one structural field broken, as a flipped byte
+    in the file would leave it (scipy does not check an unpickled matrix)."""
+    broken = matrix.copy()
+    if damage == "index":
+        broken.indices[0] = 1 << 30
+    elif damage == "negative index":
+        broken.indices[0] = -5
+    elif damage == "indptr":
+        broken.indptr[-1] = broken.indices.size + 10_000_000
+    return broken
+
+
+@pytest.mark.parametrize("damage", ["index", "negative index", "indptr"])
+def test_corrupt_sparse_structure_is_named_not_a_crash(
+    cora_dir: Path, tmp_path: Path, damage: str
+) -> None:
+    # Without the check, toarray() writes out of bounds (a segfault, or a
+    # silently wrong matrix), so this runs in a child process.
+    folder = linked_cora(cora_dir, tmp_path)
+    _repickle(cora_dir, folder, "tx", lambda tx: _damaged_csr(tx, damage))
+    script = (
+        "from graphwire.graph.planetoid import load_planetoid\n"
+        "from graphwire.graph.errors import DatasetError\n"
+        "try:\n"
+        f"    load_planetoid({str(folder)!r}, 'cora')\n"
+        "except DatasetError as error:\n"
+        "    print(error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ind.cora.tx: corrupt sparse features matrix" in result.stdout
+
+
+def test_sparse_shape_too_large_to_densify_is_named(
+    cora_dir: Path, tmp_path: Path
+) -> None:
+    folder = linked_cora(cora_dir, tmp_path)
+    for part in ("x", "tx", "allx"):  # consistent columns, so only the cap catches it
+
+        def widen(matrix: Any) -> Any:
+            matrix._shape = (matrix.shape[0], 10**12)
+            return matrix
+
+        _repickle(cora_dir, folder, part, widen)
+    with pytest.raises(DatasetError, match=r"ind.cora.x: sparse matrix of shape "):
+        load_planetoid(folder, "cora")
+
+
+@pytest.mark.parametrize("protocol", [2, 4])  # 2 pickles b"" as bytes()
+def test_labels_without_columns_are_named(
+    cora_dir: Path, tmp_path: Path, protocol: int
+) -> None:
+    # It was numpy's "attempt to get argmax of an empty sequence" (protocol 4)
+    # and "forbidden global __builtin__.bytes" (protocol 2).
+    folder = linked_cora(cora_dir, tmp_path)
+    for part in ("y", "ty", "ally"):
+        empty = _read_pickle(cora_dir / f"ind.cora.{part}")[:, :0]
+        replace(folder, part, pickle.dumps(empty, protocol=protocol))
+    with pytest.raises(DatasetError, match="ind.cora.ally: expected one-hot .*0 col"):
+        load_planetoid(folder, "cora")
+
+
+def test_bytes_with_an_argument_is_refused(tmp_path: Path) -> None:
+    # bytes() is allowed for empty arrays; bytes(n) would allocate n bytes.
+    path = tmp_path / "ind.cora.x"
+    path.write_bytes(b"\x80\x02c__builtin__\nbytes\nJ\x00\x00\x00\x40\x85R.")
+    with pytest.raises(DatasetError, match="ind.cora.x: corrupt pickle .*argument"):
+        _read_pickle(path)

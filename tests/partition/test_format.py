@@ -38,14 +38,15 @@ SPLITS = ("train", "val", "test")
 
 def make_graph(num_nodes: int, src: Any, dst: Any, rng: np.random.Generator) -> Graph:
     nid = torch.arange(num_nodes, dtype=torch.float32)
+    draw = rng.random(num_nodes)  # one draw: the splits are disjoint
     return Graph.from_edge_index(
         src,
         dst,
         num_nodes=num_nodes,
         x=torch.stack([nid, -nid], 1),
         y=torch.arange(num_nodes),
-        train_idx=np.flatnonzero(rng.random(num_nodes) < 0.4),
-        val_idx=np.flatnonzero(rng.random(num_nodes) < 0.2),
+        train_idx=np.flatnonzero(draw < 0.4),
+        val_idx=np.flatnonzero((draw >= 0.4) & (draw < 0.6)),
         name="tiny",
     )
 
