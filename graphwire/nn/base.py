@@ -21,8 +21,11 @@ Shapes (S = num_src, D = num_dst, E edges, H heads, F features):
 
 The sums run as a sparse-CSR times dense product inside one
 ``torch.autograd.Function``; its backward multiplies by the transposed CSR, which
-is built once per MessageGraph (a stable argsort of ``indices``) and cached.
-Plain ``torch.sparse.mm`` under autograd re-transposes the matrix every backward.
+is built once per MessageGraph (a stable argsort of ``indices``) and cached, as
+is the permuted copy of the graph's own constant weights (``edge_weight``,
+``sym_norm``, ``mean_weight``; rebuilt after an in-place change, never kept for
+a weight that requires grad). Plain ``torch.sparse.mm`` under autograd
+re-transposes the matrix every backward.
 """
 
 from __future__ import annotations
@@ -286,23 +289,39 @@ class MessageGraph:
         return crow.to(dtype), self.dst_of_edges[perm].to(dtype), perm
 
     @cached_property
-    def _transposed_weights(self) -> dict[str, torch.Tensor]:
-        """Cached ``w[perm]`` of the weights this graph owns, by name."""
+    def _transposed_weights(self) -> dict[str, tuple[int, torch.Tensor]]:
+        """Cached ``(weight._version, w[perm])`` of the weights this graph owns,
+        by name."""
         return {}
 
     def own_weight_name(self, weight: torch.Tensor) -> str | None:
-        """The name of ``weight`` if it is one of this graph's (cacheable) arrays."""
+        """The name of ``weight`` if it is one of this graph's cacheable arrays.
+
+        A weight that requires grad is never cached: its ``w[perm]`` would carry
+        one forward's autograd graph into every later backward. Neither is an
+        inference-mode tensor, which has no version counter.
+        """
+        if weight.requires_grad or weight.is_inference():
+            return None
         for name in ("edge_weight", "sym_norm", "mean_weight"):
             if weight is self.__dict__.get(name):
                 return name
         return None
 
     def transposed(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        """``weight[perm]`` for one of this graph's own weight arrays, cached."""
+        """``weight[perm]`` for one of this graph's own weight arrays, cached.
+
+        The cache is keyed on ``weight._version``, so an in-place change to the
+        weight (``edge_weight.mul_(2)``) rebuilds it rather than reading stale
+        values.
+        """
         cache = self._transposed_weights
-        if name not in cache:
-            cache[name] = weight[self._transpose[2]]
-        return cache[name]
+        version = weight._version
+        hit = cache.get(name)
+        if hit is None or hit[0] != version:
+            hit = (version, weight[self._transpose[2]])
+            cache[name] = hit
+        return hit[1]
 
     def adjacency(self, values: torch.Tensor) -> torch.Tensor:
         """Sparse CSR [num_dst, num_src] with the given per-edge ``values``."""
