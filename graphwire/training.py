@@ -36,6 +36,7 @@ __all__ = [
     "EpochRecord",
     "TrainConfig",
     "TrainResult",
+    "check_finite_loss",
     "check_split_sizes",
     "check_trainable",
     "format_acc",
@@ -378,6 +379,19 @@ def check_split_sizes(sizes: dict[str, int], where: str) -> None:
             f"{where}: {', '.join(empty)} holds no nodes; training needs training "
             "nodes for the loss, validation nodes to pick the best epoch and "
             "test nodes to score it"
+        )
+
+
+def check_finite_loss(loss: float, epoch: int, config: TrainConfig) -> None:
+    """Raise ``ValueError`` when epoch ``epoch``'s training loss is NaN or
+    infinite: every later epoch would train on NaN weights and score a
+    meaningless accuracy (argmax of NaN logits). Distributed loops pass the
+    loss summed over ranks, so every rank raises alike."""
+    if not math.isfinite(loss):
+        raise ValueError(
+            f"epoch {epoch}: the training loss is {loss} (not finite); check the "
+            "features for NaN or infinite values, or lower the learning rate "
+            f"(lr={config.lr})"
         )
 
 
