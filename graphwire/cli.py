@@ -120,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--patience",
         type=int,
-        help="stop after this many evaluations (epochs, by default) without a "
-        "better validation accuracy",
+        help="stop after this many evaluations (epochs, by default) in a row "
+        "without a better epoch: a higher validation accuracy, or the same "
+        "with a lower validation loss",
     )
     train.add_argument(
         "--fanouts", help="mini-batch fan-outs, input layer first: 10,25"
