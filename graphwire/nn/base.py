@@ -38,10 +38,12 @@ from typing import Any
 import torch
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import is_int
 
 __all__ = [
     "MessageGraph",
     "ProjectsToOutput",
+    "check_size",
     "edge_softmax",
     "spmm_mean",
     "spmm_sum",
@@ -50,6 +52,16 @@ __all__ = [
 # Below this many rows/edges the CSR index arrays are stored as int32, which the
 # MKL sparse kernels run about 10% faster than int64.
 _INT32_LIMIT = 2**31 - 1
+
+
+def check_size(value: Any, name: str) -> int:
+    """``value`` as a plain int if it is a valid width or count (an integer
+    >= 1); ``ValueError`` naming ``name`` otherwise. A width of 0 builds a
+    model whose output is a constant (its bias), and a negative one fails
+    deep in torch, so layers and ``build_model`` check their sizes first."""
+    if not is_int(value) or value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def _csr(

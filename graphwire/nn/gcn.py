@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphwire.nn.base import MessageGraph, ProjectsToOutput, spmm_sum
+from graphwire.nn.base import MessageGraph, ProjectsToOutput, check_size, spmm_sum
 
 __all__ = ["GCNConv"]
 
@@ -44,8 +44,8 @@ class GCNConv(ProjectsToOutput, nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
         super().__init__()
-        self.in_dim = in_dim
-        self.out_dim = out_dim
+        self.in_dim = check_size(in_dim, "GCNConv in_dim")
+        self.out_dim = check_size(out_dim, "GCNConv out_dim")
         # float32 as Graph.x is, whatever torch's default dtype.
         f32 = torch.float32
         self.weight = nn.Parameter(torch.empty(in_dim, out_dim, dtype=f32))
