@@ -411,9 +411,10 @@ def spmm_sum(
 
     Args:
         mg: the message graph.
-        h_src: float [num_src, F], or [num_src, H, F] for per-head weights.
-        weight: optional per-edge weights, [E] (or [E, H] with 3-D ``h_src``);
-            ``None`` means all ones. May require grad (GAT attention).
+        h_src: float [num_src, F], or [num_src, H, F].
+        weight: optional per-edge weights: [E], shared by every head of a 3-D
+            ``h_src``, or [E, H] (one per head, 3-D ``h_src`` only); ``None``
+            means all ones. May require grad (GAT attention).
 
     Returns:
         float [num_dst, F] (or [num_dst, H, F]) in ``h_src``'s dtype.
@@ -421,6 +422,22 @@ def spmm_sum(
     if h_src.shape[0] != mg.num_src:
         raise ValueError(
             f"h_src: expected {mg.num_src} rows (num_src), found {h_src.shape[0]}"
+        )
+    if h_src.dim() == 3 and (weight is None or weight.dim() == 1):
+        # One weight per edge for every head: the heads' features are columns
+        # of one [S, H * F] product (one sparse product, not H).
+        num_src, heads, width = h_src.shape
+        flat = spmm_sum(mg, h_src.reshape(num_src, heads * width), weight)
+        return flat.view(mg.num_dst, heads, width)
+    if weight is not None and weight.dim() != h_src.dim() - 1:
+        raise ValueError(
+            f"weight: expected [E] or, with h_src [S, H, F], [E, H]; found "
+            f"{list(weight.shape)} with h_src {list(h_src.shape)}"
+        )
+    if weight is not None and weight.dim() == 2 and weight.shape[1] != h_src.shape[1]:
+        raise ValueError(
+            f"weight: expected one column per head of h_src ({h_src.shape[1]}), "
+            f"found {weight.shape[1]}"
         )
     weight_t: torch.Tensor | None = None
     if weight is None:
@@ -441,10 +458,10 @@ def spmm_mean(mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
 
     Args:
         mg: the message graph.
-        h_src: float [num_src, F].
+        h_src: float [num_src, F] or [num_src, H, F].
 
     Returns:
-        float [num_dst, F].
+        float [num_dst, F] (or [num_dst, H, F]).
     """
     return spmm_sum(mg, h_src, mg.mean_weight)
 

@@ -77,6 +77,26 @@ def test_gradcheck_with_cached_graph_weights() -> None:
     )
 
 
+def test_a_shared_weight_applies_to_every_head_of_3d_rows() -> None:
+    """h [S, H, F] with no weight, an [E] weight or spmm_mean: every head is
+    aggregated with the same per-edge weights (it raised IndexError)."""
+    mg = _bipartite(9, 6, 30, seed=8)
+    h = torch.randn(9, 2, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(30, dtype=torch.float64, requires_grad=True)
+    dense = _dense(mg)
+    torch.testing.assert_close(spmm_sum(mg, h), torch.einsum("ds,shf->dhf", dense, h))
+    torch.testing.assert_close(
+        spmm_sum(mg, h, w), torch.einsum("ds,shf->dhf", _dense(mg, w), h)
+    )
+    mean = dense / dense.sum(1, keepdim=True).clamp(min=1)
+    torch.testing.assert_close(spmm_mean(mg, h), torch.einsum("ds,shf->dhf", mean, h))
+    assert torch.autograd.gradcheck(lambda h, w: spmm_sum(mg, h, w), (h, w))
+    with pytest.raises(ValueError, match=r"one column per head of h_src \(2\)"):
+        spmm_sum(mg, h, torch.rand(30, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"weight: expected \[E\] or"):
+        spmm_sum(mg, h[:, 0], torch.rand(30, 2, dtype=torch.float64))
+
+
 def test_a_graph_weight_that_requires_grad_backpropagates_every_step() -> None:
     """An edge_weight parameter is not cached: a second backward neither crashes
     ("backward through the graph a second time") nor reuses the first's values."""
