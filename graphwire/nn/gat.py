@@ -82,9 +82,11 @@ class GATConv(ProjectsToOutput, nn.Module):
 
     def reset_parameters(self) -> None:
         nn.init.xavier_uniform_(self.lin.weight)
-        # Glorot bounds of a [heads * out_dim, 1] attention vector, as in PyG.
+        # Glorot on the [heads, out_dim] matrix, bound sqrt(6 / (heads +
+        # out_dim)), as PyG's glorot on its [1, heads, out_dim] att_src/att_dst
+        # (a [heads * out_dim, 1] view gave sqrt(6 / (heads * out_dim + 1))).
         for att in (self.att_src, self.att_dst):
-            nn.init.xavier_uniform_(att.view(-1, 1))
+            nn.init.xavier_uniform_(att)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
