@@ -118,10 +118,24 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dropout", type=float, help="dropout (model default)")
     train.add_argument("--weight-decay", type=float, help="L2 (model default)")
     train.add_argument(
+        "--heads", type=int, help="GAT: attention heads in hidden layers (default 8)"
+    )
+    train.add_argument(
+        "--out-heads",
+        type=int,
+        help="GAT: attention heads in the output layer, averaged (default 1)",
+    )
+    train.add_argument(
+        "--attn-dropout",
+        type=float,
+        help="GAT: dropout on attention coefficients (model default)",
+    )
+    train.add_argument(
         "--patience",
         type=int,
-        help="stop after this many evaluations (epochs, by default) without a "
-        "better validation accuracy",
+        help="stop after this many evaluations (epochs, by default) in a row "
+        "without a better epoch: a higher validation accuracy, or the same "
+        "with a lower validation loss",
     )
     train.add_argument(
         "--fanouts", help="mini-batch fan-outs, input layer first: 10,25"

@@ -36,6 +36,7 @@ __all__ = [
     "EpochRecord",
     "TrainConfig",
     "TrainResult",
+    "check_finite_loss",
     "check_split_sizes",
     "check_trainable",
     "format_acc",
@@ -90,8 +91,10 @@ class TrainConfig:
         lr: Adam learning rate; None: the model's default.
         weight_decay: Adam L2 penalty; None: the model's default.
         epochs: maximum number of epochs.
-        patience: stop after this many evaluations without a better
-            validation accuracy; None: never stop early.
+        patience: stop after this many evaluations in a row without a
+            better epoch: a higher validation accuracy, or the same accuracy
+            with a lower validation loss (:class:`BestEpoch`); None: never
+            stop early.
         eval_every: evaluate (accuracies, best epoch, early stopping) after
             every this many epochs and after the last; the records of other
             epochs have NaN accuracies (``null`` in ``metrics.jsonl``).
@@ -279,7 +282,13 @@ class TrainResult:
 
 
 class BestEpoch:
-    """Tracks the best-validation epoch and decides when to stop early."""
+    """Tracks the best-validation epoch and decides when to stop early.
+
+    An evaluated epoch is better than the best so far when its validation
+    accuracy is higher, or equal with a lower validation loss (accuracy moves
+    in steps of one validation node, so ties are common; the loss breaks
+    them). Such an epoch also resets the early-stopping count.
+    """
 
     def __init__(self, patience: int | None) -> None:
         self.patience = patience
@@ -313,7 +322,9 @@ class BestEpoch:
     @property
     def stopped(self) -> bool:
         """Whether ``patience`` evaluated epochs in a row brought no better
-        one (kept through a checkpoint: a resumed run that had stopped stays
+        one (neither a higher validation accuracy nor an equal one with a
+        lower validation loss; kept through a checkpoint: a resumed run that
+        had stopped stays
         stopped, unless resumed with a larger patience)."""
         return self.patience is not None and self._stale >= self.patience
 
@@ -378,6 +389,19 @@ def check_split_sizes(sizes: dict[str, int], where: str) -> None:
             f"{where}: {', '.join(empty)} holds no nodes; training needs training "
             "nodes for the loss, validation nodes to pick the best epoch and "
             "test nodes to score it"
+        )
+
+
+def check_finite_loss(loss: float, epoch: int, config: TrainConfig) -> None:
+    """Raise ``ValueError`` when epoch ``epoch``'s training loss is NaN or
+    infinite: every later epoch would train on NaN weights and score a
+    meaningless accuracy (argmax of NaN logits). Distributed loops pass the
+    loss summed over ranks, so every rank raises alike."""
+    if not math.isfinite(loss):
+        raise ValueError(
+            f"epoch {epoch}: the training loss is {loss} (not finite); check the "
+            "features for NaN or infinite values, or lower the learning rate "
+            f"(lr={config.lr})"
         )
 
 

@@ -268,6 +268,39 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
     assert "--eval-every: expected an integer >= 1" in capsys.readouterr().err
 
 
+TINY = "synthetic:products?nodes=200&degree=4&features=8&classes=3&seed=1"
+
+
+@pytest.mark.parametrize("mode", ["fullgraph", "minibatch"])
+def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
+    """--heads, --out-heads and --attn-dropout build the GAT a run trains
+    (without them GAT always had 8 heads and attention dropout 0.6)."""
+    import graphwire.training
+
+    built = []
+
+    def spy(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    build = graphwire.training.build_model
+    monkeypatch.setattr(graphwire.training, "build_model", spy)
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", TINY, "--model", "gat", "--mode", mode]
+    argv += ["--heads", "3", "--out-heads", "2", "--attn-dropout", "0.25"]
+    assert main([*argv, "--epochs", "1", "--quiet", "--out", str(out)]) == 0
+    (model,) = built
+    hidden, output = model.layers
+    assert (hidden.heads, output.heads) == (3, 2)
+    assert hidden.attn_dropout == output.attn_dropout == 0.25
+    config = json.loads((out / "metrics.jsonl").open().readline())
+    assert (config["heads"], config["out_heads"], config["attn_dropout"]) == (
+        3,
+        2,
+        0.25,
+    )
+
+
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
@@ -334,6 +367,17 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
         ),
         (["--partition", "random", "--parts", "0"], "--parts: expected >= 1, got 0"),
         (["--layers", "0"], "--layers: expected an integer >= 1, got 0"),
+        (["--heads", "2"], "--heads: only with --model gat"),
+        (
+            ["--model", "gcn", "--out-heads", "2", "--attn-dropout", "0.1"],
+            "--out-heads / --attn-dropout: only with --model gat",
+        ),
+        (["--model", "gat", "--heads", "0"], "--heads: expected an integer >= 1"),
+        (["--model", "gat", "--out-heads", "-1"], "--out-heads: expected an int"),
+        (
+            ["--model", "gat", "--attn-dropout", "1"],
+            "--attn-dropout: expected a value in [0, 1), got 1.0",
+        ),
         (["--eval-every", "0"], "--eval-every: expected an integer >= 1, got 0"),
         (  # it said "or None", which no command line can give
             ["--patience", "0"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,29 @@ def test_the_callers_generator_is_left_as_it_was(
     assert torch.equal(torch.rand(3), expected)
     two = train(cora, config)  # the caller's generator is elsewhere now
     assert [r.loss for r in one.records] == [r.loss for r in two.records]
+
+
+@pytest.mark.parametrize(
+    "train, config",
+    [
+        (train_fullgraph, TrainConfig(model="gcn", epochs=3, hidden=4)),
+        (train_minibatch, TrainConfig(model="sage", epochs=3, hidden=4)),
+    ],
+    ids=["full-graph", "mini-batch"],
+)
+def test_a_non_finite_training_loss_stops_the_run_naming_the_epoch(
+    train, config: TrainConfig
+) -> None:
+    """One NaN feature on a training node: the run ran to the end with a NaN
+    loss every epoch and reported an accuracy of NaN logits' argmax."""
+    graph = _graph()
+    assert graph.x is not None
+    graph.x[1, 0] = math.nan
+    seen: list[float] = []
+    with pytest.raises(
+        ValueError,
+        match=r"^epoch 0: the training loss is nan \(not finite\); check the "
+        r"features for NaN or infinite values, or lower the learning rate",
+    ):
+        train(graph, config, on_epoch=lambda record: seen.append(record.loss))
+    assert seen == []  # no record of the failed epoch

@@ -36,9 +36,19 @@ _OVERRIDES = {
     "lr": "lr",
     "dropout": "dropout",
     "weight_decay": "weight_decay",
+    "heads": "heads",
+    "out_heads": "out_heads",
+    "attn_dropout": "attn_dropout",
     "patience": "patience",
     "batch_size": "batch_size",
     "eval_every": "eval_every",
+}
+
+# Flags only a GAT model reads (attribute -> flag).
+GAT_FLAGS = {
+    "heads": "--heads",
+    "out_heads": "--out-heads",
+    "attn_dropout": "--attn-dropout",
 }
 
 # Flags only a distributed run reads (attribute -> flag), and the defaults it
@@ -262,7 +272,7 @@ _BOUNDS = {
 def _check_run_flags(args: argparse.Namespace) -> None:
     """Flags of how the run goes, checked before any data is read or split:
     each within its bounds (:data:`_BOUNDS`), and the mini-batch settings
-    only in mini-batch mode."""
+    only in mini-batch mode, GAT's only with --model gat."""
     for name, (flag, least, strict, most) in _BOUNDS.items():
         value = getattr(args, name)
         if value is None:
@@ -281,6 +291,8 @@ def _check_run_flags(args: argparse.Namespace) -> None:
             {"fanouts": "--fanouts", "batch_size": "--batch-size"},
             "only with --mode minibatch",
         )
+    if args.model != "gat":
+        _refuse(args, GAT_FLAGS, "only with --model gat")
     check_partition_method(args.partition)
 
 

@@ -156,7 +156,8 @@ def _say_if_stopped_before(reports: list[RankReport], config: TrainConfig) -> No
     if first and first < config.epochs and not trained:
         print(
             f"--resume: the run stopped early after epoch {first - 1} (no better "
-            f"validation since epoch {lead.best_epoch}, --patience "
+            "validation accuracy, nor an equal one with a lower loss, since epoch "
+            f"{lead.best_epoch}, --patience "
             f"{config.patience}); reporting the run so far",
             file=sys.stderr,
         )

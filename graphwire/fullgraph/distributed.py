@@ -62,6 +62,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_finite_loss,
     check_split_sizes,
     make_model_for,
     make_optimizer,
@@ -256,6 +257,9 @@ def train_distributed(
             )
             metrics = {"loss": float(summed[0])}
         eval_done = time.perf_counter()
+        # The loss summed over ranks: NaN or infinite on every rank alike if
+        # on any, so every rank raises here and none waits in a collective.
+        check_finite_loss(metrics["loss"], epoch, config)
         by_rank = traffic_by_rank(before, trained, transport, config.num_layers)
         comm = windows.cut() | {"by_rank": by_rank}
         ended = time.perf_counter()

@@ -29,6 +29,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_finite_loss,
     check_trainable,
     keeps_callers_generator,
     make_model,
@@ -77,6 +78,8 @@ def train_fullgraph(
             mgs, x, row_ids=row_ids, dropout_seed=derive_seed(config.seed, epoch)
         )
         loss = F.cross_entropy(logits[train_idx], train_y)
+        loss_value = float(loss.detach())  # a host sync point (as the record's)
+        check_finite_loss(loss_value, epoch, config)
         forward_done = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -92,7 +95,7 @@ def train_fullgraph(
 
         record = EpochRecord(
             epoch=epoch,
-            loss=float(loss.detach()),
+            loss=loss_value,
             train_acc=metrics.get("train_acc", math.nan),
             val_acc=metrics.get("val_acc", math.nan),
             test_acc=metrics.get("test_acc", math.nan),

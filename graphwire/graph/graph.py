@@ -491,8 +491,13 @@ class Graph:
     def gcn_norm(self) -> torch.Tensor:
         """float32 [E]: GCN edge weights ``1 / sqrt(deg_out(src) * deg_in(dst))``.
 
-        Degrees are taken of this graph as it is (add self-loops first for the
-        Kipf & Welling ``D^-1/2 (A + I) D^-1/2``); zero degrees count as one.
+        Degrees are taken of this graph as it is (add self-loops first); zero
+        degrees count as one. In matrix form ``D_in^-1/2 A D_out^-1/2`` with
+        ``A[dst, src]`` = 1 per edge, ``D_in`` its row sums and ``D_out`` its
+        column sums (DGL's ``norm="both"``). On a symmetric graph both are
+        ``D``, giving Kipf & Welling's ``D^-1/2 (A + I) D^-1/2`` after
+        self-loops; on a directed one PyG's ``gcn_norm`` differs: it uses the
+        in-degree at both ends.
         """
         in_deg = self.in_degrees().clamp(min=1).to(torch.float32)
         out_deg = self.out_degrees().clamp(min=1).to(torch.float32)

@@ -69,6 +69,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_finite_loss,
 )
 
 __all__ = [
@@ -225,6 +226,10 @@ def _epoch(
     eval_began = time.perf_counter()
     if config.evaluates(epoch):
         metrics = loop.evaluate(total)
+        # The loss summed over ranks (every rank decides alike). Between
+        # evaluations no collective carries the loss, so a non-finite one is
+        # caught at the next evaluation (with eval_every 1, its own epoch).
+        check_finite_loss(metrics["loss"], epoch, config)
         stopped = best.update(epoch, metrics, loop.model)
     eval_s = time.perf_counter() - eval_began
     reading = meter.stop()

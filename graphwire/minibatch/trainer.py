@@ -40,6 +40,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_finite_loss,
     check_trainable,
     keeps_callers_generator,
     make_model,
@@ -108,6 +109,7 @@ def train_minibatch(
             times["forward_s"] += forward_done - sampled
             times["backward_s"] += backward_done - forward_done
 
+        check_finite_loss(total_loss, epoch, config)
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         if config.evaluates(epoch):

@@ -21,8 +21,11 @@ Shapes (S = num_src, D = num_dst, E edges, H heads, F features):
 
 The sums run as a sparse-CSR times dense product inside one
 ``torch.autograd.Function``; its backward multiplies by the transposed CSR, which
-is built once per MessageGraph (a stable argsort of ``indices``) and cached.
-Plain ``torch.sparse.mm`` under autograd re-transposes the matrix every backward.
+is built once per MessageGraph (a stable argsort of ``indices``) and cached, as
+is the permuted copy of the graph's own constant weights (``edge_weight``,
+``sym_norm``, ``mean_weight``; rebuilt after an in-place change, never kept for
+a weight that requires grad). Plain ``torch.sparse.mm`` under autograd
+re-transposes the matrix every backward.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from typing import Any
 import torch
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.seeds import is_int
 
 __all__ = [
     "MessageGraph",
     "ProjectsToOutput",
+    "check_size",
     "edge_softmax",
     "spmm_mean",
     "spmm_sum",
@@ -47,6 +52,16 @@ __all__ = [
 # Below this many rows/edges the CSR index arrays are stored as int32, which the
 # MKL sparse kernels run about 10% faster than int64.
 _INT32_LIMIT = 2**31 - 1
+
+
+def check_size(value: Any, name: str) -> int:
+    """``value`` as a plain int if it is a valid width or count (an integer
+    >= 1); ``ValueError`` naming ``name`` otherwise. A width of 0 builds a
+    model whose output is a constant (its bias), and a negative one fails
+    deep in torch, so layers and ``build_model`` check their sizes first."""
+    if not is_int(value) or value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def _csr(
@@ -286,23 +301,39 @@ class MessageGraph:
         return crow.to(dtype), self.dst_of_edges[perm].to(dtype), perm
 
     @cached_property
-    def _transposed_weights(self) -> dict[str, torch.Tensor]:
-        """Cached ``w[perm]`` of the weights this graph owns, by name."""
+    def _transposed_weights(self) -> dict[str, tuple[int, torch.Tensor]]:
+        """Cached ``(weight._version, w[perm])`` of the weights this graph owns,
+        by name."""
         return {}
 
     def own_weight_name(self, weight: torch.Tensor) -> str | None:
-        """The name of ``weight`` if it is one of this graph's (cacheable) arrays."""
+        """The name of ``weight`` if it is one of this graph's cacheable arrays.
+
+        A weight that requires grad is never cached: its ``w[perm]`` would carry
+        one forward's autograd graph into every later backward. Neither is an
+        inference-mode tensor, which has no version counter.
+        """
+        if weight.requires_grad or weight.is_inference():
+            return None
         for name in ("edge_weight", "sym_norm", "mean_weight"):
             if weight is self.__dict__.get(name):
                 return name
         return None
 
     def transposed(self, name: str, weight: torch.Tensor) -> torch.Tensor:
-        """``weight[perm]`` for one of this graph's own weight arrays, cached."""
+        """``weight[perm]`` for one of this graph's own weight arrays, cached.
+
+        The cache is keyed on ``weight._version``, so an in-place change to the
+        weight (``edge_weight.mul_(2)``) rebuilds it rather than reading stale
+        values.
+        """
         cache = self._transposed_weights
-        if name not in cache:
-            cache[name] = weight[self._transpose[2]]
-        return cache[name]
+        version = weight._version
+        hit = cache.get(name)
+        if hit is None or hit[0] != version:
+            hit = (version, weight[self._transpose[2]])
+            cache[name] = hit
+        return hit[1]
 
     def adjacency(self, values: torch.Tensor) -> torch.Tensor:
         """Sparse CSR [num_dst, num_src] with the given per-edge ``values``."""
@@ -380,9 +411,10 @@ def spmm_sum(
 
     Args:
         mg: the message graph.
-        h_src: float [num_src, F], or [num_src, H, F] for per-head weights.
-        weight: optional per-edge weights, [E] (or [E, H] with 3-D ``h_src``);
-            ``None`` means all ones. May require grad (GAT attention).
+        h_src: float [num_src, F], or [num_src, H, F].
+        weight: optional per-edge weights: [E], shared by every head of a 3-D
+            ``h_src``, or [E, H] (one per head, 3-D ``h_src`` only); ``None``
+            means all ones. May require grad (GAT attention).
 
     Returns:
         float [num_dst, F] (or [num_dst, H, F]) in ``h_src``'s dtype.
@@ -390,6 +422,22 @@ def spmm_sum(
     if h_src.shape[0] != mg.num_src:
         raise ValueError(
             f"h_src: expected {mg.num_src} rows (num_src), found {h_src.shape[0]}"
+        )
+    if h_src.dim() == 3 and (weight is None or weight.dim() == 1):
+        # One weight per edge for every head: the heads' features are columns
+        # of one [S, H * F] product (one sparse product, not H).
+        num_src, heads, width = h_src.shape
+        flat = spmm_sum(mg, h_src.reshape(num_src, heads * width), weight)
+        return flat.view(mg.num_dst, heads, width)
+    if weight is not None and weight.dim() != h_src.dim() - 1:
+        raise ValueError(
+            f"weight: expected [E] or, with h_src [S, H, F], [E, H]; found "
+            f"{list(weight.shape)} with h_src {list(h_src.shape)}"
+        )
+    if weight is not None and weight.dim() == 2 and weight.shape[1] != h_src.shape[1]:
+        raise ValueError(
+            f"weight: expected one column per head of h_src ({h_src.shape[1]}), "
+            f"found {weight.shape[1]}"
         )
     weight_t: torch.Tensor | None = None
     if weight is None:
@@ -410,10 +458,10 @@ def spmm_mean(mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
 
     Args:
         mg: the message graph.
-        h_src: float [num_src, F].
+        h_src: float [num_src, F] or [num_src, H, F].
 
     Returns:
-        float [num_dst, F].
+        float [num_dst, F] (or [num_dst, H, F]).
     """
     return spmm_sum(mg, h_src, mg.mean_weight)
 

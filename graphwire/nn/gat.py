@@ -25,7 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphwire.nn.base import MessageGraph, ProjectsToOutput, edge_softmax, spmm_sum
+from graphwire.nn.base import (
+    MessageGraph,
+    ProjectsToOutput,
+    check_size,
+    edge_softmax,
+    spmm_sum,
+)
 from graphwire.nn.dropout import check_dropout, hashed_edge_dropout
 
 __all__ = ["GATConv"]
@@ -55,9 +61,9 @@ class GATConv(ProjectsToOutput, nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        self.in_dim = in_dim
-        self.out_dim = out_dim
-        self.heads = heads
+        self.in_dim = check_size(in_dim, "GATConv in_dim")
+        self.out_dim = check_size(out_dim, "GATConv out_dim")
+        self.heads = heads = check_size(heads, "GATConv heads")
         self.concat = concat
         self.negative_slope = negative_slope
         self.attn_dropout = check_dropout(attn_dropout, "attn_dropout")
@@ -76,9 +82,11 @@ class GATConv(ProjectsToOutput, nn.Module):
 
     def reset_parameters(self) -> None:
         nn.init.xavier_uniform_(self.lin.weight)
-        # Glorot bounds of a [heads * out_dim, 1] attention vector, as in PyG.
+        # Glorot on the [heads, out_dim] matrix, bound sqrt(6 / (heads +
+        # out_dim)), as PyG's glorot on its [1, heads, out_dim] att_src/att_dst
+        # (a [heads * out_dim, 1] view gave sqrt(6 / (heads * out_dim + 1))).
         for att in (self.att_src, self.att_dst):
-            nn.init.xavier_uniform_(att.view(-1, 1))
+            nn.init.xavier_uniform_(att)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 

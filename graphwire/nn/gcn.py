@@ -3,12 +3,22 @@
 ``h' = Â (h W) + b`` where ``Â`` holds one weight per edge:
 
 - ``mg.edge_weight`` when the MessageGraph carries it. Full-graph training attaches
-  ``Graph.gcn_norm`` of the self-looped graph (``D^-1/2 (A + I) D^-1/2``);
-  distributed engines attach the same weights computed from *global* degrees, so
-  a partition's owned+halo MessageGraph gives exactly the single-process result.
-- otherwise the symmetric normalisation of the MessageGraph's own degrees,
+  ``Graph.gcn_norm`` of the self-looped graph: edge ``src -> dst`` weighs
+  ``1/sqrt(out_deg(src) * in_deg(dst))``, degrees counted in ``A + I``, i.e.
+  ``Â = D_in^-1/2 (A + I) D_out^-1/2`` with ``A[dst, src]`` = 1 per edge,
+  ``D_in`` its row sums and ``D_out`` its column sums (DGL's
+  ``GraphConv(norm="both")``); distributed engines attach the same weights
+  computed from *global* degrees, so a partition's owned+halo MessageGraph
+  gives exactly the single-process result.
+- otherwise the same normalisation from the MessageGraph's own degrees,
   ``1/sqrt(out_deg(src) * in_deg(dst))`` (DGL ``GraphConv(norm="both")`` on a
   block).
+
+On a symmetric graph ``D_in = D_out = D`` and this is Kipf & Welling's
+``D^-1/2 (A + I) D^-1/2``. On a directed graph it differs from PyTorch
+Geometric's ``gcn_norm``, which uses the in-degree at both ends
+(``1/sqrt(in_deg(src) * in_deg(dst))``); symmetrise the graph first to get
+the same weights from both.
 
 Shapes: ``h_src`` float [num_src, in_dim] -> float [num_dst, out_dim].
 """
@@ -18,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphwire.nn.base import MessageGraph, ProjectsToOutput, spmm_sum
+from graphwire.nn.base import MessageGraph, ProjectsToOutput, check_size, spmm_sum
 
 __all__ = ["GCNConv"]
 
@@ -34,8 +44,8 @@ class GCNConv(ProjectsToOutput, nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
         super().__init__()
-        self.in_dim = in_dim
-        self.out_dim = out_dim
+        self.in_dim = check_size(in_dim, "GCNConv in_dim")
+        self.out_dim = check_size(out_dim, "GCNConv out_dim")
         # float32 as Graph.x is, whatever torch's default dtype.
         f32 = torch.float32
         self.weight = nn.Parameter(torch.empty(in_dim, out_dim, dtype=f32))

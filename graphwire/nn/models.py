@@ -37,7 +37,7 @@ from torch import nn
 
 from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import derive_seed
-from graphwire.nn.base import MessageGraph
+from graphwire.nn.base import MessageGraph, check_size
 from graphwire.nn.dropout import check_dropout, hashed_dropout
 from graphwire.nn.gat import GATConv
 from graphwire.nn.gcn import GCNConv
@@ -382,8 +382,17 @@ def build_model(
         raise ValueError(
             f"model: unknown layer kind {name!r}; known: {sorted(LAYER_KINDS)}"
         )
-    if num_layers < 1:
-        raise ValueError(f"num_layers: need at least 1, got {num_layers}")
+    # Checked here, so an error names build_model's argument (hidden is the
+    # layers' out_dim), not a layer's.
+    for size, arg in (
+        (in_dim, "in_dim"),
+        (hidden, "hidden"),
+        (out_dim, "out_dim"),
+        (num_layers, "num_layers"),
+        (heads, "heads"),
+        (out_heads, "out_heads"),
+    ):
+        check_size(size, arg)
     kind = LAYER_KINDS[name]
     options = ModelOptions(heads=heads, out_heads=out_heads, attn_dropout=attn_dropout)
     layers: list[nn.Module] = []

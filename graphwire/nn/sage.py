@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphwire.nn.base import MessageGraph, ProjectsToOutput, spmm_mean
+from graphwire.nn.base import MessageGraph, ProjectsToOutput, check_size, spmm_mean
 
 __all__ = ["SAGEConv"]
 
@@ -30,8 +30,8 @@ class SAGEConv(ProjectsToOutput, nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True) -> None:
         super().__init__()
-        self.in_dim = in_dim
-        self.out_dim = out_dim
+        self.in_dim = check_size(in_dim, "SAGEConv in_dim")
+        self.out_dim = check_size(out_dim, "SAGEConv out_dim")
         # float32 as Graph.x is, whatever torch's default dtype.
         f32 = torch.float32
         self.lin_self = nn.Linear(in_dim, out_dim, bias=False, dtype=f32)

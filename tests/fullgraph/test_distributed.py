@@ -1,4 +1,5 @@
-"""train_distributed's checks before its first epoch (in-process ranks)."""
+"""train_distributed's checks: before its first epoch, and of every epoch's
+loss (in-process ranks)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,36 @@ def test_a_split_empty_on_every_part_is_refused_by_every_rank(
     folder = write_partitioned(no_val, halves, tmp_path / "no-val")
     with pytest.raises(ValueError, match=r"\(all 2 parts\): val_idx holds no nodes"):
         run_local(functools.partial(_train, folder=str(folder)), 2)
+
+
+def _nan_loss_message(transport: Transport, folder: str, eval_every: int) -> str:
+    part = load_part(folder, transport.rank)
+    config = TrainConfig(model="gcn", epochs=2, eval_every=eval_every)
+    try:
+        train_distributed(part, transport, config, "halo")
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.parametrize("eval_every", [1, 2], ids=["evaluated", "not-evaluated"])
+def test_a_non_finite_loss_on_one_part_stops_every_rank(
+    tmp_path: Path, eval_every: int
+) -> None:
+    """Only part 1's training node reads the NaN feature (no edge joins the
+    halves), so only rank 1's own loss is NaN: every rank must still stop at
+    epoch 0 with the same error (the summed loss decides), in an epoch with an
+    evaluation and in one without."""
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    x[3, 0] = float("nan")
+    graph = Graph.from_edge_index(
+        [0, 2], [1, 3], 4, x=x, y=y, train_idx=[1, 3], val_idx=[0], test_idx=[2]
+    )
+    halves = Partition(assignment=torch.tensor([0, 0, 1, 1]), num_parts=2)
+    folder = write_partitioned(graph, halves, tmp_path / "nan")
+    train = functools.partial(
+        _nan_loss_message, folder=str(folder), eval_every=eval_every
+    )
+    messages = run_local(train, 2)
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("epoch 0: the training loss is nan (not finite)")

@@ -32,10 +32,16 @@ from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.graph.synthetic import ProductsConfig, products_graph
-from graphwire.minibatch.dist import FetchOptions
+from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
 from graphwire.minibatch.job import MinibatchJob, run_rank
 from graphwire.minibatch.trainer import train_minibatch
-from graphwire.partition import PartitionBook, get_partitioner, write_partitioned
+from graphwire.partition import (
+    Partition,
+    PartitionBook,
+    get_partitioner,
+    load_part,
+    write_partitioned,
+)
 from graphwire.testing import run_workers
 from graphwire.testing.minibatch_probes import feature_paths, train
 from graphwire.training import TrainConfig
@@ -346,3 +352,28 @@ def test_fetch_options_refuse_values_the_loop_cannot_use(fields, message) -> Non
     cache's rows were counted from it."""
     with pytest.raises(ValueError, match=message):
         FetchOptions(**fields)
+
+
+def _nan_loss_message(transport: Any, folder: str) -> str:
+    config = TrainConfig(model="sage", epochs=2, hidden=4, batch_size=1, fanouts=[2, 2])
+    part = load_part(folder, transport.rank)
+    try:
+        train_minibatch_distributed(part, transport, config, FetchOptions())
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def test_a_non_finite_loss_on_one_part_stops_every_rank(tmp_path: Path) -> None:
+    """Only part 1's training node reads the NaN feature, so only rank 1's own
+    loss is NaN: every rank stops at epoch 0 alike (the summed loss decides)."""
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    x[3, 0] = float("nan")
+    graph = Graph.from_edge_index(
+        [0, 2], [1, 3], 4, x=x, y=y, train_idx=[1, 3], val_idx=[0], test_idx=[2]
+    )
+    halves = Partition(assignment=torch.tensor([0, 0, 1, 1]), num_parts=2)
+    folder = write_partitioned(graph, halves, tmp_path / "nan")
+    messages = run_local(lambda t: _nan_loss_message(t, str(folder)), 2)
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("epoch 0: the training loss is nan (not finite)")

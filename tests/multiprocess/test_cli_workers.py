@@ -609,3 +609,27 @@ def test_replicate_reports_the_rows_it_holds_and_recomputes(tmp_path: Path) -> N
         halo += int(hop1.sum() - owned.sum())
     assert int(summary["replicated_rows"]) == held > halo
     assert int(summary["redundant_rows"]) == int(summary["remote_rows"]) == halo
+
+
+def test_gat_flags_reach_every_worker(tmp_path: Path) -> None:
+    """--heads and --out-heads shape every rank's GAT (its checkpoint's
+    attention vectors are [heads, hidden]); --attn-dropout is in the run's
+    config record."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    argv += ["--model", "gat", "--hidden", "5", "--heads", "3", "--out-heads", "2"]
+    argv += ["--attn-dropout", "0.25", "--workers", "2", "--epochs", "1"]
+    argv += ["--checkpoint-every", "1", "--quiet", "--timeout", "60"]
+    _run([*argv, "--out", str(out)])
+    for rank in (0, 1):
+        state = torch.load(
+            out / "checkpoints" / "epoch000000" / f"rank{rank}.pt", weights_only=False
+        )["model"]
+        assert state["layers.0.att_src"].shape == (3, 5)
+        assert state["layers.1.att_src"].shape == (2, 4)
+    config = json.loads((out / "metrics.jsonl").open().readline())
+    assert (config["heads"], config["out_heads"], config["attn_dropout"]) == (
+        3,
+        2,
+        0.25,
+    )

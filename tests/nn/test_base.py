@@ -77,6 +77,58 @@ def test_gradcheck_with_cached_graph_weights() -> None:
     )
 
 
+def test_a_shared_weight_applies_to_every_head_of_3d_rows() -> None:
+    """h [S, H, F] with no weight, an [E] weight or spmm_mean: every head is
+    aggregated with the same per-edge weights (it raised IndexError)."""
+    mg = _bipartite(9, 6, 30, seed=8)
+    h = torch.randn(9, 2, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(30, dtype=torch.float64, requires_grad=True)
+    dense = _dense(mg)
+    torch.testing.assert_close(spmm_sum(mg, h), torch.einsum("ds,shf->dhf", dense, h))
+    torch.testing.assert_close(
+        spmm_sum(mg, h, w), torch.einsum("ds,shf->dhf", _dense(mg, w), h)
+    )
+    mean = dense / dense.sum(1, keepdim=True).clamp(min=1)
+    torch.testing.assert_close(spmm_mean(mg, h), torch.einsum("ds,shf->dhf", mean, h))
+    assert torch.autograd.gradcheck(lambda h, w: spmm_sum(mg, h, w), (h, w))
+    with pytest.raises(ValueError, match=r"one column per head of h_src \(2\)"):
+        spmm_sum(mg, h, torch.rand(30, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"weight: expected \[E\] or"):
+        spmm_sum(mg, h[:, 0], torch.rand(30, 2, dtype=torch.float64))
+
+
+def test_a_graph_weight_that_requires_grad_backpropagates_every_step() -> None:
+    """An edge_weight parameter is not cached: a second backward neither crashes
+    ("backward through the graph a second time") nor reuses the first's values."""
+    base = _bipartite(7, 7, 25, seed=6)
+    weight = torch.nn.Parameter(torch.rand(25, dtype=torch.float64))
+    mg = MessageGraph(base.indptr, base.indices, 7, 7, weight)
+    h = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        grad_h, grad_w = torch.autograd.grad(
+            spmm_sum(mg, h, mg.edge_weight).sum(), (h, weight)
+        )
+        ref_h, ref_w = torch.autograd.grad((_dense(mg, weight) @ h).sum(), (h, weight))
+        torch.testing.assert_close(grad_h, ref_h)
+        torch.testing.assert_close(grad_w, ref_w)
+        with torch.no_grad():
+            weight.mul_(3)
+
+
+def test_an_in_place_change_to_a_graph_weight_rebuilds_its_transpose() -> None:
+    """The cached weight[perm] follows the weight's version counter."""
+    base = _bipartite(7, 7, 25, seed=7)
+    weight = torch.rand(25, dtype=torch.float64)
+    mg = MessageGraph(base.indptr, base.indices, 7, 7, weight)
+    h = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    spmm_sum(mg, h, mg.edge_weight).sum().backward()
+    weight.mul_(10)
+    (grad,) = torch.autograd.grad(spmm_sum(mg, h, mg.edge_weight).sum(), h)
+    torch.testing.assert_close(
+        grad, _dense(mg, weight).sum(0).unsqueeze(1).expand(7, 3)
+    )
+
+
 def test_float32_gradient_matches_dense_autograd() -> None:
     mg = _bipartite(50, 40, 300, seed=3)
     h = torch.randn(50, 8, requires_grad=True)

@@ -262,3 +262,16 @@ def test_a_layer_reads_a_table_of_rows_through_dst_index(layer, transforms) -> N
         torch.autograd.grad(out.sum(), list(layer.parameters())), grads, strict=True
     ):
         torch.testing.assert_close(got, want)
+
+
+def test_gat_attention_vectors_take_pygs_glorot_bounds() -> None:
+    """PyG's glorot on [1, heads, out_dim]: uniform within sqrt(6 / (heads +
+    out_dim)); a [heads * out_dim, 1] view gave sqrt(6 / (heads * out_dim + 1))."""
+    torch.manual_seed(0)
+    layer = GATConv(16, 8, heads=4)
+    bound, narrow = (6 / (4 + 8)) ** 0.5, (6 / (4 * 8 + 1)) ** 0.5
+    for att in (layer.att_src, layer.att_dst):
+        assert att.shape == (4, 8)
+        assert att.abs().max() <= bound
+        # 32 draws all inside the narrow bound: probability 0.6**32 ~ 1e-7.
+        assert att.abs().max() > narrow

@@ -8,7 +8,14 @@ import torch
 
 from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import derive_seed
-from graphwire.nn import LAYER_KINDS, GATConv, MessageGraph, build_model
+from graphwire.nn import (
+    LAYER_KINDS,
+    GATConv,
+    GCNConv,
+    MessageGraph,
+    SAGEConv,
+    build_model,
+)
 from graphwire.nn.models import ATTENTION_STREAM, feature_dropout, layer_call_kwargs
 
 
@@ -119,6 +126,41 @@ def test_bad_arguments() -> None:
     model = build_model("gcn", 2, 2, 2, num_layers=2)
     with pytest.raises(ValueError, match="one MessageGraph per layer"):
         model([_ring()], torch.randn(10, 2))
+
+
+@pytest.mark.parametrize(
+    "kind, args, kwargs, message",
+    [
+        ("gcn", (3, 0, 2), {}, "hidden: expected an integer >= 1, got 0"),
+        ("sage", (3, -4, 2), {}, "hidden: expected an integer >= 1, got -4"),
+        ("gat", (3, 4, 0), {}, "out_dim: expected an integer >= 1, got 0"),
+        ("sage", (0, 4, 2), {}, "in_dim: expected an integer >= 1, got 0"),
+        ("gat", (3, 4, 2), {"heads": 0}, "heads: expected an integer >= 1, got 0"),
+        ("gat", (3, 4, 2), {"out_heads": 0}, "out_heads: expected .* got 0"),
+        ("gcn", (3, 4.0, 2), {}, "hidden: expected an integer >= 1, got 4.0"),
+    ],
+)
+def test_impossible_sizes_are_refused_naming_the_argument(
+    kind, args, kwargs, message
+) -> None:
+    """hidden 0 built a model whose output was its bias; heads 0 a GAT with
+    no attention; all were accepted silently."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        build_model(kind, *args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: GCNConv(3, 0), "GCNConv out_dim: expected an integer >= 1, got 0"),
+        (lambda: SAGEConv(-1, 2), "SAGEConv in_dim: expected .* got -1"),
+        (lambda: GATConv(3, 2, heads=0), "GATConv heads: expected .* got 0"),
+        (lambda: GATConv(3, 2, heads=-1), "GATConv heads: expected .* got -1"),
+    ],
+)
+def test_layers_refuse_impossible_sizes(make, message) -> None:
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        make()
 
 
 @pytest.mark.parametrize(
