@@ -23,9 +23,13 @@ def graph_and_partition(draw: Any) -> tuple[Graph, Partition]:
     num_edges = draw(st.integers(0, 300))
     num_parts = draw(st.integers(1, 5))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    # Disjoint splits: each node in at most one, each split ~30% or empty.
+    which = rng.integers(0, 4, num_nodes)  # 3: in no split
     splits = {
-        name: np.flatnonzero(rng.random(num_nodes) < draw(st.sampled_from([0, 0.3])))
-        for name in ("train_idx", "val_idx", "test_idx")
+        name: np.flatnonzero(which == k)
+        if draw(st.booleans())
+        else np.array([], np.int64)
+        for k, name in enumerate(("train_idx", "val_idx", "test_idx"))
     }
     graph = Graph.from_edge_index(
         rng.integers(0, num_nodes, num_edges),
