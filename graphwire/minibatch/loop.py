@@ -293,9 +293,11 @@ class RankLoop:
         (the prefetcher's for up to 30 s, the cache builder's until its pull
         times out) past torchrun's grace period: 30 s after its SIGTERM, the
         agent SIGKILLs the rank, and nothing removes the folder then."""
-        if not collective and self._scratch is not None:
-            self._scratch.remove()  # threads reading from it fail: fine here
         try:
+            if not collective and self._scratch is not None:
+                # Threads reading from it fail: fine here. Inside the try: a
+                # SIGTERM landing in this rmtree leaves the rest to the finally.
+                self._scratch.remove()
             if self.cache is not None:
                 # First: a prefetcher that ran into an epoch this run will not
                 # start (it stopped early) waits in a lookup for its buffer.
