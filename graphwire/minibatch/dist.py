@@ -226,10 +226,17 @@ def _epoch(
     eval_began = time.perf_counter()
     if config.evaluates(epoch):
         metrics = loop.evaluate(total)
-        # The loss summed over ranks (every rank decides alike). Between
-        # evaluations no collective carries the loss, so a non-finite one is
-        # caught at the next evaluation (with eval_every 1, its own epoch).
-        check_finite_loss(metrics["loss"], epoch, config)
+        summed = metrics["loss"]
+    else:  # the loss alone, summed over ranks
+        summed = float(
+            loop.transport.all_reduce_sum(
+                torch.tensor([total], dtype=torch.float64), "sync.metrics"
+            )[0]
+        )
+    # The loss summed over ranks: NaN or infinite on every rank alike if on
+    # any, so every rank raises here and none waits in a collective.
+    check_finite_loss(summed, epoch, config)
+    if metrics:
         stopped = best.update(epoch, metrics, loop.model)
     eval_s = time.perf_counter() - eval_began
     reading = meter.stop()

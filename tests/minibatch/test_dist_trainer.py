@@ -354,8 +354,15 @@ def test_fetch_options_refuse_values_the_loop_cannot_use(fields, message) -> Non
         FetchOptions(**fields)
 
 
-def _nan_loss_message(transport: Any, folder: str) -> str:
-    config = TrainConfig(model="sage", epochs=2, hidden=4, batch_size=1, fanouts=[2, 2])
+def _nan_loss_message(transport: Any, folder: str, eval_every: int) -> str:
+    config = TrainConfig(
+        model="sage",
+        epochs=2,
+        hidden=4,
+        batch_size=1,
+        fanouts=[2, 2],
+        eval_every=eval_every,
+    )
     part = load_part(folder, transport.rank)
     try:
         train_minibatch_distributed(part, transport, config, FetchOptions())
@@ -364,9 +371,14 @@ def _nan_loss_message(transport: Any, folder: str) -> str:
     return "no error"
 
 
-def test_a_non_finite_loss_on_one_part_stops_every_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("eval_every", [1, 2], ids=["evaluated", "not-evaluated"])
+def test_a_non_finite_loss_on_one_part_stops_every_rank(
+    tmp_path: Path, eval_every: int
+) -> None:
     """Only part 1's training node reads the NaN feature, so only rank 1's own
-    loss is NaN: every rank stops at epoch 0 alike (the summed loss decides)."""
+    loss is NaN: every rank stops at epoch 0 alike (the summed loss decides),
+    in an epoch with an evaluation and in one without (which found it only
+    at the next evaluation)."""
     x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
     x[3, 0] = float("nan")
     graph = Graph.from_edge_index(
@@ -374,6 +386,6 @@ def test_a_non_finite_loss_on_one_part_stops_every_rank(tmp_path: Path) -> None:
     )
     halves = Partition(assignment=torch.tensor([0, 0, 1, 1]), num_parts=2)
     folder = write_partitioned(graph, halves, tmp_path / "nan")
-    messages = run_local(lambda t: _nan_loss_message(t, str(folder)), 2)
+    messages = run_local(lambda t: _nan_loss_message(t, str(folder), eval_every), 2)
     assert messages[0] == messages[1]
     assert messages[0].startswith("epoch 0: the training loss is nan (not finite)")
