@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,31 +17,17 @@ import torch
 from graphwire.comm.launch import free_port
 from graphwire.fullgraph.checkpoint import parts_digest
 from tests.comm.launchers import worker_children
+from tests.multiprocess.cli_runs import (
+    SPEC,
+    _epoch_lines,
+    _epoch_times,
+    _run,
+    _summary,
+    _torchrun,
+)
 
-SPEC = "synthetic:products?nodes=2000&degree=8&features=16&classes=4&seed=3"
 TRAIN = ["train", "--model", "sage", "--exchange", "g3", "--bin-rows", "64"]
 TRAIN += ["--epochs", "4", "--seed", "1", "--quiet", "--timeout", "120"]
-
-
-def _run(argv: list[str]) -> dict[str, str]:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return _summary(done.stdout)
-
-
-def _summary(stdout: str) -> dict[str, str]:
-    """The fields of the summary line, the last line of a run's output."""
-    line = stdout.strip().splitlines()[-1]
-    assert line.startswith("summary "), stdout[-2000:]
-    return dict(pair.split("=", 1) for pair in line.split()[1:])
-
-
-def _torchrun() -> str:
-    """The torchrun beside this interpreter (the test is skipped without it)."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    if torchrun is None:
-        pytest.skip("torchrun is not installed beside this interpreter")
-    return torchrun
 
 
 def _spawned_g3(
@@ -181,15 +166,6 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
         assert times[:2] == [earlier[0, 0], earlier[1, 0]]
         times = times[2:]
     assert all(0 < a < b for a, b in zip(times, times[1:], strict=False))
-
-
-def _epoch_lines(path: Path) -> int:
-    """Complete epoch lines in ``path`` so far (0 while it does not exist)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return 0
-    return sum(1 for line in text.splitlines(keepends=True)[1:] if line.endswith("\n"))
 
 
 def _open_paths(process: psutil.Process) -> set[str]:
@@ -345,239 +321,6 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
         assert {p.name for p in (folder / "epoch000003").iterdir()} == own
     resumed = _summary(_two_nodes(common, tmp_path, "--resume", "--epochs", "6")[0])
     assert (resumed["resumed_at"], resumed["epochs"]) == ("4", "6")
-
-
-def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
-    tmp_path: Path,
-) -> None:
-    """``--resume`` trains on the parts the run was split into (locality
-    here, though the flag is left out), and its byte tables and summary say
-    that they count the epochs from the checkpoint on."""
-    out = str(tmp_path / "run")
-    common = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
-    common += ["--model", "gcn", "--workers", "2", "--seed", "1", "--quiet"]
-    common += ["--timeout", "120", "--checkpoint-every", "1", "--out", out]
-
-    def train(*flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*common, *flags], capture_output=True, text=True, timeout=300
-        )
-
-    first = train("--epochs", "2", "--partition", "locality")
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert first.stdout.count("locality refinement:") == 1  # printed once
-    resumed = train("--epochs", "3", "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    text = " ".join(resumed.stdout.split())
-    assert "partition: " not in text  # not split again
-    assert "bytes by tag (all ranks, epochs 2-2, resumed)" in text
-    before, after = _summary(first.stdout), _summary(resumed.stdout)
-    assert after["resumed_at"] == "2" and after["epochs"] == "3"
-    assert after["remote_rows"] == before["remote_rows"]
-    # Only the newest checkpoint is kept (the default --keep-checkpoints 1).
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
-        "epoch000002",
-        "latest.json",
-    ]
-    # Resuming with another partitioner is refused, saying why.
-    other = train("--epochs", "3", "--resume", "--partition", "metis")
-    assert other.returncode == 2
-    assert "partitioned with locality, not --partition metis" in other.stderr
-    # So is a resume with other training settings, before any worker starts,
-    # naming each that differs (not torch's state_dict error).
-    changed = train("--epochs", "4", "--resume", "--lr", "0.1", "--model", "sage")
-    assert changed.returncode == 2, changed.stderr[-3000:]
-    message = " ".join(changed.stderr.split())
-    assert "the run was started with other settings:" in message
-    assert "lr 0.01 (now 0.1)" in message and "model 'gcn' (now 'sage')" in message
-    assert "Traceback" not in changed.stderr
-
-
-def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
-    tmp_path: Path,
-) -> None:
-    """``--resume`` with no checkpoint yet is a fresh start: the dataset is
-    split again, not trained on another dataset's parts left in ``OUT``; one
-    with nothing left to train says so; with a checkpoint, the parts it
-    trained on must still be there."""
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
-    argv += ["--workers", "2", "--epochs", "2", "--seed", "1", "--quiet"]
-    argv += ["--timeout", "120", "--partition", "random", "--out", str(out)]
-    meta = out / "partitions" / "meta.json"
-    _run([*argv, "--dataset", SPEC])
-    assert json.loads(meta.read_text())["num_nodes"] == 2000
-    other = SPEC.replace("nodes=2000", "nodes=1500")
-    done = subprocess.run(
-        [*argv, "--dataset", other, "--resume"], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "no checkpoint in" in done.stderr
-    assert json.loads(meta.read_text())["num_nodes"] == 1500
-    _run([*argv, "--dataset", other, "--checkpoint-every", "1"])
-    again = subprocess.run(
-        [*argv, "--dataset", other, "--resume"], capture_output=True, text=True
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    said = "the checkpoint is of epoch 1, so --epochs 2 leaves nothing to train"
-    assert said in " ".join(again.stderr.split())
-    assert _summary(again.stdout)["epochs"] == "2"
-    shutil.rmtree(out / "partitions")
-    gone = subprocess.run(
-        [*argv, "--dataset", other, "--resume", "--epochs", "3"],
-        capture_output=True,
-        text=True,
-    )
-    assert gone.returncode == 2, gone.stderr[-3000:]
-    assert "partitions is gone; the checkpoints hold state" in gone.stderr
-    assert "Traceback" not in gone.stderr
-
-
-def test_a_resume_on_parts_split_again_is_refused(tmp_path: Path) -> None:
-    """A partitioned ``--dataset`` split again (here randomly, where the run
-    trained on METIS parts) has the same shapes, so the checkpoint would
-    load and train on other nodes than the run's: refused before any worker
-    starts, and the run's output is left as it was."""
-    parts, out = tmp_path / "parts", tmp_path / "run"
-
-    def partition(method: str) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
-            + ["--method", method, "--parts", "2", "--out", str(parts)]
-            + ["--overwrite"],
-            check=True,
-            capture_output=True,
-        )
-
-    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
-    argv += ["--dataset", str(parts), "--workers", "2", "--seed", "1", "--quiet"]
-    argv += ["--timeout", "120", "--out", str(out)]
-    partition("metis")
-    _run([*argv, "--epochs", "2", "--checkpoint-every", "1"])
-    before = sorted(p.name for p in out.iterdir())
-    partition("random")
-    done = subprocess.run(
-        [*argv, "--epochs", "3", "--resume"], capture_output=True, text=True
-    )
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "the run trained on other parts than these" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert sorted(p.name for p in out.iterdir()) == before
-
-
-def test_a_run_that_fails_before_its_first_epoch_leaves_the_output_as_it_was(
-    tmp_path: Path,
-) -> None:
-    """A bad part file, or a checkpoint file truncated under a resume, is
-    named; the run writes no ``metrics.jsonl.partial``, so the one an earlier
-    killed attempt left (its epochs past the checkpoint included) stays."""
-    parts, out = tmp_path / "parts", tmp_path / "run"
-    subprocess.run(
-        [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
-        + ["--method", "metis", "--parts", "2", "--out", str(parts)],
-        check=True,
-        capture_output=True,
-    )
-    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
-    argv += ["--workers", "2", "--seed", "1", "--quiet", "--timeout", "120"]
-    _run(
-        [*argv, "--dataset", str(parts), "--epochs", "2", "--out", str(out)]
-        + ["--checkpoint-every", "1"]
-    )
-    partial, finished = out / "metrics.jsonl.partial", out / "metrics.jsonl"
-    earlier, records = b'{"kind": "config"}\n', finished.read_bytes()
-    partial.write_bytes(earlier)
-    rank_file = out / "checkpoints" / "epoch000001" / "rank1.pt"
-    rank_file.write_bytes(rank_file.read_bytes()[:1000])
-    done = subprocess.run(
-        [*argv, "--dataset", str(parts), "--epochs", "4", "--out", str(out)]
-        + ["--resume"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode != 0 and f"{rank_file}: not a readable" in done.stderr
-    assert partial.read_bytes() == earlier and finished.read_bytes() == records
-    halo = parts / "part_1" / "halo_nid.npy"
-    halo.write_bytes(halo.read_bytes()[:200])
-    fresh = tmp_path / "fresh"
-    done = subprocess.run(
-        [*argv, "--dataset", str(parts), "--epochs", "2", "--out", str(fresh)],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 2 and f"{halo}: truncated" in done.stderr
-    assert not list(fresh.glob("metrics.jsonl*"))
-
-
-def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
-    tmp_path: Path,
-) -> None:
-    """``--mode minibatch --resume``: the traffic table and the summary
-    (``resumed_at=``) say that the rows and bytes count the epochs from the
-    checkpoint on, as the full-graph report does."""
-    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
-    argv += ["--mode", "minibatch", "--model", "sage", "--workers", "2"]
-    argv += ["--batch-size", "40", "--fanouts", "4,6", "--seed", "1", "--quiet"]
-    argv += ["--timeout", "120", "--checkpoint-every", "1"]
-    argv += ["--out", str(tmp_path / "run")]
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    first = _run([*argv, "--epochs", "2"])
-    assert "resumed_at" not in first
-    before = _epoch_times(metrics)
-    assert set(before) == {(e, r) for e in range(2) for r in range(2)}
-    assert all(before[0, r] < before[1, r] for r in range(2))
-    done = subprocess.run(
-        [*argv, "--epochs", "3", "--resume"], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "epochs 2-2, resumed" in " ".join(done.stdout.split())
-    resumed = _summary(done.stdout)
-    assert resumed["resumed_at"] == "2" and resumed["epochs"] == "3"
-    # The epochs restored from the checkpoint keep the times their run
-    # stamped; the new one has its own.
-    after = _epoch_times(metrics)
-    assert {k: v for k, v in after.items() if k[0] < 2} == before
-    assert after[2, 0] > 0 and after[2, 1] > 0
-
-
-def _epoch_times(metrics: Path) -> dict[tuple[int, int], float]:
-    """(epoch, rank) -> the record's ``time``, from a finished run's file."""
-    records = [json.loads(line) for line in metrics.open()]
-    assert not metrics.with_suffix(".jsonl.partial").exists()
-    return {(r["epoch"], r["rank"]): r["time"] for r in records if r["kind"] == "epoch"}
-
-
-@pytest.mark.parametrize("damage", ["truncated", "older"])
-def test_a_setting_a_worker_refuses_is_one_line_of_error(
-    tmp_path: Path, damage: str
-) -> None:
-    """A bad input found in the workers (here rank 1's checkpoint file, cut
-    short or swapped for an older epoch's) ends the run with exit code 2 and
-    the worker's one-line reason, no traceback, and no rank trains on."""
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
-    argv += ["--model", "gcn", "--workers", "2", "--quiet", "--timeout", "60"]
-    argv += ["--checkpoint-every", "1", "--keep-checkpoints", "0", "--out", str(out)]
-    _run([*argv, "--epochs", "2"])
-    latest = out / "checkpoints" / "epoch000001" / "rank1.pt"
-    if damage == "truncated":
-        latest.write_bytes(latest.read_bytes()[:1000])
-        said = f"rank 1 raised ValueError: {latest}: not a readable checkpoint"
-    else:
-        shutil.copy(out / "checkpoints" / "epoch000000" / "rank1.pt", latest)
-        said = "holds the state of rank 1 after epoch 0, not of rank 1 after epoch 1"
-    done = subprocess.run(
-        [*argv, "--epochs", "4", "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert said in " ".join(done.stderr.split())
-    assert "Traceback" not in done.stderr and "traceback of rank" not in done.stderr
-    partial = out / "metrics.jsonl.partial"  # (rank 0 may be stopped sooner)
-    lines = partial.read_text().splitlines() if partial.exists() else []
-    assert all(json.loads(line).get("epoch", 0) <= 1 for line in lines)
 
 
 def test_replicate_reports_the_rows_it_holds_and_recomputes(tmp_path: Path) -> None:

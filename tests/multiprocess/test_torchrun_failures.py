@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 from graphwire.comm.launch import free_port
-from tests.multiprocess.test_cli_workers import SPEC, _epoch_lines, _torchrun
+from tests.multiprocess.cli_runs import SPEC, _epoch_lines, _torchrun
 
 
 def _start(
