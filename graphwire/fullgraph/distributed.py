@@ -220,6 +220,9 @@ def train_distributed(
             first = restore_training_state(state, model, optimizer, best, records)
             if on_restore is not None:
                 on_restore(list(records))
+    # Set-up ends when every rank's has: epoch 0 of a rank done early would
+    # otherwise count, as its own, the wait for the slowest peer's set-up.
+    transport.barrier()
     phases = {"setup": phase_record(windows.cut(), began)}
     ended = time.perf_counter()  # the last window's end
     stopped = best.stopped  # a resumed run that had stopped early

@@ -151,6 +151,7 @@ def train_minibatch_distributed(
         if options.fetch == "rapid" and epochs:
             loop.presample(first)
             loop.start_rapid(first, hot_ids)
+        transport.barrier()  # set-up ends when every rank's has (as in full graph)
         phases = {"setup": _phase(windows.cut(), began)}
         meter = ResourceMeter()
         ended = time.perf_counter()  # the last window's end

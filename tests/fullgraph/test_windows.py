@@ -80,6 +80,8 @@ def test_set_up_epochs_and_teardown_add_up_to_the_ledger(
         _check_adds_up(rank)
         setup = rank["phases"]["setup"]["comm"]["by_tag"]
         assert any(tag.startswith("setup.") for tag in setup), setup
+        # set-up ends in a barrier: epoch 0 waits for no peer's set-up
+        assert "meta.barrier" in setup, setup
         epochs = [r["comm"]["by_tag"] for r in rank["records"]]
         assert all(any(tag.startswith("sync.grad") for tag in e) for e in epochs)
         # the last checkpoint's collectives come after the last epoch
