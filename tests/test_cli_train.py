@@ -119,6 +119,11 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
         ),
         (
             ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]
+            + ["--n-hot", "100", "--cache-mb", "0.0001"],
+            "--cache-mb: only without --n-hot",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]
             + ["--prefetch", "0"],
             "--prefetch: expected >= 1, got 0",
         ),

@@ -82,7 +82,6 @@ DISTRIBUTED_FLAGS = {
 DISTRIBUTED_DEFAULTS = {
     "exchange": "g3",
     "fetch": "on-demand",
-    "cache_mb": 512.0,
     "prefetch": 4,
     "timeout": 600.0,
 }
@@ -235,6 +234,8 @@ def _check_distributed_flags(args: argparse.Namespace, world: int) -> None:
         if args.fetch != "rapid":
             rapid = {k: v for k, v in FETCH_FLAGS.items() if k != "fetch"}
             _refuse(args, rapid, "only with --fetch rapid")
+        if args.n_hot is not None:  # it would not bound the rows asked for
+            _refuse(args, {"cache_mb": "--cache-mb"}, "only without --n-hot")
     else:
         _refuse(args, FETCH_FLAGS, "only with --mode minibatch")
         if args.exchange not in (None, "g3"):  # (None: the default, g3)

@@ -189,7 +189,7 @@ def _fetch_options(args: argparse.Namespace) -> Any:
     return FetchOptions(
         fetch=args.fetch,
         n_hot=args.n_hot,
-        cache_mb=float(args.cache_mb),
+        cache_mb=None if args.cache_mb is None else float(args.cache_mb),
         prefetch=int(args.prefetch),
         presample_dir=args.presample_dir,
     )

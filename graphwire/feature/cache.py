@@ -226,6 +226,13 @@ class HotCache:
         return None
 
     def _wait_complete(self, epoch: int) -> _Buffer:
+        """Wait, with no deadline of its own, until ``epoch``'s buffer is
+        complete. Every way the wait can end notifies: a build completes or
+        fails (its pulls have the transport's timeout), or :meth:`close`,
+        which the trainer calls whatever ends its run. A prefetcher Q batches
+        ahead looks up epoch e+2 while the trainer still evaluates epoch e,
+        before e+1's build starts: that wait is as long as the evaluation and
+        checkpoint take, and a fixed deadline ended runs that were well."""
         waited = False
         with self._cond:
             while True:
@@ -238,10 +245,9 @@ class HotCache:
                 if buffer is not None and buffer.complete:
                     break
                 waited = True
-                if not self._cond.wait(timeout=600):
-                    raise RuntimeError(f"cache: epoch {epoch}'s buffer never completed")
-        if waited:
-            self.counters["swap_waits"] += 1
+                self._cond.wait()
+            if waited:  # under the lock: the trainer and prefetcher both count
+                self.counters["swap_waits"] += 1
         return buffer
 
     def _join_builder(self) -> None:

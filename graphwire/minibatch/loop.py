@@ -43,9 +43,10 @@ from graphwire.sampler.base import SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
 from graphwire.training import TrainConfig, make_optimizer
 
-__all__ = ["FETCH_MODES", "FetchOptions", "RankLoop"]
+__all__ = ["DEFAULT_CACHE_MB", "FETCH_MODES", "FetchOptions", "RankLoop"]
 
 FETCH_MODES = ("on-demand", "rapid")
+DEFAULT_CACHE_MB = 512.0  # FetchOptions.cache_mb when neither it nor n_hot is given
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +64,8 @@ class FetchOptions:
             at most what fits ``cache_mb``. Fetches grow as it shrinks (the
             paper's Fig. 5 curve).
         cache_mb: with ``n_hot`` None, the most memory the two cache buffers
-            may take (``2 n_hot F 4`` bytes, reported as ``cache_bytes``).
+            may take (``2 n_hot F 4`` bytes, reported as ``cache_bytes``);
+            None: 512 MiB. Refused with ``n_hot``, which it would not bound.
         prefetch: Q, batches the prefetcher keeps ready (rapid).
         presample_dir: where the presampled schedule goes (rapid); None: a
             temporary folder removed at the end.
@@ -71,7 +73,7 @@ class FetchOptions:
 
     fetch: str = "on-demand"
     n_hot: int | None = None
-    cache_mb: float = 512.0
+    cache_mb: float | None = None
     prefetch: int = 4
     presample_dir: str | None = None
 
@@ -82,10 +84,16 @@ class FetchOptions:
             )
         if self.n_hot is not None and self.n_hot < 0:
             raise ValueError(f"n_hot: expected >= 0, got {self.n_hot}")
-        if not 0 < self.cache_mb < math.inf:
-            raise ValueError(
-                f"cache_mb: expected a finite value > 0, got {self.cache_mb}"
-            )
+        if self.cache_mb is not None:
+            if self.n_hot is not None:
+                raise ValueError(
+                    f"cache_mb: {self.cache_mb} would not bound the cache's "
+                    f"n_hot={self.n_hot} rows; give one of the two"
+                )
+            if not 0 < self.cache_mb < math.inf:
+                raise ValueError(
+                    f"cache_mb: expected a finite value > 0, got {self.cache_mb}"
+                )
         if self.prefetch < 1:
             raise ValueError(f"prefetch: expected >= 1, got {self.prefetch}")
 
@@ -181,8 +189,12 @@ class RankLoop:
         touched = torch.unique(torch.cat([e.hot_ids for e in self.epochs.values()]))
         n_hot = self.options.n_hot
         if n_hot is None:
-            fits = int(self.options.cache_mb * 2**20) // (2 * self.store.dim * 4)
-            n_hot = min(touched.numel(), fits)
+            budget = self.options.cache_mb
+            if budget is None:
+                budget = DEFAULT_CACHE_MB
+            # in floats: a huge budget (1e303 MiB) is inf rows, not an error
+            fits = budget * 2**20 / (2 * self.store.dim * 4)
+            n_hot = touched.numel() if fits >= touched.numel() else int(fits)
         self.cache = HotCache(self.store, min(n_hot, touched.numel()))
         self.counters["n_hot"] = self.cache.n_hot  # the rows allocated
         self.cache.fill(first, epoch0.hot_ids if hot_ids is None else hot_ids)

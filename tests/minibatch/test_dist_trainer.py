@@ -178,14 +178,19 @@ def test_remote_rows_do_not_grow_with_n_hot_and_memory_stays_bounded(
     assert fetched[-1] < fetched[0]
 
 
+@pytest.mark.parametrize(
+    "fields", [{"n_hot": 10**5}, {"cache_mb": 1e303}], ids=["n_hot", "cache_mb"]
+)
 def test_n_hot_is_cut_to_the_remote_nodes_the_run_reads(
-    parts: dict[int, str],
+    parts: dict[int, str], fields: dict[str, Any]
 ) -> None:
     """Only the presampled run's remote input nodes are ever hot, so a larger
-    ``n_hot`` (``--n-hot 20000`` on Cora's 2,708 nodes) is cut to their
-    number before the buffers are allocated, and the counters say so: every
-    row of a buffer is filled, and each once."""
-    options = FetchOptions(fetch="rapid", n_hot=10**5, prefetch=2)
+    ``n_hot`` (``--n-hot 20000`` on Cora's 2,708 nodes), or a ``cache_mb``
+    that fits more, is cut to their number before the buffers are allocated,
+    and the counters say so: every row of a buffer is filled, and each once.
+    A finite ``cache_mb`` of 1e303 MiB overflowed to inf rows, and every
+    worker failed with OverflowError."""
+    options = FetchOptions(fetch="rapid", prefetch=2, **fields)
     results = run_local(lambda t: train(t, parts[2], _config(epochs=3), options), 2)
     for r in results:
         c = r["counters"]
@@ -345,11 +350,13 @@ def test_a_rank_with_fewer_seeds_than_steps_has_a_finite_loss(
         ({"cache_mb": float("inf")}, "cache_mb: expected a finite value > 0"),
         ({"cache_mb": float("nan")}, "cache_mb: expected a finite value > 0"),
         ({"prefetch": 0}, "prefetch: expected >= 1"),
+        ({"n_hot": 9, "cache_mb": 1.0}, "cache_mb: 1.0 would not bound the cache"),
     ],
 )
 def test_fetch_options_refuse_values_the_loop_cannot_use(fields, message) -> None:
     """An infinite ``cache_mb`` was taken, to fail in the workers when the
-    cache's rows were counted from it."""
+    cache's rows were counted from it; one given with ``n_hot`` was ignored,
+    and the cache took more memory than it said."""
     with pytest.raises(ValueError, match=message):
         FetchOptions(**fields)
 

@@ -176,6 +176,38 @@ def test_closing_the_cache_ends_a_lookup_waiting_for_a_buffer() -> None:
         cache.lookup(torch.tensor([1]))
 
 
+class _ShortWaits(threading.Condition):
+    """A condition whose every wait returns within 0.05 s, as a deadline
+    of any length would when it ran out."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return super().wait(timeout=0.05 if timeout is None else min(timeout, 0.05))
+
+
+def test_a_lookup_waits_for_a_late_build_with_no_deadline_of_its_own() -> None:
+    """The prefetcher looks up epoch 2 while the trainer still evaluates
+    epoch 0 (and checkpoints), before epoch 1 starts 2's build: it waits as
+    long as that takes. A fixed 600 s deadline failed a run whose evaluation
+    took longer; here every wait times out at once, and the lookup still
+    returns once the build is done."""
+    cache = HotCache(_SlowStore(50, 3, delay=0.0), n_hot=2)
+    cache._cond = _ShortWaits()  # (a deadline that ran out would raise)
+    cache.fill(0, torch.tensor([1, 2]))
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    reader = threading.Thread(
+        target=lambda: seen.append(cache.lookup(torch.tensor([3, 7]), epoch=1)),
+        daemon=True,
+    )
+    reader.start()
+    time.sleep(0.3)  # the evaluation: several timed-out waits
+    cache.build(1, torch.tensor([3, 4]))
+    reader.join(timeout=10)
+    assert not reader.is_alive() and len(seen) == 1
+    hit, rows = seen[0]
+    assert hit.tolist() == [True, False]
+    assert torch.equal(rows, _truth(torch.tensor([3])))
+
+
 def _within(seconds: float, call: Callable[[], object]) -> BaseException | None:
     """What ``call`` raised (None: nothing), asserting it returned within
     ``seconds``: a wrong wait is 600 s long, so the test does not sit in it."""
