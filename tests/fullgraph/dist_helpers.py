@@ -19,7 +19,12 @@ from graphwire.fullgraph.distributed import (
 from graphwire.graph.graph import Graph
 from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.nn.models import LAYER_KINDS
-from graphwire.partition import get_partitioner, load_part, write_partitioned
+from graphwire.partition import (
+    Partition,
+    get_partitioner,
+    load_part,
+    write_partitioned,
+)
 from graphwire.training import TrainConfig, make_model
 
 DROPOUT_SEED = 12345
@@ -34,6 +39,19 @@ def small_graph(nodes: int = 600) -> Graph:
 def write_parts(graph: Graph, num_parts: int, folder: Path, method: str) -> Path:
     partition = get_partitioner(method).partition(graph, num_parts, seed=0)
     return write_partitioned(graph, partition, folder / f"{method}{num_parts}")
+
+
+def nan_feature_halves(folder: Path) -> Path:
+    """Two parts of four nodes with no edge between them: only part 1's
+    training node (3) reads the one NaN feature, so only rank 1's own loss
+    is NaN."""
+    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
+    x[3, 0] = float("nan")
+    graph = Graph.from_edge_index(
+        [0, 2], [1, 3], 4, x=x, y=y, train_idx=[1, 3], val_idx=[0], test_idx=[2]
+    )
+    halves = Partition(assignment=torch.tensor([0, 0, 1, 1]), num_parts=2)
+    return write_partitioned(graph, halves, folder / "nan")
 
 
 def config_for(model: str, attn_dropout: float = 0.0) -> TrainConfig:

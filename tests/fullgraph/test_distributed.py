@@ -15,6 +15,7 @@ from graphwire.fullgraph.distributed import train_distributed
 from graphwire.graph.graph import Graph
 from graphwire.partition import Partition, load_part, write_partitioned
 from graphwire.training import TrainConfig
+from tests.fullgraph.dist_helpers import nan_feature_halves
 
 
 def _train(transport: Transport, folder: str) -> None:
@@ -58,13 +59,7 @@ def test_a_non_finite_loss_on_one_part_stops_every_rank(
     halves), so only rank 1's own loss is NaN: every rank must still stop at
     epoch 0 with the same error (the summed loss decides), in an epoch with an
     evaluation and in one without."""
-    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
-    x[3, 0] = float("nan")
-    graph = Graph.from_edge_index(
-        [0, 2], [1, 3], 4, x=x, y=y, train_idx=[1, 3], val_idx=[0], test_idx=[2]
-    )
-    halves = Partition(assignment=torch.tensor([0, 0, 1, 1]), num_parts=2)
-    folder = write_partitioned(graph, halves, tmp_path / "nan")
+    folder = nan_feature_halves(tmp_path)
     train = functools.partial(
         _nan_loss_message, folder=str(folder), eval_every=eval_every
     )

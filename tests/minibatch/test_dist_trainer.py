@@ -36,7 +36,6 @@ from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
 from graphwire.minibatch.job import MinibatchJob, run_rank
 from graphwire.minibatch.trainer import train_minibatch
 from graphwire.partition import (
-    Partition,
     PartitionBook,
     get_partitioner,
     load_part,
@@ -45,6 +44,7 @@ from graphwire.partition import (
 from graphwire.testing import run_workers
 from graphwire.testing.minibatch_probes import feature_paths, train
 from graphwire.training import TrainConfig
+from tests.fullgraph.dist_helpers import nan_feature_halves
 
 
 def _graph(nodes: int = 1200) -> Graph:
@@ -386,13 +386,7 @@ def test_a_non_finite_loss_on_one_part_stops_every_rank(
     loss is NaN: every rank stops at epoch 0 alike (the summed loss decides),
     in an epoch with an evaluation and in one without (which found it only
     at the next evaluation)."""
-    x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
-    x[3, 0] = float("nan")
-    graph = Graph.from_edge_index(
-        [0, 2], [1, 3], 4, x=x, y=y, train_idx=[1, 3], val_idx=[0], test_idx=[2]
-    )
-    halves = Partition(assignment=torch.tensor([0, 0, 1, 1]), num_parts=2)
-    folder = write_partitioned(graph, halves, tmp_path / "nan")
+    folder = nan_feature_halves(tmp_path)
     messages = run_local(lambda t: _nan_loss_message(t, str(folder), eval_every), 2)
     assert messages[0] == messages[1]
     assert messages[0].startswith("epoch 0: the training loss is nan (not finite)")
