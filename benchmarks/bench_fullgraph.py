@@ -53,10 +53,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from graphwire.comm.context import MAX_TIMEOUT_S
 from graphwire.commands.bench import run_script
 from graphwire.fsutil import atomic_file, check_creatable
 from graphwire.fullgraph.distributed import TRAINING_TAGS
-from graphwire.testing.netns import ShapedNetwork, netns_available, tcp_stream
+from graphwire.testing.netns import (
+    MIN_RATE_MBIT,
+    ShapedNetwork,
+    netns_available,
+    tcp_stream,
+)
 
 CLI = [sys.executable, "-m", "graphwire"]
 METHODS = ("metis", "random", "chunk", "locality")
@@ -577,7 +583,7 @@ MINIMUMS = {
     "features": 1,
     "hidden": 1,
     "workers": 2,  # one worker is the single process: no exchange to compare
-    "epochs": 1,
+    "epochs": 2,  # the figures without epoch 0 need another
     "rounds": 1,
     "threads": 1,
 }
@@ -661,6 +667,17 @@ def check_flags(
         if value is not None and not 0 < value < float("inf"):
             flag = "--" + name.replace("_", "-")
             parser.error(f"{flag}: expected a number > 0, got {value}")
+    timeout = getattr(args, "collective_timeout", None)
+    if timeout is not None and timeout > MAX_TIMEOUT_S:
+        parser.error(
+            f"--collective-timeout: expected <= {MAX_TIMEOUT_S:g} (train's "
+            f"--timeout), got {timeout}"
+        )
+    rate = getattr(args, "rate_mbit", None) if "rate_mbit" in positive else None
+    if rate is not None and rate < MIN_RATE_MBIT:
+        parser.error(
+            f"--rate-mbit: expected >= {MIN_RATE_MBIT} (tc's 1 kbit/s), got {rate}"
+        )
 
 
 def _wanted(args: argparse.Namespace) -> set[str] | None:

@@ -51,7 +51,7 @@ import torch
 from graphwire.commands.bench import run_script
 from graphwire.graph.datasets import load_dataset
 from graphwire.sampler.uniform import UniformNeighborSampler
-from graphwire.testing.netns import ShapedNetwork, netns_available
+from graphwire.testing.netns import MIN_RATE_MBIT, ShapedNetwork, netns_available
 
 # The shaped-run helpers are bench_fullgraph's (benchmarks/ is not a package).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -503,10 +503,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     take_sizes(args, FULL, QUICK)
     check_flags(parser, args, MINIMUMS, TIMEOUTS)
-    if args.rate_mbit != 0 and not 0 < args.rate_mbit < float("inf"):
+    if args.rate_mbit != 0 and not MIN_RATE_MBIT <= args.rate_mbit < float("inf"):
         parser.error(
-            f"--rate-mbit: expected a number > 0, or 0 for an unshaped link, got "
-            f"{args.rate_mbit}"
+            f"--rate-mbit: expected a number >= {MIN_RATE_MBIT} (tc's 1 kbit/s), "
+            f"or 0 for an unshaped link, got {args.rate_mbit}"
         )
     try:
         args.fanouts = [int(f) for f in args.fanouts.split(",")]

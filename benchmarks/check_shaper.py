@@ -15,6 +15,7 @@ import argparse
 from graphwire.commands.bench import run_script
 from graphwire.testing.netns import (
     MIN_BURST_KB,
+    MIN_RATE_MBIT,
     ShapeConfig,
     ShapedNetwork,
     netns_available,
@@ -50,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     # Checked before any namespace is made, naming the flag.
     if not 0 < args.seconds < float("inf"):
         parser.error(f"--seconds: expected a number > 0, got {args.seconds}")
-    if bad := [rate for rate in args.rates if not 0 < rate < float("inf")]:
-        parser.error(f"--rates: expected numbers > 0, got {bad}")
+    if bad := [r for r in args.rates if not MIN_RATE_MBIT <= r < float("inf")]:
+        parser.error(
+            f"--rates: expected numbers >= {MIN_RATE_MBIT} (tc's 1 kbit/s), got {bad}"
+        )
     try:
         ShapeConfig(rate_mbit=None, burst_kb=args.burst_kb, mtu=args.mtu)
     except ValueError as error:  # "burst_kb: ..." or "mtu: ..."

@@ -80,6 +80,7 @@ MIN_BURST_KB = 256  # below this tbf drops 64 KB GSO packets on lo (ARCHITECTURE
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
 _COUNTER = itertools.count()
+MIN_RATE_MBIT = 0.001  # tc's rates are whole kbit/s
 _LIVE: set[str] = set()  # namespaces made by this process and not yet deleted
 _ATEXIT_REGISTERED = False
 _SIGTERM_HANDLER: Any = None  # what _hold_sigterm installed, until released
@@ -108,8 +109,11 @@ class ShapeConfig:
     per_address: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
-        if self.rate_mbit is not None and not self.rate_mbit > 0:
-            raise ValueError(f"rate_mbit: expected > 0 or None, got {self.rate_mbit}")
+        if self.rate_mbit is not None and not self.rate_mbit >= MIN_RATE_MBIT:
+            raise ValueError(
+                f"rate_mbit: expected >= {MIN_RATE_MBIT} (tc's 1 kbit/s) or None, "
+                f"got {self.rate_mbit}"
+            )
         if self.burst_kb < MIN_BURST_KB:
             raise ValueError(
                 f"burst_kb: expected >= {MIN_BURST_KB} (smaller bursts drop "
@@ -129,8 +133,11 @@ class ShapeConfig:
                     f"per_address: expected IPv4 loopback addresses (127.0.0.0/8), "
                     f"got {address!r}"
                 )
-            if not mbit > 0:
-                raise ValueError(f"per_address[{address!r}]: expected > 0, got {mbit}")
+            if not mbit >= MIN_RATE_MBIT:
+                raise ValueError(
+                    f"per_address[{address!r}]: expected >= {MIN_RATE_MBIT} "
+                    f"(tc's 1 kbit/s), got {mbit}"
+                )
 
 
 class ShapedNetwork:
@@ -180,13 +187,11 @@ class ShapedNetwork:
         self._entered = True
         _register_atexit()
         _hold_sigterm()
-        try:
-            _run([self._ip, "netns", "add", self.name])
-        except BaseException:
-            _release_sigterm()
-            raise
+        # Live before `ip netns add` runs: an interrupt while it runs (it
+        # goes on to create the namespace) still removes the namespace.
         _LIVE.add(self.name)
         try:  # a failure or Ctrl-C while setting up still removes the namespace
+            _run([self._ip, "netns", "add", self.name])
             self._setup()
         except BaseException:
             self.close()
@@ -533,19 +538,27 @@ def _kill_namespace(
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while pids and time.monotonic() < deadline:
-        time.sleep(0.02)
+    try:
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.02)
+            for p in mine:
+                p.poll()  # reap, so an exited child leaves the namespace
+            pids = set(_namespace_pids(name, ip)) & pids
+    finally:  # a Ctrl-C in the grace period cuts it short, not the SIGKILL
+        for pid in pids | set(_namespace_pids(name, ip)):
+            _signal(pid, signal.SIGKILL)
         for p in mine:
-            p.poll()  # reap, so an exited child leaves the namespace
-        pids = set(_namespace_pids(name, ip)) & pids
-    for pid in pids | set(_namespace_pids(name, ip)):
-        _signal(pid, signal.SIGKILL)
-    for p in mine:
-        p.wait()
+            p.wait()
 
 
 def _delete_namespace(name: str, ip: str) -> None:
-    _run([ip, "netns", "del", name])
+    """Delete ``name``; one that does not exist (an interrupt came before
+    ``ip netns add`` made it) is already gone."""
+    try:
+        _run([ip, "netns", "del", name])
+    except RuntimeError:
+        if name in _run([ip, "netns", "list"]).split():
+            raise
     _LIVE.discard(name)
 
 

@@ -21,7 +21,9 @@ import bench_fullgraph  # noqa: E402
         (["--workers", "1"], "--workers: expected an integer >= 2, got 1"),
         (["--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
         (["--nodes", "-5"], "--nodes: expected an integer >= 100, got -5"),
-        (["--quick", "--epochs", "0"], "--epochs: expected an integer >= 1, got 0"),
+        (["--quick", "--epochs", "1"], "--epochs: expected an integer >= 2, got 1"),
+        (["--rate-mbit", "0.0004"], "--rate-mbit: expected >= 0.001"),
+        (["--collective-timeout", "2e9"], "--collective-timeout: expected <= 1e+09"),
         (["--run-timeout", "nan"], "--run-timeout: expected a number > 0, got nan"),
     ],
 )

@@ -50,7 +50,8 @@ def test_ratio_lines_quote_the_claim_for_their_partitioner(capsys) -> None:
         (["--fanouts", "a,b"], "--fanouts: expected integers separated by commas"),
         (["--fanouts", "0,5"], "--fanouts: each must be >= 1 or -1 (all)"),
         (["--sampler-batches", "0"], "--sampler-batches: expected an integer >= 1"),
-        (["--rate-mbit", "-1"], "--rate-mbit: expected a number > 0, or 0 for"),
+        (["--rate-mbit", "-1"], "or 0 for an unshaped link, got -1.0"),
+        (["--rate-mbit", "0.0004"], "--rate-mbit: expected a number >= 0.001"),
         (["--workers", "1"], "--workers: expected an integer >= 2, got 1"),
     ],
 )

@@ -14,7 +14,10 @@ import check_shaper  # noqa: E402
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--rates", "100", "0"], "--rates: expected numbers > 0, got [0.0]"),
+        (
+            ["--rates", "100", "0"],
+            "--rates: expected numbers >= 0.001 (tc's 1 kbit/s), got [0.0]",
+        ),
         (["--seconds", "0"], "--seconds: expected a number > 0, got 0.0"),
         (["--burst-kb", "10"], "--burst-kb: expected >= 256"),
         (["--mtu", "100"], "--mtu: expected 1280..65536, got 100"),

@@ -12,10 +12,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 
+import graphwire.testing.netns as netns_module
 from graphwire.testing.netns import (
     ShapeConfig,
     ShapedNetwork,
@@ -63,6 +65,8 @@ def py(net: ShapedNetwork, script: str, **kwargs: object) -> subprocess.Popen[st
         ({"mtu": 500}, "mtu"),
         ({"per_address": {"10.0.0.2": 100}}, "per_address"),
         ({"per_address": {"127.0.0.2": -1}}, "per_address"),
+        ({"rate_mbit": 0.0004}, "rate_mbit: expected >= 0.001"),  # tc: 0kbit
+        ({"per_address": {"127.0.0.2": 0.0004}}, "per_address"),
     ],
 )
 def test_config_rejects_bad_values(kwargs: dict, field: str) -> None:
@@ -126,6 +130,61 @@ def test_processes_inside_are_killed_at_exit(netns: None) -> None:
     assert parent.returncode == -15  # SIGTERM
     assert holdout.returncode == -9  # ignored SIGTERM, got SIGKILL
     assert not alive(grandchild)  # not started by popen, found in the namespace
+
+
+def test_an_interrupt_while_the_namespace_is_made_removes_it(
+    netns: None, monkeypatch
+) -> None:
+    """Ctrl-C or SIGTERM while ``ip netns add`` runs: subprocess lets the
+    command finish, so the namespace exists when KeyboardInterrupt arrives.
+    It was made live only afterwards, so nothing removed it."""
+    real_run = netns_module._run
+
+    def interrupted(argv: list[str]) -> str:
+        out = real_run(argv)
+        if argv[1:3] == ["netns", "add"]:
+            raise KeyboardInterrupt("signal 15")
+        return out
+
+    monkeypatch.setattr(netns_module, "_run", interrupted)
+    net = ShapedNetwork()
+    with pytest.raises(KeyboardInterrupt), net:
+        pass
+    assert net.name not in namespaces()
+    assert net.name not in netns_module._LIVE
+
+
+def test_an_interrupt_in_the_grace_period_still_kills_what_ignores_sigterm(
+    netns: None, monkeypatch
+) -> None:
+    """A second Ctrl-C while close() waits for SIGTERMed processes cut the
+    wait short and skipped the SIGKILL: a process ignoring SIGTERM outlived
+    its namespace."""
+    stubborn = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    net = ShapedNetwork(grace_s=30).__enter__()
+    holdout = py(net, stubborn)
+    assert holdout.stdout is not None
+    assert holdout.stdout.readline().strip() == "ready"
+
+    real_sleep, calls = time.sleep, []
+
+    def interrupt(seconds: float) -> None:
+        calls.append(seconds)
+        if seconds == 0.02 and calls.count(0.02) == 1:  # the grace loop's first
+            raise KeyboardInterrupt("signal 2")
+        real_sleep(seconds)
+
+    monkeypatch.setattr(netns_module.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        net.close()
+    monkeypatch.undo()
+    assert holdout.returncode == -9
+    assert net.name not in namespaces()
 
 
 def test_popen_needs_a_live_namespace(netns: None) -> None:
