@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,11 @@ from graphwire.fullgraph.distributed import (
     sync_gradients,
 )
 from graphwire.minibatch.owned import owned_csr
-from graphwire.minibatch.presample import PresampledEpoch, presample_epoch
+from graphwire.minibatch.presample import (
+    PresampledEpoch,
+    lock_rank_folder,
+    presample_epoch,
+)
 from graphwire.minibatch.schedule import (
     Batch,
     epoch_batches,
@@ -143,6 +147,7 @@ class RankLoop:
         self.prefetcher: Prefetcher | None = None
         self.presample_root: Path | None = None
         self._scratch: Scratch | None = None  # the presample's, if temporary
+        self._presample_lock: IO[str] | None = None  # a given folder's, held
         self.epochs: dict[int, PresampledEpoch] = {}
         self.counters: dict[str, Any] = {
             "train_share": self.share.numel(),
@@ -169,6 +174,8 @@ class RankLoop:
         else:
             self.presample_root = Path(self.options.presample_dir)
         folder = self.presample_root / f"rank{self.rank}"
+        if self._scratch is None:  # (a temporary folder is this run's alone)
+            self._presample_lock = lock_rank_folder(folder, self.rank)
         began = time.perf_counter()
         for epoch in range(first, self.config.epochs):
             presample_epoch(
@@ -327,3 +334,5 @@ class RankLoop:
         finally:
             if self._scratch is not None:
                 self._scratch.remove()
+            if self._presample_lock is not None:
+                self._presample_lock.close()

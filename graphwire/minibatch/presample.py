@@ -24,10 +24,12 @@ the same seeds produces them on demand (the test of ``--fetch rapid``).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
@@ -36,7 +38,7 @@ from graphwire.fsutil import load_npy
 from graphwire.minibatch.schedule import Batch
 from graphwire.sampler.base import Block, SampledBatch
 
-__all__ = ["PresampledEpoch", "access_ranking", "presample_epoch"]
+__all__ = ["PresampledEpoch", "access_ranking", "lock_rank_folder", "presample_epoch"]
 
 Sample = Callable[[Batch], SampledBatch]
 
@@ -128,6 +130,31 @@ def presample_epoch(
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     return target
+
+
+def lock_rank_folder(folder: Path, rank: int) -> IO[str] | None:
+    """Hold an exclusive lock on ``folder/.lock`` (made if missing) until
+    the returned file is closed or the process ends: two runs given one
+    ``--presample-dir`` would replace each other's epochs under the reader.
+    None where the file system has no locks.
+
+    Raises:
+        ValueError: another live process holds the lock.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = open(folder / ".lock", "w")  # noqa: SIM115 - the caller's to close
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ValueError(
+            f"--presample-dir {folder.parent}: rank {rank}'s folder is in use by "
+            "another run; give each run its own"
+        ) from None
+    except OSError:  # no locks on this file system
+        lock.close()
+        return None
+    return lock
 
 
 def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> np.ndarray:

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import threading
 import time
 from pathlib import Path
@@ -176,6 +177,28 @@ def test_remote_rows_do_not_grow_with_n_hot_and_memory_stays_bounded(
             assert c["prefetch"]["peak_alive"] <= 2
     assert all(a >= b for a, b in zip(fetched, fetched[1:], strict=False)), fetched
     assert fetched[-1] < fetched[0]
+
+
+def test_a_presample_dir_in_use_by_another_run_is_refused(
+    parts: dict[int, str], tmp_path: Path
+) -> None:
+    """Two runs given one ``--presample-dir`` (a sweep) replaced each other's
+    epochs between one's presampling and its reads. A rank's folder is held
+    while its run lasts; a run finding it held stops, naming the folder, and
+    runs once it is free (as after the other run ends, alive or killed)."""
+    where = tmp_path / "presample"
+    (where / "rank1").mkdir(parents=True)
+    other = open(where / "rank1" / ".lock", "w")  # another run's rank 1
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    options = FetchOptions(fetch="rapid", prefetch=2, presample_dir=str(where))
+    config = _config(epochs=2)
+    try:
+        with pytest.raises(ValueError, match="rank 1's folder is in use by another"):
+            run_local(lambda t: train(t, parts[2], config, options), 2)
+    finally:
+        other.close()
+    results = run_local(lambda t: train(t, parts[2], config, options), 2)
+    assert all(r["counters"]["n_hot"] > 0 for r in results)
 
 
 @pytest.mark.parametrize(
