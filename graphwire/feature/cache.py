@@ -232,7 +232,8 @@ class HotCache:
         which the trainer calls whatever ends its run. A prefetcher Q batches
         ahead looks up epoch e+2 while the trainer still evaluates epoch e,
         before e+1's build starts: that wait is as long as the evaluation and
-        checkpoint take, and a fixed deadline ended runs that were well."""
+        checkpoint take (a fixed 600 s deadline failed runs that were going
+        well)."""
         waited = False
         with self._cond:
             while True:

@@ -77,10 +77,10 @@ __all__ = [
 
 NAME_PREFIX = "gw-"
 MIN_BURST_KB = 256  # below this tbf drops 64 KB GSO packets on lo (ARCHITECTURE §4)
+MIN_RATE_MBIT = 0.001  # tc's rates are whole kbit/s
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
 _COUNTER = itertools.count()
-MIN_RATE_MBIT = 0.001  # tc's rates are whole kbit/s
 _LIVE: set[str] = set()  # namespaces made by this process and not yet deleted
 _ATEXIT_REGISTERED = False
 _SIGTERM_HANDLER: Any = None  # what _hold_sigterm installed, until released
