@@ -52,8 +52,20 @@ def test_ctrl_c_or_sigterm_is_one_line_and_exit_130(stop: signal.Signals) -> Non
     run (every network script ends the same way, through run_script; under
     SIGTERM's default bench_fullgraph left its network namespace)."""
     script = Path(bench_locality.__file__)
+    # The script as __main__ with both signals as a shell gives them: a child
+    # inherits an ignored or blocked signal, and then no handler ever runs
+    # (CI once saw exit 0, the run done, after a SIGINT; the cause unknown).
+    start = (
+        "import runpy, signal, sys\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    argv = [str(script), "--nodes", "100000", "--parts", "4", "8"]
     process = subprocess.Popen(
-        [sys.executable, "-u", str(script), "--nodes", "100000", "--parts", "4", "8"],
+        [sys.executable, "-u", "-c", start, *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -67,5 +79,5 @@ def test_ctrl_c_or_sigterm_is_one_line_and_exit_130(stop: signal.Signals) -> Non
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert process.returncode == 130
+    assert process.returncode == 130, err[-3000:]
     assert err == "bench_locality.py: interrupted\n"
