@@ -78,6 +78,7 @@ __all__ = [
     "restore_training_state",
     "save_on_every_rank",
     "seeded_model",
+    "summed_loss",
     "sync_gradients",
     "traffic_by_rank",
     "train_distributed",
@@ -254,11 +255,8 @@ def train_distributed(
             with torch.no_grad():
                 logits, _ = forward_loss(engine, model, sizes["train"], None)
                 metrics = _global_metrics(logits, part, transport, sizes, loss.detach())
-        else:  # the loss alone, summed over ranks
-            summed = transport.all_reduce_sum(
-                loss.detach().to(torch.float64).reshape(1), "sync.metrics"
-            )
-            metrics = {"loss": float(summed[0])}
+        else:
+            metrics = {"loss": summed_loss(transport, float(loss.detach()))}
         eval_done = time.perf_counter()
         # The loss summed over ranks: NaN or infinite on every rank alike if
         # on any, so every rank raises here and none waits in a collective.
@@ -321,6 +319,16 @@ def _split_sizes(part: LocalPart, transport: Transport) -> dict[str, int]:
 def _split(part: LocalPart, split: str) -> torch.Tensor:
     idx = getattr(part, f"{split}_local")
     return idx.to(torch.int64) if idx is not None else torch.empty(0, dtype=torch.int64)
+
+
+def summed_loss(transport: Transport, loss: float) -> float:
+    """Collective: ``loss`` summed over ranks, for an epoch without an
+    evaluation (whose metrics would carry it): every rank checks the same
+    value (:func:`~graphwire.training.check_finite_loss`)."""
+    total = transport.all_reduce_sum(
+        torch.tensor([loss], dtype=torch.float64), "sync.metrics"
+    )
+    return float(total[0])
 
 
 def _global_metrics(

@@ -86,6 +86,11 @@ class Bin:
     needs: frozenset[tuple[int, int]] = frozenset()
     src_ids: torch.Tensor | None = None
 
+    def local_sources(self, num_owned: int) -> torch.Tensor:
+        """int64 [mg.num_src]: each source row's local row (owned rows, then
+        halo positions after the ``num_owned`` of them)."""
+        return torch.cat([self.src_owned, num_owned + self.src_halo])
+
 
 @dataclass(frozen=True, eq=False)
 class LayerBins:
@@ -326,10 +331,9 @@ def table_graph(bin_: Bin, num_owned: int, num_halo: int) -> MessageGraph:
     each source its local row, the destinations ``bin_.rows``
     (``dst_index``)."""
     mg = bin_.mg
-    local = torch.cat([bin_.src_owned, num_owned + bin_.src_halo])
     return MessageGraph(
         mg.indptr,
-        local[mg.indices],
+        bin_.local_sources(num_owned)[mg.indices],
         num_owned + num_halo,
         mg.num_dst,
         mg.edge_weight,

@@ -253,9 +253,6 @@ def plan_layers(
     planned = []
     for layer, layer_messages in zip(layers, messages, strict=True):
         layer = with_needs(layer, layer_messages)
-        bins = [
-            replace(b, src_ids=ids[torch.cat([b.src_owned, n + b.src_halo])])
-            for b in layer.bins
-        ]
+        bins = [replace(b, src_ids=ids[b.local_sources(n)]) for b in layer.bins]
         planned.append(replace(layer, bins=bins))
     return planned, messages

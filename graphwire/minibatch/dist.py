@@ -58,6 +58,7 @@ from graphwire.fullgraph.distributed import (
     phase_record,
     restore_training_state,
     save_on_every_rank,
+    summed_loss,
     training_state,
 )
 from graphwire.meter import ResourceMeter
@@ -228,12 +229,8 @@ def _epoch(
     if config.evaluates(epoch):
         metrics = loop.evaluate(total)
         summed = metrics["loss"]
-    else:  # the loss alone, summed over ranks
-        summed = float(
-            loop.transport.all_reduce_sum(
-                torch.tensor([total], dtype=torch.float64), "sync.metrics"
-            )[0]
-        )
+    else:
+        summed = summed_loss(loop.transport, total)
     # The loss summed over ranks: NaN or infinite on every rank alike if on
     # any, so every rank raises here and none waits in a collective.
     check_finite_loss(summed, epoch, config)
