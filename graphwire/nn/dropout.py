@@ -53,6 +53,7 @@ _COLUMN_SALT = 0x5BD1E995  # column hashes use another seed than row hashes
 _DST_OFFSET = 1 << 62
 _EDGE_SALT = 0x165667B1  # the (source, destination) mix uses another seed
 _DENSITY_SAMPLE = 1 << 16  # entries looked at to choose the sparse or dense path
+_MASK_BLOCK = 1 << 18  # entries drawn at a time for a dense mask (2 MiB of int64)
 
 
 def check_dropout(value: Any, name: str) -> float:
@@ -123,9 +124,18 @@ def _dense_dropout(
     h: torch.Tensor, p: float, row_hash: torch.Tensor, column_hash: torch.Tensor
 ) -> torch.Tensor:
     """``h [n, F] * keep / (1 - p)``, entry ``(i, j)`` drawn from
-    ``row_hash[i] XOR column_hash[j]``."""
-    z = torch.bitwise_xor(row_hash.unsqueeze(1), column_hash.unsqueeze(0))
-    return h * (_keep(z, p) * (1.0 / (1.0 - p))).to(h.dtype)
+    ``row_hash[i] XOR column_hash[j]``.
+
+    The int64 draws are made a block of rows at a time into the float mask:
+    drawn whole, they were a fresh n x F x 8-byte buffer per call, and on a
+    60,000 x 100 input its page faults made the call three times as slow.
+    """
+    mask = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    rows = max(1, _MASK_BLOCK // max(1, h.shape[1]))
+    for start in range(0, h.shape[0], rows):
+        z = torch.bitwise_xor(row_hash[start : start + rows].unsqueeze(1), column_hash)
+        mask[start : start + rows] = _keep(z, p)
+    return h * mask.mul_(1.0 / (1.0 - p))
 
 
 def _mostly_zero(flat: torch.Tensor) -> bool:

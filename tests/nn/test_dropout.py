@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from graphwire.nn import dropout
 from graphwire.nn.dropout import hashed_dropout, hashed_edge_dropout, hashed_uniform
 
 _M = (1 << 64) - 1
@@ -88,6 +89,30 @@ def test_sparse_and_dense_paths_draw_the_same_mask() -> None:
     torch.testing.assert_close(
         sparse_out[kept] != 0, dense_out[kept] != 0, rtol=0, atol=0
     )
+
+
+def test_a_dense_mask_drawn_in_blocks_is_the_per_entry_mask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dense path draws a block of rows at a time; with blocks of 7 rows
+    (the last one short), every entry is still the one the sparse path draws
+    for it alone."""
+    monkeypatch.setattr(dropout, "_MASK_BLOCK", 7 * 40 + 5)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.rand(301, 40, generator=gen) + 0.1
+    ids = torch.randperm(5000, generator=gen)[:301]
+    dense_out = hashed_dropout(x, 0.4, ids, seed=8)
+    kept = torch.zeros_like(x)
+    for row in range(x.shape[0]):  # one non-zero entry per row: the sparse path
+        for col in range(0, 40, 13):
+            single = torch.zeros(1, 40)
+            single[0, col] = 1.0
+            kept[row, col] = hashed_dropout(single, 0.4, ids[row : row + 1], 8)[0, col]
+    picked = kept != 0
+    checked = torch.zeros_like(picked)
+    checked[:, ::13] = True
+    assert torch.equal(picked[checked], dense_out[checked] != 0)
+    torch.testing.assert_close(dense_out[checked & picked], x[checked & picked] / 0.6)
 
 
 @pytest.mark.parametrize("rows", [1, 300])
