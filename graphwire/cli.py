@@ -227,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch threads per process (workers default to 1)",
     )
     train.add_argument(
+        "--keep-freed-mb",
+        type=int,
+        default=1024,
+        help="freed memory each process's malloc keeps for reuse, MiB (glibc's "
+        "mmap and trim thresholds; 0: glibc's defaults; left alone where "
+        "MALLOC_*_THRESHOLD_, GLIBC_TUNABLES or a preloaded allocator are set; "
+        "default 1024)",
+    )
+    train.add_argument(
         "--timeout",
         type=float,
         help="distributed: seconds any wait may last (joining the ranks, each "

@@ -66,6 +66,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from graphwire.allocator import check_keep_freed_mb, keep_freed_memory
 from graphwire.comm.base import JoinFailed, TransportError
 from graphwire.comm.context import (
     DEFAULT_TIMEOUT_S,
@@ -170,6 +171,7 @@ def launch_local(
     run_timeout_s: float | None = None,
     backend: str | None = None,
     threads: int = 1,
+    keep_freed_mb: int = 0,
 ) -> list[T]:
     """Run ``fn(ctx, *args)`` on ``world_size`` local processes.
 
@@ -182,6 +184,8 @@ def launch_local(
         run_timeout_s: bound on the whole run (None: none).
         backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend`.
         threads: ``torch.set_num_threads`` in each child.
+        keep_freed_mb: :func:`graphwire.allocator.keep_freed_memory` in each
+            child (0: malloc left as it is).
 
     Returns:
         ``fn``'s return value on each rank, by rank.
@@ -203,6 +207,7 @@ def launch_local(
         raise ValueError(f"run_timeout_s: expected > 0 or None, got {run_timeout_s}")
     if threads < 1:
         raise ValueError(f"threads: expected >= 1, got {threads}")
+    check_keep_freed_mb(keep_freed_mb)
     check_importable(fn, "launch_local")
     try:
         job = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
@@ -238,7 +243,7 @@ def launch_local(
             reader, writer = mp.Pipe(duplex=False)
             child = mp.Process(
                 target=_child_main,
-                args=(ctx, env, threads, os.getpid(), job, writer),
+                args=(ctx, env, (threads, keep_freed_mb), os.getpid(), job, writer),
                 name=f"graphwire-rank{rank}",
             )
             with _quiet_torch_log():
@@ -301,7 +306,7 @@ class _SigtermAsExit:
 def _child_main(
     ctx: WorkerContext,
     env: dict[str, str],
-    threads: int,
+    settings: tuple[int, int],
     parent_pid: int,
     job: bytes,
     pipe: connection.Connection,
@@ -311,7 +316,9 @@ def _child_main(
     tempfile.tempdir = env["TMPDIR"]  # the run's scratch, removed by the parent
     os.environ.update(ctx.to_env())
     os.environ["LOCAL_WORLD_SIZE"] = str(ctx.world_size)
+    threads, keep_freed_mb = settings
     torch.set_num_threads(threads)
+    keep_freed_memory(keep_freed_mb)
     try:
         fn, args = pickle.loads(job)
         context = WorkerContext.from_env(backend=ctx.backend, timeout_s=ctx.timeout_s)

@@ -16,6 +16,7 @@ import math
 import statistics
 from typing import Any
 
+from graphwire.allocator import MAX_KEEP_FREED_MB, keep_freed_memory
 from graphwire.cli import run_folder
 from graphwire.comm.context import MAX_TIMEOUT_S
 from graphwire.commands.common import (
@@ -165,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         )
     _refuse_partitioned(args.dataset)
     out = run_folder(args.out, f"train-{args.model}")
+    keep_freed_memory(int(args.keep_freed_mb))
     if args.threads:
         import torch
 
@@ -179,7 +181,13 @@ def run(args: argparse.Namespace) -> int:
     print_table("dataset", ["field", "value"], graph_rows(graph))
 
     with MetricsLog(out) as log:
-        log.write("config", dataset=args.dataset, mode=args.mode, **config.as_dict())
+        log.write(
+            "config",
+            dataset=args.dataset,
+            mode=args.mode,
+            **config.as_dict(),
+            keep_freed_mb=args.keep_freed_mb,
+        )
         partition_fields: dict[str, Any] = {}
         if args.partition:
             from graphwire.commands.partition import partition_and_report
@@ -261,6 +269,7 @@ _BOUNDS = {
     "keep_checkpoints": ("--keep-checkpoints", 0, False, math.inf),
     "timeout": ("--timeout", 0, True, MAX_TIMEOUT_S),
     "threads": ("--threads", 1, False, math.inf),
+    "keep_freed_mb": ("--keep-freed-mb", 0, False, MAX_KEEP_FREED_MB),
     "parts": ("--parts", 1, False, math.inf),
     "bin_rows": ("--bin-rows", 1, False, math.inf),
     "bin_mb": ("--bin-mb", 0, True, math.inf),

@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from graphwire.allocator import keep_freed_memory
 from graphwire.commands.common import (
     check_not_input,
     check_trainable_dataset,
@@ -66,6 +67,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         # killed (SIGKILL, the OOM killer): this worker would train on alone,
         # and the other nodes' agents wait for its node at the end.
         die_with_parent(os.getppid())
+        keep_freed_memory(int(args.keep_freed_mb))
     world = ctx.world_size if ctx is not None else int(args.workers)
     leader = ctx is None or ctx.rank == 0
     _check_not_input(args, out)
@@ -133,7 +135,12 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         from graphwire.comm.launch import launch_local
 
         results = launch_local(
-            target, world, job, threads=int(args.threads or 1), timeout_s=args.timeout
+            target,
+            world,
+            job,
+            threads=int(args.threads or 1),
+            keep_freed_mb=int(args.keep_freed_mb),
+            timeout_s=args.timeout,
         )
         reports = results[0]
         assert reports is not None
@@ -175,6 +182,7 @@ def _header(
         "workers": world,
         **way,
         **config.as_dict(),
+        "keep_freed_mb": args.keep_freed_mb,
     }
 
 

@@ -11,7 +11,9 @@ same expectations. The other probes fail on purpose.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import resource
 import signal
 import tempfile
 import time
@@ -36,6 +38,7 @@ __all__ = [
     "p2p_message",
     "raise_on_rank",
     "reduce_input",
+    "refault_pages",
     "rows_between",
     "sleep_forever",
 ]
@@ -219,3 +222,28 @@ def sleep_forever(ctx: WorkerContext) -> None:
     """Never returns (for the launcher's timeout)."""
     while True:
         time.sleep(1.0)
+
+
+def refault_pages(ctx: WorkerContext, mb: int = 48, times: int = 3) -> int:
+    """Page faults of ``times`` more malloc-fill-free cycles of ``mb`` MiB
+    after a first: about ``mb * 256`` each where every block is a fresh
+    mapping (glibc's default above 32 MiB), about none where the freed block
+    is kept for the next (:func:`graphwire.allocator.keep_freed_memory`)."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = mb << 20
+
+    def cycle() -> None:
+        block = libc.malloc(size)
+        if not block:
+            raise MemoryError(f"malloc of {mb} MiB failed")
+        ctypes.memset(block, 1, size)
+        libc.free(block)
+
+    cycle()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(times):
+        cycle()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
