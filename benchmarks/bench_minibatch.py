@@ -519,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     args.methods = args.methods.split(",")
     if unknown := sorted(set(args.methods) - set(METHODS)):
         parser.error(f"--methods: expected some of {METHODS}, got {unknown}")
+    if len(set(args.methods)) < len(args.methods):
+        # Each method's parts and runs go in one folder and one table row.
+        parser.error(f"--methods: each at most once, got {','.join(args.methods)}")
     args.eval_every = args.eval_every or args.epochs
     if args.epochs < 4 and not args.quick:
         print(

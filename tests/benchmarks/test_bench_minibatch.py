@@ -53,6 +53,7 @@ def test_ratio_lines_quote_the_claim_for_their_partitioner(capsys) -> None:
         (["--rate-mbit", "-1"], "or 0 for an unshaped link, got -1.0"),
         (["--rate-mbit", "0.0004"], "--rate-mbit: expected a number >= 0.001"),
         (["--workers", "1"], "--workers: expected an integer >= 2, got 1"),
+        (["--methods", "metis,metis"], "--methods: each at most once, got metis,m"),
     ],
 )
 def test_bad_flag_is_refused_before_any_work(
