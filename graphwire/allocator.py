@@ -77,10 +77,7 @@ def keep_freed_memory(mb: int) -> bool:
     Raises:
         ValueError: ``mb`` out of range.
     """
-    if isinstance(mb, bool) or not isinstance(mb, int):
-        raise ValueError(f"keep_freed_mb: expected an int, got {mb!r}")
-    if not 0 <= mb <= MAX_KEEP_FREED_MB:
-        raise ValueError(f"keep_freed_mb: expected 0 to {MAX_KEEP_FREED_MB}, got {mb}")
+    check_keep_freed_mb(mb)
     if mb == 0 or not sys.platform.startswith("linux"):
         return False
     if platform.libc_ver()[0] != "glibc" or user_set_allocator() is not None:
