@@ -36,6 +36,7 @@ __all__ = [
     "EpochRecord",
     "TrainConfig",
     "TrainResult",
+    "check_finite_eval",
     "check_finite_loss",
     "check_split_sizes",
     "check_trainable",
@@ -402,6 +403,24 @@ def check_finite_loss(loss: float, epoch: int, config: TrainConfig) -> None:
             f"epoch {epoch}: the training loss is {loss} (not finite); check the "
             "features for NaN or infinite values, or lower the learning rate "
             f"(lr={config.lr})"
+        )
+
+
+def check_finite_eval(
+    metrics: dict[str, float], epoch: int, config: TrainConfig
+) -> None:
+    """Raise ``ValueError`` when epoch ``epoch``'s evaluation (``metrics``,
+    none when it had none) gave a NaN or infinite validation loss: the step
+    after a finite training loss left weights whose logits are not finite,
+    and their argmax would be scored, and could be picked as the best epoch,
+    like any other. Distributed loops pass metrics summed over ranks, so
+    every rank raises alike."""
+    val_loss = metrics.get("val_loss")
+    if val_loss is not None and not math.isfinite(val_loss):
+        raise ValueError(
+            f"epoch {epoch}: the validation loss is {val_loss} (not finite): the "
+            "weights after this epoch's step give logits that overflow; "
+            f"lower the learning rate (lr={config.lr})"
         )
 
 

@@ -91,3 +91,28 @@ def test_a_non_finite_training_loss_stops_the_run_naming_the_epoch(
     ):
         train(graph, config, on_epoch=lambda record: seen.append(record.loss))
     assert seen == []  # no record of the failed epoch
+
+
+@pytest.mark.parametrize(
+    "train, config",
+    [
+        (train_fullgraph, TrainConfig(model="gcn", epochs=3, hidden=4, lr=1e30)),
+        (train_minibatch, TrainConfig(model="sage", epochs=3, hidden=4, lr=1e30)),
+    ],
+    ids=["full-graph", "mini-batch"],
+)
+def test_a_non_finite_validation_loss_stops_the_run_naming_the_epoch(
+    train, config: TrainConfig
+) -> None:
+    """Epoch 0's training loss is finite, but its step overflows the weights:
+    the run scored NaN logits' argmax as that epoch's accuracy (and, were it
+    the last, could pick it as the best)."""
+    seen: list[float] = []
+    with pytest.raises(
+        ValueError,
+        match=r"^epoch 0: the validation loss is nan \(not finite\): the weights "
+        r"after this epoch's step give logits that overflow; lower the learning "
+        r"rate \(lr=1e\+30\)$",
+    ):
+        train(_graph(), config, on_epoch=lambda record: seen.append(record.loss))
+    assert seen == []  # no record of the failed epoch

@@ -62,6 +62,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_finite_eval,
     check_finite_loss,
     check_split_sizes,
     make_model_for,
@@ -261,6 +262,7 @@ def train_distributed(
         # The loss summed over ranks: NaN or infinite on every rank alike if
         # on any, so every rank raises here and none waits in a collective.
         check_finite_loss(metrics["loss"], epoch, config)
+        check_finite_eval(metrics, epoch, config)
         by_rank = traffic_by_rank(before, trained, transport, config.num_layers)
         comm = windows.cut() | {"by_rank": by_rank}
         ended = time.perf_counter()

@@ -29,6 +29,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_finite_eval,
     check_finite_loss,
     check_trainable,
     keeps_callers_generator,
@@ -91,6 +92,7 @@ def train_fullgraph(
             model.eval()
             with torch.no_grad():
                 metrics = split_metrics(model(mgs, x), graph)
+        check_finite_eval(metrics, epoch, config)
         eval_done = time.perf_counter()
 
         record = EpochRecord(

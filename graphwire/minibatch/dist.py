@@ -70,6 +70,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_finite_eval,
     check_finite_loss,
 )
 
@@ -234,6 +235,7 @@ def _epoch(
     # The loss summed over ranks: NaN or infinite on every rank alike if on
     # any, so every rank raises here and none waits in a collective.
     check_finite_loss(summed, epoch, config)
+    check_finite_eval(metrics, epoch, config)
     if metrics:
         stopped = best.update(epoch, metrics, loop.model)
     eval_s = time.perf_counter() - eval_began

@@ -40,6 +40,7 @@ from graphwire.training import (
     EpochRecord,
     TrainConfig,
     TrainResult,
+    check_finite_eval,
     check_finite_loss,
     check_trainable,
     keeps_callers_generator,
@@ -116,6 +117,7 @@ def train_minibatch(
             model.eval()
             with torch.no_grad():
                 metrics = split_metrics(model([full] * config.num_layers, x), graph)
+        check_finite_eval(metrics, epoch, config)
         times["eval_s"] = time.perf_counter() - start
 
         record = EpochRecord(

@@ -41,12 +41,13 @@ def write_parts(graph: Graph, num_parts: int, folder: Path, method: str) -> Path
     return write_partitioned(graph, partition, folder / f"{method}{num_parts}")
 
 
-def nan_feature_halves(folder: Path) -> Path:
+def nan_feature_halves(folder: Path, nan: bool = True) -> Path:
     """Two parts of four nodes with no edge between them: only part 1's
-    training node (3) reads the one NaN feature, so only rank 1's own loss
-    is NaN."""
+    training node (3) reads the one NaN feature (``nan``), so only rank 1's
+    own loss is NaN; only part 0 holds a validation node (0)."""
     x, y = torch.ones(4, 2), torch.tensor([0, 1, 0, 1])
-    x[3, 0] = float("nan")
+    if nan:
+        x[3, 0] = float("nan")
     graph = Graph.from_edge_index(
         [0, 2], [1, 3], 4, x=x, y=y, train_idx=[1, 3], val_idx=[0], test_idx=[2]
     )

@@ -41,11 +41,17 @@ def test_a_split_empty_on_every_part_is_refused_by_every_rank(
         run_local(functools.partial(_train, folder=str(folder)), 2)
 
 
-def _nan_loss_message(transport: Transport, folder: str, eval_every: int) -> str:
+def _nan_loss_message(
+    transport: Transport,
+    folder: str,
+    eval_every: int,
+    lr: float = 0.01,
+    exchange: str = "halo",
+) -> str:
     part = load_part(folder, transport.rank)
-    config = TrainConfig(model="gcn", epochs=2, eval_every=eval_every)
+    config = TrainConfig(model="gcn", epochs=2, eval_every=eval_every, lr=lr)
     try:
-        train_distributed(part, transport, config, "halo")
+        train_distributed(part, transport, config, exchange)
     except ValueError as error:
         return str(error)
     return "no error"
@@ -66,3 +72,25 @@ def test_a_non_finite_loss_on_one_part_stops_every_rank(
     messages = run_local(train, 2)
     assert messages[0] == messages[1]
     assert messages[0].startswith("epoch 0: the training loss is nan (not finite)")
+
+
+@pytest.mark.parametrize("exchange", ["halo", "g3"])
+def test_a_non_finite_validation_loss_stops_every_rank(
+    tmp_path: Path, exchange: str
+) -> None:
+    """Epoch 0's step overflows the weights (lr 1e30) after a finite training
+    loss. Only part 0 holds the validation node, so only rank 0's own
+    validation loss is NaN: every rank must stop at epoch 0 with the same
+    error (the summed loss decides), where the run went on to score NaN
+    logits' argmax."""
+    folder = nan_feature_halves(tmp_path, nan=False)
+    train = functools.partial(
+        _nan_loss_message, folder=str(folder), eval_every=1, lr=1e30, exchange=exchange
+    )
+    messages = run_local(train, 2)
+    assert messages[0] == messages[1]
+    assert messages[0].startswith(
+        "epoch 0: the validation loss is nan (not finite): the weights after "
+        "this epoch's step give logits that overflow; lower the learning rate "
+        "(lr=1e+30)"
+    )

@@ -384,7 +384,9 @@ def test_fetch_options_refuse_values_the_loop_cannot_use(fields, message) -> Non
         FetchOptions(**fields)
 
 
-def _nan_loss_message(transport: Any, folder: str, eval_every: int) -> str:
+def _nan_loss_message(
+    transport: Any, folder: str, eval_every: int, lr: float = 0.01
+) -> str:
     config = TrainConfig(
         model="sage",
         epochs=2,
@@ -392,6 +394,7 @@ def _nan_loss_message(transport: Any, folder: str, eval_every: int) -> str:
         batch_size=1,
         fanouts=[2, 2],
         eval_every=eval_every,
+        lr=lr,
     )
     part = load_part(folder, transport.rank)
     try:
@@ -413,3 +416,13 @@ def test_a_non_finite_loss_on_one_part_stops_every_rank(
     messages = run_local(lambda t: _nan_loss_message(t, str(folder), eval_every), 2)
     assert messages[0] == messages[1]
     assert messages[0].startswith("epoch 0: the training loss is nan (not finite)")
+
+
+def test_a_non_finite_validation_loss_stops_every_rank(tmp_path: Path) -> None:
+    """Epoch 0's steps overflow the weights (lr 1e30) after finite training
+    losses; only rank 0 holds the validation node, so only its own
+    validation loss is NaN: every rank stops at epoch 0 alike."""
+    folder = nan_feature_halves(tmp_path, nan=False)
+    messages = run_local(lambda t: _nan_loss_message(t, str(folder), 1, 1e30), 2)
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("epoch 0: the validation loss is nan (not finite)")
