@@ -15,7 +15,9 @@ import pytest
 
 from graphwire.cli import _command_actions, build_parser, main
 from graphwire.partition import PARTITIONERS
+from graphwire.sigterm import STOP_SIGNALS
 from tests.cli_helpers import SMALL
+from tests.signals import default_stop_signals
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -292,23 +294,30 @@ def test_bench_script_help_is_its_own() -> None:
     assert "name" not in out.split("\n\n")[0]  # the script passes the NAME itself
 
 
-def test_sigterm_ends_a_command_as_ctrl_c_does(tmp_path) -> None:
-    """``timeout``, a job scheduler or ``kill PID`` send SIGTERM: its
-    default ended ``graphwire data generate`` or ``partition`` mid-write
-    with the temporary folder left beside the target (``.NAME.*.tmp``: 291
-    MB for 4 parts of a 1M-node graph). Now the clean-up runs: one line,
-    exit 130, nothing left."""
+@pytest.mark.parametrize("stop", STOP_SIGNALS, ids=lambda s: s.name)
+def test_sigterm_or_sighup_ends_a_command_as_ctrl_c_does(
+    tmp_path, stop: signal.Signals
+) -> None:
+    """``timeout``, a job scheduler or ``kill PID`` send SIGTERM, a closed
+    terminal SIGHUP: their default ended ``graphwire data generate`` or
+    ``partition`` mid-write with the temporary folder left beside the target
+    (``.NAME.*.tmp``: 291 MB for 4 parts of a 1M-node graph). Now the
+    clean-up runs: one line, exit 130, nothing left."""
     spec = "synthetic:products?nodes=200000"
     command = [sys.executable, "-m", "graphwire", "data", "generate"]
     command += ["--dataset", spec, "--out", str(tmp_path / "g")]
     process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_stop_signals,
     )
     try:
         while not list(tmp_path.glob(".g.*.tmp")):  # about 2 s in, for 0.7 s
             assert process.poll() is None, "ended before it wrote"
             time.sleep(0.01)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(stop)
         _, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:

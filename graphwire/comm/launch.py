@@ -20,9 +20,9 @@ naming the rank that failed first: when every failure is a peer's timeout
 (``TransportError``) and exactly one rank never reported, that rank, which
 stopped responding. Each child's collectives are bounded by ``timeout_s``;
 the whole run only by ``run_timeout_s``, when given (a training run may take
-hours). SIGTERM ends the launcher as Ctrl-C does: under the command line
-(whose handler raises ``KeyboardInterrupt``) with ``graphwire: interrupted``
-and exit 130, elsewhere with ``SystemExit(143)``.
+hours). SIGTERM or SIGHUP ends the launcher as Ctrl-C does: under the
+command line (whose handler raises ``KeyboardInterrupt``) with ``graphwire:
+interrupted`` and exit 130, elsewhere with ``SystemExit(128 + signal)``.
 Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
 
 Each run gets a scratch folder (``graphwire-run-*`` in the system's temporary
@@ -58,6 +58,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing import connection, get_context
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
@@ -75,7 +76,7 @@ from graphwire.comm.context import (
     default_backend,
 )
 from graphwire.comm.scratch import Scratch
-from graphwire.sigterm import interrupt_on_sigterm
+from graphwire.sigterm import STOP_SIGNALS, interrupt_on_stop_signals
 
 __all__ = [
     "WorkerFailed",
@@ -83,7 +84,7 @@ __all__ = [
     "die_with_parent",
     "exit_now",
     "free_port",
-    "interrupt_on_sigterm",
+    "interrupt_on_stop_signals",
     "launch_local",
 ]
 
@@ -234,7 +235,7 @@ def launch_local(
     deadline = time.monotonic() + run_bound
     processes: list[BaseProcess] = []
     pipes: list[connection.Connection] = []
-    term = _SigtermAsExit()
+    term = _StopAsExit()
     try:
         for rank in range(world_size):
             ctx = WorkerContext(
@@ -265,41 +266,47 @@ def launch_local(
             term.restore()
 
 
-class _SigtermAsExit:
+class _StopAsExit:
     """While a launcher runs, SIGTERM (what ``timeout`` and job schedulers
-    send) ends it as Ctrl-C does: it stops its workers and removes its
-    scratch folder. A Python handler installed before (the command line's,
-    :func:`~graphwire.sigterm.interrupt_on_sigterm`, which raises
+    send) and SIGHUP (its terminal gone) end it as Ctrl-C does: it stops its
+    workers and removes its scratch folder. A Python handler installed
+    before (the command line's,
+    :func:`~graphwire.sigterm.interrupt_on_stop_signals`, which raises
     ``KeyboardInterrupt``) is called first, so its exception is the one that
     propagates and the caller ends as it would on Ctrl-C; if it returns, or
-    SIGTERM had its default action, ``SystemExit(143)`` is raised: the
-    launcher never carries on after a SIGTERM. Nothing is installed off the
-    main thread, or where SIGTERM is ignored or handled outside Python."""
+    the signal had its default action, ``SystemExit(128 + signal)`` is
+    raised: the launcher never carries on after one. Nothing is installed
+    off the main thread, or for a signal that is ignored or handled outside
+    Python."""
 
     def __init__(self) -> None:
-        self.before: Any = None
+        self.before: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return
-        before = signal.getsignal(signal.SIGTERM)
-        if before is None or before is signal.SIG_IGN:
-            return
-
-        def terminate(signum: int, frame: Any) -> None:
-            if callable(before):  # a Python handler; SIG_DFL is not callable
-                before(signum, frame)
-            raise SystemExit(128 + signum)
-
-        signal.signal(signal.SIGTERM, terminate)
-        self.before = before
+        for signum in STOP_SIGNALS:
+            before = signal.getsignal(signum)
+            if before is None or before is signal.SIG_IGN:
+                continue
+            signal.signal(signum, partial(_terminate, before))
+            self.before[signum] = before
 
     def hold(self) -> None:
-        """Ignore SIGTERM while the clean-up runs (a second one would cut it)."""
-        if self.before is not None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        """Ignore the signals while the clean-up runs (a second one would cut
+        it)."""
+        for signum in self.before:
+            signal.signal(signum, signal.SIG_IGN)
 
     def restore(self) -> None:
-        if self.before is not None:
-            signal.signal(signal.SIGTERM, self.before)
+        for signum, before in self.before.items():
+            signal.signal(signum, before)
+
+
+def _terminate(before: Any, signum: int, frame: Any) -> None:
+    """:class:`_StopAsExit`'s handler: ``before`` first when it is a Python
+    handler (SIG_DFL is not callable), then ``SystemExit``."""
+    if callable(before):
+        before(signum, frame)
+    raise SystemExit(128 + signum)
 
 
 # ---------------------------------------------------------------- the child

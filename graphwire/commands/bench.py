@@ -47,15 +47,15 @@ def script_main(name: str, argv: Sequence[str] | None = None) -> int:
 
 
 def run_script(main: Callable[[], int | None]) -> int:
-    """A benchmark script's ``main()`` as its exit status. Ctrl-C, and
-    SIGTERM (``timeout``, ``kill PID``), end it as Ctrl-C ends the command:
-    one line on stderr and exit 130, no traceback. The benchmark's own
-    clean-up (namespaces, workers, work folders) has run by then, on the way
-    out of ``main``; under SIGTERM's default it never ran, and the network
-    namespace stayed."""
-    from graphwire.sigterm import interrupt_on_sigterm
+    """A benchmark script's ``main()`` as its exit status. Ctrl-C, SIGTERM
+    (``timeout``, ``kill PID``) and SIGHUP (its terminal gone) end it as
+    Ctrl-C ends the command: one line on stderr and exit 130, no traceback.
+    The benchmark's own clean-up (namespaces, workers, work folders) has run
+    by then, on the way out of ``main``; under their default it never ran,
+    and the network namespace stayed."""
+    from graphwire.sigterm import interrupt_on_stop_signals
 
-    interrupt_on_sigterm()
+    interrupt_on_stop_signals()
     try:
         return main() or 0
     except KeyboardInterrupt:

@@ -64,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graphwire.sigterm import interrupt_on_sigterm
+from graphwire.sigterm import STOP_SIGNALS, interrupt_on_stop_signals
 
 __all__ = [
     "ShapeConfig",
@@ -83,7 +83,7 @@ _CAP_SYS_ADMIN = 21
 _COUNTER = itertools.count()
 _LIVE: set[str] = set()  # namespaces made by this process and not yet deleted
 _ATEXIT_REGISTERED = False
-_SIGTERM_HANDLER: Any = None  # what _hold_sigterm installed, until released
+_HELD: dict[int, Any] = {}  # signal -> what _hold_stop_signals installed
 _SENT_RE = re.compile(r"Sent (\d+) bytes")
 _CLASS_BASE = 0x10  # htb class minor of the first per_address entry; 1:1 is default
 
@@ -146,10 +146,10 @@ class ShapedNetwork:
     Entering creates the namespace (``gw-<pid>-<n>``), brings ``lo`` up, sets
     its MTU and installs the qdisc. Leaving kills every process still in the
     namespace (SIGTERM, then SIGKILL after ``grace_s``; by PID) and deletes
-    it, also when the body raises or is interrupted. SIGTERM too interrupts
-    (raises ``KeyboardInterrupt``) while a namespace is live, where it would
-    end the process with no clean-up: its default, in the main thread; the
-    default is put back when the last namespace is gone.
+    it, also when the body raises or is interrupted. SIGTERM and SIGHUP too
+    interrupt (raise ``KeyboardInterrupt``) while a namespace is live, each
+    where it would end the process with no clean-up: its default, in the
+    main thread; the default is put back when the last namespace is gone.
 
     Args:
         rate_mbit, burst_kb, latency_ms, mtu, per_address: see `ShapeConfig`.
@@ -186,7 +186,7 @@ class ShapedNetwork:
             raise RuntimeError(f"{self.name}: a ShapedNetwork can be entered once")
         self._entered = True
         _register_atexit()
-        _hold_sigterm()
+        _hold_stop_signals()
         # Live before `ip netns add` runs: an interrupt while it runs (it
         # goes on to create the namespace) still removes the namespace.
         _LIVE.add(self.name)
@@ -209,7 +209,7 @@ class ShapedNetwork:
             _kill_namespace(self.name, self._ip, self._procs, self.grace_s)
         finally:
             _delete_namespace(self.name, self._ip)
-            _release_sigterm()
+            _release_stop_signals()
 
     def _setup(self) -> None:
         cfg = self.config
@@ -562,31 +562,33 @@ def _delete_namespace(name: str, ip: str) -> None:
     _LIVE.discard(name)
 
 
-def _hold_sigterm() -> None:
-    """Make SIGTERM interrupt (:func:`graphwire.sigterm.interrupt_on_sigterm`)
-    until :func:`_release_sigterm`, where it has its default (which deletes
-    no namespace) and this is the main thread; else leave it be."""
-    global _SIGTERM_HANDLER
-    if _SIGTERM_HANDLER is not None:
+def _hold_stop_signals() -> None:
+    """Make SIGTERM and SIGHUP interrupt
+    (:func:`graphwire.sigterm.interrupt_on_stop_signals`) until
+    :func:`_release_stop_signals`, each where it has its default (which
+    deletes no namespace) and this is the main thread; else leave it be."""
+    if _HELD:
         return
-    before = signal.getsignal(signal.SIGTERM)
-    interrupt_on_sigterm()
-    if before is signal.SIG_DFL:
-        handler = signal.getsignal(signal.SIGTERM)
-        _SIGTERM_HANDLER = None if handler is signal.SIG_DFL else handler
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    interrupt_on_stop_signals()
+    for signum, handler in before.items():
+        if handler is signal.SIG_DFL:
+            installed = signal.getsignal(signum)
+            if installed is not signal.SIG_DFL:
+                _HELD[signum] = installed
 
 
-def _release_sigterm() -> None:
-    """Put SIGTERM's default back once no namespace is live, if the handler
-    is still the one :func:`_hold_sigterm` installed."""
-    global _SIGTERM_HANDLER
-    if _LIVE or _SIGTERM_HANDLER is None:
+def _release_stop_signals() -> None:
+    """Put the defaults back once no namespace is live, for each signal
+    whose handler is still the one :func:`_hold_stop_signals` installed."""
+    if _LIVE or not _HELD:
         return
     if threading.current_thread() is not threading.main_thread():
         return  # signal.signal works only there; a later release may
-    if signal.getsignal(signal.SIGTERM) is _SIGTERM_HANDLER:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _SIGTERM_HANDLER = None
+    for signum, handler in _HELD.items():
+        if signal.getsignal(signum) is handler:
+            signal.signal(signum, signal.SIG_DFL)
+    _HELD.clear()
 
 
 def _register_atexit() -> None:

@@ -45,21 +45,26 @@ def test_report_has_a_row_per_method_and_a_legend(capsys) -> None:
     assert "max/min <= 1.05 with cut +% <= 10" in out
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_is_one_line_and_exit_130(stop: signal.Signals) -> None:
-    """Ctrl-C or SIGTERM in a benchmark script ends it as Ctrl-C ends the
-    command: one line on stderr, exit 130, no traceback, and its clean-up
-    run (every network script ends the same way, through run_script; under
-    SIGTERM's default bench_fullgraph left its network namespace)."""
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ctrl_c_sigterm_or_sighup_is_one_line_and_exit_130(
+    stop: signal.Signals,
+) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP in a benchmark script ends it as Ctrl-C
+    ends the command: one line on stderr, exit 130, no traceback, and its
+    clean-up run (every network script ends the same way, through
+    run_script; under SIGTERM's default bench_fullgraph left its network
+    namespace)."""
     script = Path(bench_locality.__file__)
-    # The script as __main__ with both signals as a shell gives them: a child
+    # The script as __main__ with the signals as a shell gives them: a child
     # inherits an ignored or blocked signal, and then no handler ever runs
     # (CI once saw exit 0, the run done, after a SIGINT; the cause unknown).
     start = (
         "import runpy, signal, sys\n"
-        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})\n"
+        "stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
         "sys.argv = sys.argv[1:]\n"
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )

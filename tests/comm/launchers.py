@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.signals import default_stop_signals
+
 # Two workers that sleep until they are stopped.
 _SLEEPING = (
     "from graphwire.comm.launch import launch_local\n"
@@ -43,7 +45,9 @@ def sleeping_launcher(
     workers run and its ``graphwire-run-*`` folder is made; killed (by its
     PID) on the way out if it still runs."""
     env = {**os.environ, "TMPDIR": str(tmp)}
-    launcher = subprocess.Popen([sys.executable, "-c", _SLEEPING], env=env)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", _SLEEPING], env=env, preexec_fn=default_stop_signals
+    )
     try:
         deadline = time.monotonic() + 60
         workers: list[psutil.Process] = []

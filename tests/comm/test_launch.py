@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from graphwire.comm.launch import WorkerFailed, free_port, launch_local
+from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
 from graphwire.testing.probes import (
     hang_on_rank,
@@ -161,15 +162,17 @@ def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
     assert worker_children() == []
 
 
-def test_sigterm_to_the_launcher_stops_workers_and_removes_its_scratch(
-    tmp_path: Path,
+@pytest.mark.parametrize("stop", STOP_SIGNALS, ids=lambda s: s.name)
+def test_sigterm_or_sighup_to_the_launcher_stops_workers_and_removes_its_scratch(
+    tmp_path: Path, stop: signal.Signals
 ) -> None:
-    """SIGTERM (``timeout``, a job scheduler) ends a launcher as Ctrl-C does:
-    its workers stopped by PID, its ``graphwire-run-*`` folder removed."""
+    """SIGTERM (``timeout``, a job scheduler) or SIGHUP (the terminal
+    closed) ends a launcher as Ctrl-C does: its workers stopped by PID, its
+    ``graphwire-run-*`` folder removed."""
     with sleeping_launcher(tmp_path) as (launcher, workers):
         time.sleep(1.0)  # let the launcher reach its watch loop
-        launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+        launcher.send_signal(stop)
+        assert launcher.wait(timeout=30) == 128 + stop
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == []
     assert list(tmp_path.glob("graphwire-run-*")) == []

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 import graphwire.testing.netns as netns_module
+from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing.netns import (
     ShapeConfig,
     ShapedNetwork,
@@ -25,6 +26,7 @@ from graphwire.testing.netns import (
     netns_available,
     tcp_stream,
 )
+from tests.signals import default_stop_signals
 
 STREAM_S = 0.4  # long enough for TCP to ramp up, short enough for CI
 
@@ -275,18 +277,25 @@ with ShapedNetwork(rate_mbit=100) as net:
 """
 
 
-def test_namespace_removed_when_its_process_gets_sigterm(netns: None) -> None:
-    """SIGTERM's default (``timeout``, ``kill PID``) ended the process with
-    no clean-up: its namespace stayed, and the processes in it ran on."""
+@pytest.mark.parametrize("stop", STOP_SIGNALS, ids=lambda s: s.name)
+def test_namespace_removed_when_its_process_gets_sigterm_or_sighup(
+    netns: None, stop: signal.Signals
+) -> None:
+    """SIGTERM's default (``timeout``, ``kill PID``) and SIGHUP's (the
+    terminal closed) ended the process with no clean-up: its namespace
+    stayed, and the processes in it ran on."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _TERMINATED], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _TERMINATED],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_stop_signals,
     )
     name, pid = "", 0
     try:
         assert proc.stdout is not None
         name, pid_text = proc.stdout.readline().split()
         pid = int(pid_text)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         proc.wait(timeout=60)
         assert name not in namespaces()
         assert not alive(pid)
@@ -300,11 +309,28 @@ def test_namespace_removed_when_its_process_gets_sigterm(netns: None) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_sigterm_gets_its_default_back_when_the_namespace_goes(netns: None) -> None:
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+@pytest.mark.parametrize("stop", STOP_SIGNALS, ids=lambda s: s.name)
+def test_a_stop_signal_gets_its_default_back_when_the_namespace_goes(
+    netns: None, stop: signal.Signals
+) -> None:
+    previous = signal.signal(stop, signal.SIG_DFL)
     try:
         with ShapedNetwork():
-            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+            assert signal.getsignal(stop) is not signal.SIG_DFL
+        assert signal.getsignal(stop) is signal.SIG_DFL
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(stop, previous)
+
+
+def test_an_ignored_sighup_stays_ignored_while_a_namespace_lives(
+    netns: None,
+) -> None:
+    """Under ``nohup`` SIGHUP is ignored, so that the run outlives its
+    terminal: a namespace must not make it interrupt the run."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with ShapedNetwork():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
