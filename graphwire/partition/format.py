@@ -46,13 +46,22 @@ from graphwire.fsutil import (
     save_npy,
     write_json,
 )
-from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
 from graphwire.graph.labels import check_labels
-from graphwire.graph.native import load_array, read_folder_meta
+from graphwire.graph.native import load_array
 from graphwire.graph.seeds import is_int
 from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
+from graphwire.partition.layout import (
+    FORMAT,
+    META,
+    SPLIT_ARRAYS,
+    SPLITS,
+    VERSION,
+    check_part,
+    load_partition_meta,
+    part_folder,
+)
 from graphwire.partition.local import LocalPart
 from graphwire.partition.stats import PER_PART, PartitionStats
 
@@ -65,29 +74,6 @@ __all__ = [
     "part_folder",
     "write_partitioned",
 ]
-
-FORMAT = "graphwire.partitioned"
-VERSION = 1
-META = "meta.json"
-_REQUIRED = ("orig_nid", "indptr", "indices", "halo_nid")
-_OPTIONAL = ("x", "y", "train_local", "val_local", "test_local")
-_SPLITS = ("train", "val", "test")
-_SPLIT_ARRAYS = tuple(f"{split}_local" for split in _SPLITS)
-#: dtype and number of dimensions of every array, as the layout above fixes them.
-_KINDS: dict[str, tuple[str, int]] = {
-    "orig_nid": ("int64", 1),
-    "indptr": ("int64", 1),
-    "indices": ("int64", 1),
-    "halo_nid": ("int64", 1),
-    "x": ("float32", 2),
-    "y": ("int64", 1),
-    **{name: ("int64", 1) for name in _SPLIT_ARRAYS},
-}
-
-
-def part_folder(folder: str | os.PathLike[str], part_id: int) -> Path:
-    """``folder/part_<part_id>``."""
-    return Path(folder) / f"part_{part_id}"
 
 
 def write_partitioned(
@@ -140,7 +126,7 @@ def write_partitioned(
     src_new = new_from_orig[src_orig.numpy()]
     split_new = {
         split: np.sort(new_from_orig[idx.numpy()])
-        for split in _SPLITS
+        for split in SPLITS
         if (idx := getattr(graph, f"{split}_idx")) is not None
     }
     x = None if graph.x is None else graph.x.detach().cpu().numpy()
@@ -172,7 +158,7 @@ def write_partitioned(
                 arrays["x"] = x[orig_nid]
             if y is not None:
                 arrays["y"] = y[orig_nid]
-            for split in _SPLITS:
+            for split in SPLITS:
                 ids = split_new.get(split, np.empty(0, dtype=np.int64))
                 low, high = np.searchsorted(ids, [start, stop])
                 if split in split_new:
@@ -294,9 +280,9 @@ def load_part(
     }
     offsets = torch.tensor(meta["offsets"], dtype=torch.int64)
     num_owned = int(offsets[part_id + 1] - offsets[part_id])
-    _check_part(where, arrays, int(offsets[part_id]), num_owned, meta["num_nodes"])
-    if "y" in arrays:  # after _check_part: the split rows are in range
-        splits = {n: arrays[n] for n in _SPLIT_ARRAYS if n in arrays}
+    check_part(where, arrays, int(offsets[part_id]), num_owned, meta["num_nodes"])
+    if "y" in arrays:  # after check_part: the split rows are in range
+        splits = {n: arrays[n] for n in SPLIT_ARRAYS if n in arrays}
         check_labels(where / "y.npy", arrays["y"], splits, meta["num_classes"])
     tensors = _as_tensors(arrays)
     return LocalPart(
@@ -320,223 +306,6 @@ def is_partitioned_folder(path: str | os.PathLike[str]) -> bool:
     (``meta.json`` beside ``part_0/``), whatever its ``meta.json`` holds
     (:func:`load_partition_meta` checks that)."""
     return (Path(path) / META).is_file() and part_folder(path, 0).is_dir()
-
-
-def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check ``folder/meta.json`` (format, version, field types, offsets,
-    every part's counts and x width against the graph-wide fields, and every
-    array's dtype and number of dimensions against the format's).
-
-    Raises:
-        DatasetError: naming ``meta.json`` and the field that is wrong, or the
-            part's file that ``meta.json`` lists with a dtype or number of
-            dimensions other than the format's.
-    """
-    folder = Path(folder)
-    path = folder / META
-    meta = read_folder_meta(
-        folder,
-        "partitioned graph folder",
-        FORMAT,
-        VERSION,
-        (
-            ("name", str),
-            ("num_nodes", int),
-            ("num_edges", int),
-            ("num_features", int),
-            ("num_classes", int),
-            ("num_parts", int),
-            ("method", str),
-            ("params", dict),
-            ("offsets", list),
-            ("parts", list),
-        ),
-    )
-    num_parts, offsets = meta["num_parts"], meta["offsets"]
-    if num_parts < 1:
-        raise DatasetError(path, f"field 'num_parts' must be >= 1, found {num_parts}")
-    if (
-        len(offsets) != num_parts + 1
-        or not all(is_int(o) for o in offsets)
-        or offsets[0] != 0
-        or offsets[-1] != meta["num_nodes"]
-        or any(b < a for a, b in zip(offsets, offsets[1:], strict=False))
-    ):
-        raise DatasetError(
-            path,
-            f"offsets must be {num_parts + 1} non-decreasing ints from 0 to "
-            f"num_nodes={meta['num_nodes']}, found {offsets[:8]!r}",
-        )
-    if len(meta["parts"]) != num_parts:
-        raise DatasetError(
-            path, f"parts lists {len(meta['parts'])} entries, num_parts is {num_parts}"
-        )
-    for field in ("num_nodes", "num_edges", "num_features", "num_classes"):
-        if meta[field] < 0:
-            raise DatasetError(
-                path, f"field {field!r} must be >= 0, found {meta[field]}"
-            )
-    for part_id, entry in enumerate(meta["parts"]):
-        _check_part_entry(path, part_id, entry)
-        _check_part_counts(path, part_id, entry, meta)
-    listed = [sorted(entry["arrays"]) for entry in meta["parts"]]
-    for part_id, names in enumerate(listed[1:], start=1):
-        if names != listed[0]:  # a part without labels or a split, say
-            raise DatasetError(
-                path,
-                f"parts[{part_id}].arrays lists {names}, but parts[0].arrays "
-                f"lists {listed[0]} (every part holds the same arrays)",
-            )
-    num_in_edges = sum(entry["num_in_edges"] for entry in meta["parts"])
-    if num_in_edges != meta["num_edges"]:
-        raise DatasetError(
-            path,
-            f"num_edges is {meta['num_edges']}, but the parts store "
-            f"{num_in_edges} in-edges (the sum of parts[*].num_in_edges)",
-        )
-    return meta
-
-
-def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
-    where = f"parts[{part_id}]"
-    if not isinstance(entry, dict) or not isinstance(entry.get("arrays"), dict):
-        raise DatasetError(path, f"{where} must be an object with an 'arrays' object")
-    for name in ("num_owned", "num_halo", "num_in_edges"):
-        value = entry.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise DatasetError(
-                path, f"{where}.{name} must be an int >= 0, found {value!r}"
-            )
-    arrays = entry["arrays"]
-    missing = [n for n in _REQUIRED if n not in arrays]
-    unknown = sorted(set(arrays) - set(_REQUIRED) - set(_OPTIONAL))
-    if missing or unknown:
-        raise DatasetError(
-            path, f"{where}.arrays: missing {missing}, unknown {unknown}"
-        )
-    for name, spec in arrays.items():
-        if not (
-            isinstance(spec, dict)
-            and isinstance(spec.get("dtype"), str)
-            and isinstance(spec.get("shape"), list)
-            and all(is_int(n) for n in spec["shape"])
-            and isinstance(spec.get("sha256"), str)
-        ):
-            raise DatasetError(
-                path,
-                f"{where}.arrays.{name} must be {{'dtype': str, 'shape': [int, "
-                f"...], 'sha256': str}}, found {spec!r}",
-            )
-        # The file must match its entry (load_array checks that): an entry the
-        # format does not allow names the file, for every rank alike.
-        dtype, ndim = _KINDS[name]
-        if spec["dtype"] != dtype or len(spec["shape"]) != ndim:
-            raise DatasetError(
-                part_folder(path.parent, part_id) / f"{name}.npy",
-                f"expected {dtype} with {ndim} dimension{'s' if ndim > 1 else ''}, "
-                f"found {spec['dtype']} of shape {spec['shape']} (as {path.name} "
-                f"lists it)",
-            )
-
-
-def _check_part_counts(
-    path: Path, part_id: int, entry: dict[str, Any], meta: dict[str, Any]
-) -> None:
-    """A part's counts and array shapes agree with the graph-wide fields.
-
-    Checked from ``meta.json`` alone, for every part, so every rank refuses a
-    folder with one bad part alike (a part whose x is narrower than the others'
-    would otherwise abort the first collective); each file's own shape is then
-    checked against its entry when the part loads.
-    """
-    where = f"parts[{part_id}]"
-    arrays = entry["arrays"]
-    owned = meta["offsets"][part_id + 1] - meta["offsets"][part_id]
-    indices_shape = arrays["indices"]["shape"]
-    halo_shape = arrays["halo_nid"]["shape"]
-    for name, agrees, found in (
-        ("num_owned", entry["num_owned"] == owned, f"the offsets give {owned}"),
-        (
-            "num_in_edges",
-            [entry["num_in_edges"]] == indices_shape,
-            f"arrays.indices has shape {indices_shape}",
-        ),
-        (
-            "num_halo",
-            [entry["num_halo"]] == halo_shape,
-            f"arrays.halo_nid has shape {halo_shape}",
-        ),
-    ):
-        if not agrees:
-            raise DatasetError(path, f"{where}.{name} is {entry[name]}, but {found}")
-    width = arrays["x"]["shape"][1:] if "x" in arrays else [0]
-    if width != [meta["num_features"]]:
-        raise DatasetError(
-            path,
-            f"{where}.arrays.x has shape {arrays['x']['shape']}, but num_features "
-            f"is {meta['num_features']}"
-            if "x" in arrays
-            else f"{where} has no x, but num_features is {meta['num_features']}",
-        )
-
-
-def _check_part(
-    where: Path,
-    arrays: dict[str, np.ndarray],
-    start: int,
-    num_owned: int,
-    num_nodes: int,
-) -> None:
-    """Shapes, every ID in range, no halo node owned (``start`` is the
-    part's first global ID) and no split with a node twice: a damaged file
-    of the right size fails here, naming it, instead of deep in training."""
-
-    def fail(name: str, problem: str) -> DatasetError:
-        return DatasetError(where / f"{name}.npy", problem)
-
-    rows = {"orig_nid": num_owned, "indptr": num_owned + 1, "x": num_owned}
-    rows["y"] = num_owned
-    for name, expected in rows.items():
-        if name in arrays and arrays[name].shape[0] != expected:
-            raise fail(
-                name,
-                f"expected {expected} rows (part owns {num_owned} nodes by the "
-                f"meta.json offsets), found {arrays[name].shape[0]}",
-            )
-    indptr, indices = arrays["indptr"], arrays["indices"]
-    if int(indptr[0]) != 0 or int(indptr[-1]) != indices.shape[0]:
-        raise fail(
-            "indptr",
-            f"must run from 0 to len(indices)={indices.shape[0]}, found "
-            f"{int(indptr[0])}..{int(indptr[-1])}",
-        )
-    num_local = num_owned + arrays["halo_nid"].shape[0]
-    if not bool((np.diff(indptr) >= 0).all()):
-        raise fail("indptr", "must be non-decreasing")
-    if not _in_range(indices, num_local):
-        raise fail("indices", f"local IDs must lie in [0, {num_local})")
-    halo = arrays["halo_nid"]
-    if not (_in_range(halo, num_nodes) and bool((np.diff(halo) > 0).all())):
-        raise fail("halo_nid", f"must be ascending global IDs in [0, {num_nodes})")
-    first, stop = np.searchsorted(halo, [start, start + num_owned])
-    if first < stop:
-        raise fail(
-            "halo_nid",
-            f"holds {int(stop - first)} nodes this part owns (global IDs "
-            f"[{start}, {start + num_owned})), such as {int(halo[first])}",
-        )
-    if not _in_range(arrays["orig_nid"], num_nodes):
-        raise fail("orig_nid", f"original IDs must lie in [0, {num_nodes})")
-    for split in _SPLITS:
-        name = f"{split}_local"
-        if name in arrays and not _in_range(arrays[name], num_owned):
-            raise fail(name, f"owned-local IDs must lie in [0, {num_owned})")
-        if name in arrays and np.unique(arrays[name]).size != arrays[name].size:
-            raise fail(name, "holds a node twice (it would count twice in the loss)")
-
-
-def _in_range(values: np.ndarray, high: int) -> bool:
-    return values.size == 0 or (int(values.min()) >= 0 and int(values.max()) < high)
 
 
 def _as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
