@@ -39,32 +39,37 @@ with its command and error; the others still run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from graphwire.comm.context import MAX_TIMEOUT_S
 from graphwire.commands.bench import run_script
-from graphwire.fsutil import atomic_file, check_creatable
 from graphwire.fullgraph.distributed import TRAINING_TAGS
-from graphwire.testing.netns import (
-    MIN_RATE_MBIT,
-    ShapedNetwork,
-    netns_available,
-    tcp_stream,
+from graphwire.testing.netns import ShapedNetwork, netns_available
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shaped_bench import (  # noqa: E402
+    TIMEOUTS,
+    RunFailed,
+    add_graph_flags,
+    add_run_flags,
+    check_flags,
+    cli,
+    epoch_records,
+    in_work_folder,
+    prepare_graph,
+    qdisc_drops,
+    shaper_check,
+    take_sizes,
+    train_run,
+    write_figures,
 )
 
-CLI = [sys.executable, "-m", "graphwire"]
 METHODS = ("metis", "random", "chunk", "locality")
 SCALING_EXCHANGES = ("g3", "halo")  # 2 workers vs 1, unshaped
 # What the issue's targets compare (--targets).
@@ -115,86 +120,6 @@ class Result:
     round_index: int = 0
 
 
-class RunFailed(RuntimeError):
-    """A ``graphwire`` command exited non-zero or ran past its time limit."""
-
-
-# ------------------------------------------------------------------ running
-def _cli(argv: list[str], timeout_s: float) -> str:
-    """Run a ``graphwire`` command outside any namespace; its stdout."""
-    command = [*CLI, *argv]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s
-        )
-    except subprocess.TimeoutExpired as error:
-        raise RunFailed(f"`{' '.join(command)}` ran past {timeout_s:.0f}s") from error
-    if done.returncode != 0:
-        raise RunFailed(
-            f"`{' '.join(command)}` exited {done.returncode}:\n{done.stderr[-3000:]}"
-        )
-    return done.stdout
-
-
-def _kill_namespace_processes(net: ShapedNetwork, grace_s: float = 2.0) -> None:
-    """SIGTERM every process in ``net`` (all started by us), then SIGKILL, by PID."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in net.pids():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while net.pids() and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def _train(
-    net: ShapedNetwork, argv: list[str], out: Path, timeout_s: float
-) -> tuple[dict[str, str], float]:
-    """``graphwire train ARGV --out OUT`` inside ``net``: summary fields, wall s."""
-    command = [*CLI, "train", *argv, "--out", str(out)]
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with open(out / "stdout.txt", "w") as stdout, open(out / "stderr.txt", "w") as err:
-        proc = net.popen(command, stdout=stdout, stderr=err)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-            _kill_namespace_processes(net)
-            proc.wait()
-    wall = time.perf_counter() - start
-    stderr = (out / "stderr.txt").read_text(errors="replace")
-    if code is None:
-        raise RunFailed(
-            f"`{' '.join(command)}` ran past {timeout_s:.0f}s (killed); stderr "
-            f"tail:\n{stderr[-3000:]}"
-        )
-    if net.pids():  # workers left behind by a parent that exited
-        _kill_namespace_processes(net)
-    if code != 0:
-        raise RunFailed(f"`{' '.join(command)}` exited {code}:\n{stderr[-3000:]}")
-    lines = (out / "stdout.txt").read_text().strip().splitlines()
-    last = lines[-1] if lines else ""
-    if not last.startswith("summary "):
-        raise RunFailed(f"`{' '.join(command)}`: no summary line (last: {last!r})")
-    return dict(pair.split("=", 1) for pair in last.split()[1:]), wall
-
-
-def _epoch_records(out: Path) -> dict[int, list[dict[str, Any]]]:
-    """Rank -> its epoch records from ``OUT/metrics.jsonl``, in epoch order."""
-    ranks: dict[int, list[dict[str, Any]]] = {}
-    with open(out / "metrics.jsonl") as handle:
-        for line in handle:
-            record = json.loads(line)
-            if record.get("kind") == "epoch":
-                ranks.setdefault(int(record.get("rank", 0)), []).append(record)
-    for records in ranks.values():
-        records.sort(key=lambda r: int(r["epoch"]))
-    return ranks
-
-
 def _epoch_seconds(times: dict[str, float], distributed: bool) -> float:
     # The same definitions as the summary's epoch_s_median in each command.
     if distributed:
@@ -204,9 +129,9 @@ def _epoch_seconds(times: dict[str, float], distributed: bool) -> float:
 
 def _measure(net: ShapedNetwork, config: Config, out: Path, timeout_s: float) -> Result:
     before = net.qdisc_bytes()
-    summary, wall = _train(net, list(config.argv), out, timeout_s)
+    summary, wall = train_run(net, list(config.argv), out, timeout_s)
     qdisc = net.qdisc_bytes() - before
-    ranks = _epoch_records(out)
+    ranks = epoch_records(out)
     distributed = "bytes_sent" in summary
     lead = [_epoch_seconds(r["times"], distributed) for r in ranks[0]]
     epochs = len(lead)
@@ -245,7 +170,7 @@ def _measure(net: ShapedNetwork, config: Config, out: Path, timeout_s: float) ->
 # ------------------------------------------------------------------ setup
 def _exchanges() -> list[str]:
     """The ``--exchange`` choices ``graphwire train --help`` lists."""
-    text = _cli(["train", "--help"], 120)
+    text = cli(["train", "--help"], 120)
     match = re.search(r"--exchange \{([^}]*)\}", text)
     return match.group(1).split(",") if match else []
 
@@ -255,33 +180,6 @@ def _prepare(args: argparse.Namespace, work: Path) -> None:
     if args.workers != 2:
         jobs.append(("metis", 2, "parts-metis-2"))
     prepare_graph(args, work, jobs)
-
-
-def prepare_graph(
-    args: argparse.Namespace, work: Path, jobs: list[tuple[str, int, str]]
-) -> None:
-    """Generate the products-like graph (``args.nodes``, ``args.features``)
-    into ``work/graph`` and partition it once per ``(method, parts, folder)``,
-    so no run's time includes either."""
-    spec = (
-        f"synthetic:products?nodes={args.nodes}&degree=20&features={args.features}"
-        "&classes=47&seed=0"
-    )
-    start = time.perf_counter()
-    _cli(["data", "generate", "--dataset", spec, "--out", str(work / "graph")], 3600)
-    print(f"generated {spec} in {time.perf_counter() - start:.1f}s", flush=True)
-    for method, parts, folder in jobs:
-        start = time.perf_counter()
-        _cli(
-            ["partition", "--dataset", str(work / "graph"), "--method", method]
-            + ["--parts", str(parts), "--out", str(work / folder)],
-            3600,
-        )
-        print(
-            f"partitioned with {method} into {parts} parts in "
-            f"{time.perf_counter() - start:.1f}s",
-            flush=True,
-        )
 
 
 def _configs(
@@ -322,35 +220,6 @@ def _configs(
             )
         )
     return configs
-
-
-def _shaper_check(net: ShapedNetwork, rate: float) -> None:
-    before = net.qdisc_bytes()
-    stream = tcp_stream(net, 2.0)
-    qdisc = net.qdisc_bytes() - before
-    mbit = stream.mbit_per_s
-    print(
-        f"shaper: one TCP stream {mbit:.0f} Mbit/s measured vs {rate:g} configured "
-        f"({mbit / rate:.3f}x); qdisc {qdisc:,} B for {stream.num_bytes:,} B "
-        f"payload ({qdisc / stream.num_bytes:.4f})",
-        flush=True,
-    )
-    if mbit < 0.9 * rate:
-        print(f"  ! below 0.9 x {rate:g} Mbit/s: the host, not tbf, limits the link")
-    if mbit > 1.05 * rate:
-        print(f"  ! above {rate:g} Mbit/s: the shaper is not limiting")
-
-
-def _qdisc_drops(net: ShapedNetwork) -> str:
-    """The root qdisc's drop and overlimit counters, as ``tc -s`` prints them."""
-    done = net.run(
-        [shutil.which("tc") or "tc", "-s", "qdisc", "show", "dev", "lo"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    match = re.search(r"\(dropped \d+, overlimits \d+", done.stdout)
-    return match.group(0).lstrip("(") if match else done.stdout.strip()
 
 
 # ------------------------------------------------------------------ report
@@ -587,97 +456,6 @@ MINIMUMS = {
     "rounds": 1,
     "threads": 1,
 }
-TIMEOUTS = ("run_timeout", "collective_timeout")
-
-
-def add_graph_flags(parser: argparse.ArgumentParser) -> None:
-    """The synthetic graph's flags, ``--nodes`` and ``--features`` (both
-    shaped benchmarks take them)."""
-    parser.add_argument(
-        "--nodes",
-        type=int,
-        help="nodes of the synthetic products-like graph (degree 20; default "
-        "200000, --quick 20000)",
-    )
-    parser.add_argument(
-        "--features", type=int, default=100, help="input features F (default 100)"
-    )
-
-
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags both shaped benchmarks take for their runs: each run's and
-    each collective's time bound, ``--quick`` and ``--keep``."""
-    parser.add_argument(
-        "--run-timeout",
-        type=float,
-        default=1800.0,
-        help="seconds one training run may take before it is killed and "
-        "reported as failed (default 1800)",
-    )
-    parser.add_argument(
-        "--collective-timeout",
-        type=float,
-        default=600.0,
-        help="seconds any collective may wait (train --timeout; default 600)",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="small smoke run: 20000 nodes, 3 epochs, 1 round unless "
-        "--nodes, --epochs, --rounds say otherwise",
-    )
-    parser.add_argument(
-        "--keep",
-        action="store_true",
-        help="keep the temporary work folder (graph, parts, every run's output)",
-    )
-
-
-def take_sizes(
-    args: argparse.Namespace, full: dict[str, int], quick: dict[str, int]
-) -> None:
-    """Fill the run sizes the command line left unset (None) from ``full``,
-    or from ``quick`` under ``--quick``."""
-    for name, value in (quick if args.quick else full).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-
-
-def check_flags(
-    parser: argparse.ArgumentParser,
-    args: argparse.Namespace,
-    minimums: dict[str, int],
-    positive: tuple[str, ...],
-) -> None:
-    """Exit with a usage error naming the first flag below its minimum (an
-    integer flag), not above 0 (``positive``, a float flag) or a --json PATH
-    that cannot be written (else found after the runs); unset flags pass."""
-    if args.json is not None:
-        try:
-            check_creatable(args.json, f"--json {args.json}", file=True)
-        except ValueError as error:
-            parser.error(str(error))
-    for name, least in minimums.items():
-        value = getattr(args, name)
-        if value is not None and value < least:
-            flag = "--" + name.replace("_", "-")
-            parser.error(f"{flag}: expected an integer >= {least}, got {value}")
-    for name in positive:
-        value = getattr(args, name)
-        if value is not None and not 0 < value < float("inf"):
-            flag = "--" + name.replace("_", "-")
-            parser.error(f"{flag}: expected a number > 0, got {value}")
-    timeout = getattr(args, "collective_timeout", None)
-    if timeout is not None and timeout > MAX_TIMEOUT_S:
-        parser.error(
-            f"--collective-timeout: expected <= {MAX_TIMEOUT_S:g} (train's "
-            f"--timeout), got {timeout}"
-        )
-    rate = getattr(args, "rate_mbit", None) if "rate_mbit" in positive else None
-    if rate is not None and rate < MIN_RATE_MBIT:
-        parser.error(
-            f"--rate-mbit: expected >= {MIN_RATE_MBIT} (tc's 1 kbit/s), got {rate}"
-        )
 
 
 def _wanted(args: argparse.Namespace) -> set[str] | None:
@@ -685,26 +463,6 @@ def _wanted(args: argparse.Namespace) -> set[str] | None:
     if args.targets:
         return set(TARGETS)
     return set(args.only) if args.only else None
-
-
-def in_work_folder(
-    prefix: str,
-    args: argparse.Namespace,
-    bench: Any,
-) -> int:
-    """``bench(args, work, started)`` in a fresh temporary folder, removed
-    afterwards unless ``args.keep``; prints the load average first."""
-    started = time.perf_counter()
-    print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
-    work = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        result: int = bench(args, work, started)
-        return result
-    finally:
-        if args.keep:
-            print(f"work folder kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
@@ -737,7 +495,7 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
 
     if configs:
         with ShapedNetwork(rate_mbit=args.rate_mbit) as net:
-            _shaper_check(net, args.rate_mbit)
+            shaper_check(net, args.rate_mbit)
             for round_index in range(args.rounds):
                 order = configs if round_index % 2 == 0 else configs[::-1]
                 for config in order:
@@ -749,7 +507,7 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
                             f", ep0 {result.first_s:.2f}s) wall {result.wall_s:.0f}s",
                             flush=True,
                         )
-            print(f"shaped link over the whole session: {_qdisc_drops(net)}")
+            print(f"shaped link over the whole session: {qdisc_drops(net)}")
 
     # Unshaped: 1 worker vs 2 workers, one thread each, alternating.
     common = ["--model", args.model, "--hidden", str(args.hidden)]
@@ -801,12 +559,6 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
         write_figures(args.json, figures)
     print(f"\nbench_fullgraph took {time.perf_counter() - started:.0f}s")
     return 1 if failures else 0
-
-
-def write_figures(path: str, payload: dict[str, Any]) -> None:
-    """``payload`` to --json ``path``, atomically, its folder made if need be."""
-    with atomic_file(path) as handle:
-        handle.write(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

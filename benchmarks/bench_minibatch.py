@@ -53,21 +53,20 @@ from graphwire.graph.datasets import load_dataset
 from graphwire.sampler.uniform import UniformNeighborSampler
 from graphwire.testing.netns import MIN_RATE_MBIT, ShapedNetwork, netns_available
 
-# The shaped-run helpers are bench_fullgraph's (benchmarks/ is not a package).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fullgraph import (  # noqa: E402
+from shaped_bench import (  # noqa: E402
     TIMEOUTS,
     RunFailed,
-    _epoch_records,
-    _qdisc_drops,
-    _shaper_check,
-    _train,
     add_graph_flags,
     add_run_flags,
     check_flags,
+    epoch_records,
     in_work_folder,
     prepare_graph,
+    qdisc_drops,
+    shaper_check,
     take_sizes,
+    train_run,
     write_figures,
 )
 
@@ -165,9 +164,9 @@ def _measure(
     net: ShapedNetwork, shaped: bool, config: Config, out: Path, timeout_s: float
 ) -> Result:
     before = net.qdisc_bytes() if shaped else 0
-    summary, wall = _train(net, list(config.argv), out, timeout_s)
+    summary, wall = train_run(net, list(config.argv), out, timeout_s)
     qdisc = net.qdisc_bytes() - before if shaped else 0
-    ranks = _epoch_records(out)
+    ranks = epoch_records(out)
     epochs = min(len(records) for records in ranks.values())
     slowest = [
         max(records[e]["extra"]["train_s"] for records in ranks.values())
@@ -556,7 +555,7 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
 
     with ShapedNetwork(rate_mbit=args.rate_mbit if shaped else None) as net:
         if shaped:
-            _shaper_check(net, args.rate_mbit)
+            shaper_check(net, args.rate_mbit)
         for round_index in range(args.rounds):
             order = configs if round_index % 2 == 0 else configs[::-1]
             for config in order:
@@ -587,7 +586,7 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
                     flush=True,
                 )
         if shaped:
-            print(f"shaped link over the whole session: {_qdisc_drops(net)}")
+            print(f"shaped link over the whole session: {qdisc_drops(net)}")
 
     link = f"{args.rate_mbit:g} Mbit/s shared loopback (tbf)" if shaped else "unshaped"
     print(
