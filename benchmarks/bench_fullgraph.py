@@ -243,7 +243,10 @@ def _print_table(
             continue
         ledger = _median(runs, "bytes_sent")
         qdisc = _median(runs, "qdisc_bytes")
-        ratio = f"{ledger / qdisc:.3f}" if ledger and qdisc else "-"
+        # Each run's own ledger over its own qdisc bytes: a ratio of medians
+        # would divide figures from different rounds.
+        shares = [r.bytes_sent / r.qdisc_bytes for r in runs if r.qdisc_bytes]
+        ratio = f"{statistics.median(shares):.3f}" if ledger and shares else "-"
         print(
             f"{name:22s} {_median(runs, 'epoch_s'):8.3f} "
             f"{_median(runs, 'steady_s'):8.3f} {_median(runs, 'first_s'):7.2f} "
@@ -262,7 +265,7 @@ def _print_table(
         "ranks) / epochs;\ntrainMiB/ep: training tags only (fwd, bwd, "
         "sync.grad); qdiscMiB: lo's root qdisc over the whole run (headers, "
         "ACKs, rendezvous included); "
-        "ledg/qd: ledger / qdisc bytes."
+        "ledg/qd: ledger / qdisc bytes of each run, median over rounds."
     )
 
 

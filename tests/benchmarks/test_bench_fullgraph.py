@@ -93,3 +93,17 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_any_work(
         assert exit_.value.code == 2
         assert f"error: --json {path}: {said}" in capsys.readouterr().err
     assert bench_fullgraph.main(["--json", str(tmp_path / "new" / "x.json")]) == 0
+
+
+def test_ledger_over_qdisc_is_each_runs_own_ratio(capsys) -> None:
+    """ledg/qd divided the median ledger bytes by the median qdisc bytes,
+    which can come from different rounds: here 300 / 200 = 1.5, where the
+    rounds' own ratios are 1, 1 and 2.5 (median 1)."""
+    zero = {f.name: 0 for f in dataclasses.fields(bench_fullgraph.Result)}
+    runs = [
+        bench_fullgraph.Result(**{**zero, "bytes_sent": sent, "qdisc_bytes": qdisc})
+        for sent, qdisc in ((100, 100), (300, 300), (500, 200))
+    ]
+    bench_fullgraph._print_table({"g3 (metis)": runs}, {}, epochs=2)
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "g3" in line]
+    assert row.split()[12] == "1.000"
