@@ -27,8 +27,9 @@ over ranks. Remote rows are the rows pulled from other ranks (the stores' counte
 every on-demand, prefetch and cache-fill row); remote bytes are the ledger's
 bytes of those requests and answers (``kv.pull``, ``kv.prefetch`` and
 ``kv.cache`` tags; labels, ``kv.labels``, count in ``bytes_sent`` and
-``bytes_recv`` only). A resumed run's rows and bytes count the epochs from its
-checkpoint on, which ``resumed_at`` names.
+``bytes_recv`` only). A resumed run's rows, bytes, times and rates count the
+epochs from its checkpoint on, which ``resumed_at`` names (the restored
+epochs were timed by the run it resumed).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 from graphwire.commands.common import console, print_table
 from graphwire.commands.train_dist import (
     ledger_span,
+    own_records,
     run_seconds,
     write_epochs,
 )
@@ -54,15 +56,15 @@ __all__ = ["report_minibatch", "summarise"]
 def summarise(reports: list[RankReport]) -> dict[str, Any]:
     """The summary fields of a run (see the module docstring)."""
     lead = reports[0]
-    epochs = min(len(r.records) for r in reports)
+    # The epochs this run trained, not those restored from a checkpoint.
+    ran = [own_records(r) for r in reports]
+    epochs = min(len(records) for records in ran)
     per_epoch = []
     for e in range(epochs):
-        seeds = sum(r.records[e]["extra"]["seeds"] for r in reports)
-        slowest = max(r.records[e]["extra"]["train_s"] for r in reports)
+        seeds = sum(records[e]["extra"]["seeds"] for records in ran)
+        slowest = max(records[e]["extra"]["train_s"] for records in ran)
         per_epoch.append(seeds / slowest if slowest > 0 else 0.0)
-    own = [  # the epochs this run ran (not those restored from a checkpoint)
-        rec for r in reports for rec in r.records if rec["epoch"] >= r.first_epoch
-    ]
+    own = [rec for records in ran for rec in records]
     hits = sum(rec["extra"]["cache_hits"] for rec in own)
     missed = sum(rec["extra"]["missed_rows"] for rec in own)
     remote_rows = sum(fetched_rows(r.counters["store"]) for r in reports)
@@ -70,7 +72,7 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
     recv = sum(row[3] for r in reports for row in r.ledger["recv"])
     feature_bytes = sum(fetch_traffic(r.ledger)[0] for r in reports)
     train_s = [
-        max(r.records[e]["extra"]["train_s"] for r in reports) for e in range(epochs)
+        max(records[e]["extra"]["train_s"] for records in ran) for e in range(epochs)
     ]
     return {
         "test_acc": lead.test_acc,
@@ -108,7 +110,7 @@ def _time_table(reports: list[RankReport]) -> None:
     for report in reports:
         t: dict[str, float] = defaultdict(float)
         seeds = 0
-        for record in report.records:
+        for record in own_records(report):
             for key, value in record["times"].items():
                 t[key] += value
             seeds += record["extra"]["seeds"]
@@ -124,9 +126,10 @@ def _time_table(reports: list[RankReport]) -> None:
                 t["eval_s"],
             )
         )
+    _, span = ledger_span(reports[0])
     print_table(
-        "time split per rank (all epochs, seconds; compute: forward, backward "
-        "and the optimizer step)",
+        f"time split per rank ({span}, seconds; compute: forward, backward and "
+        "the optimizer step)",
         ["rank", "seeds", "sample", "fetch", "wait", "compute", "sync", "eval"],
         rows,
     )

@@ -14,6 +14,8 @@ Parses, builds, runs, tears down:
    while it trains, which the report replaces), tables of the time split, of
    the exact bytes per tag and of each rank's training bytes (sent, received,
    to each rank), and the summary line with ``bytes_sent`` / ``bytes_recv``.
+   A resumed run's tables and ``epoch_s_median`` count the epochs it trained,
+   from its checkpoint on (``resumed_at``), not those it restored.
 """
 
 from __future__ import annotations
@@ -385,11 +387,17 @@ def run_seconds(reports: list[RankReport]) -> float:
     return round(max(r.seconds for r in reports), 4)
 
 
+def own_records(report: RankReport) -> list[dict[str, Any]]:
+    """The epoch records of the epochs this run trained: a resumed run's
+    records restored from the checkpoint were timed by the run it resumed."""
+    return [r for r in report.records if r["epoch"] >= report.first_epoch]
+
+
 def _print_time_split(reports: list[RankReport]) -> None:
     rows = []
     for report in reports:
         totals: dict[str, float] = defaultdict(float)
-        for record in report.records:
+        for record in own_records(report):
             for key, value in record["times"].items():
                 totals[key] += value
         work = totals["forward_s"] + totals["backward_s"]
@@ -405,7 +413,7 @@ def _print_time_split(reports: list[RankReport]) -> None:
             )
         )
     print_table(
-        "time split per rank (all epochs, seconds)",
+        f"time split per rank ({ledger_span(reports[0])[1]}, seconds)",
         ["rank", "owned", "halo", "compute", "comm", "grad sync", "eval"],
         rows,
     )
@@ -517,7 +525,7 @@ def _summary(reports: list[RankReport], totals: dict[str, int]) -> dict[str, Any
     }
     epoch_s = [
         r["times"]["forward_s"] + r["times"]["backward_s"] + r["times"]["sync_s"]
-        for r in lead.records
+        for r in own_records(lead)
     ] or [0.0]
     resumed = {"resumed_at": lead.first_epoch} if lead.first_epoch else {}
     return {

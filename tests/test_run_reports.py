@@ -1,0 +1,76 @@
+"""The end-of-run report of a distributed run: its time tables and summary
+count the epochs the run trained, not those a resume restored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphwire.commands import report_minibatch, train_dist
+from graphwire.fullgraph.job import RankReport
+
+
+def _report(rank: int, records: list[dict[str, Any]], first_epoch: int) -> RankReport:
+    return RankReport(
+        rank=rank,
+        records=records,
+        ledger={"sent": [], "recv": []},
+        counters={"store": {}},
+        num_owned=10,
+        num_halo=5,
+        test_acc=0.5,
+        val_acc=0.5,
+        best_epoch=0,
+        epochs_run=len(records),
+        seconds=1.0,
+        first_epoch=first_epoch,
+    )
+
+
+def _lines(out: str) -> list[str]:
+    return [" ".join(line.strip("│ ").split()) for line in out.splitlines()]
+
+
+def _full_graph(epoch: int, seconds: float) -> dict[str, Any]:
+    times = {"forward_s": seconds, "backward_s": seconds, "sync_s": 0.0}
+    return {"epoch": epoch, "times": times | {"comm_s": 0.0, "eval_s": 0.0}}
+
+
+def test_a_resumed_full_graph_run_times_only_the_epochs_it_trained(capsys) -> None:
+    """Resumed at epoch 2: epochs 0-1 (10 s each, timed by the run it
+    resumed) were summed into the time split and ``epoch_s_median`` beside
+    epochs 2-3 (1 s each), under the title "all epochs"."""
+    records = [_full_graph(e, 5.0 if e < 2 else 0.5) for e in range(4)]
+    reports = [_report(0, records, first_epoch=2)]
+    train_dist._print_time_split(reports)
+    lines = _lines(capsys.readouterr().out)
+    assert "time split per rank (epochs 2-3, resumed, seconds)" in lines
+    assert "0 │ 10 │ 5 │ 2 │ 0 │ 0 │ 0" in lines
+    summary = train_dist._summary(reports, {"bytes_sent": 0, "bytes_recv": 0})
+    assert summary["epoch_s_median"] == 1.0 and summary["resumed_at"] == 2
+    reports[0].first_epoch = 0  # not resumed: every epoch is its own
+    train_dist._print_time_split(reports)
+    lines = _lines(capsys.readouterr().out)
+    assert "time split per rank (4 epochs, seconds)" in lines
+    assert "0 │ 10 │ 5 │ 22 │ 0 │ 0 │ 0" in lines
+
+
+def _mini_batch(epoch: int, seconds: float, seeds: int) -> dict[str, Any]:
+    names = ("sample_s", "fetch_s", "wait_s", "forward_s", "backward_s")
+    times = dict.fromkeys(names, seconds) | {"sync_s": 0.0, "eval_s": 0.0}
+    extra = {"seeds": seeds, "train_s": seconds, "cache_hits": 0, "missed_rows": 0}
+    return {"epoch": epoch, "times": times, "extra": extra}
+
+
+def test_a_resumed_mini_batch_run_times_only_the_epochs_it_trained(capsys) -> None:
+    """Resumed at epoch 1: epoch 0 (timed by the run it resumed, 100 seeds
+    in 10 s) was counted in the time table and in the median rate."""
+    records = [_mini_batch(0, 10.0, 100), _mini_batch(1, 1.0, 100)]
+    reports = [_report(0, records, first_epoch=1)]
+    report_minibatch._time_table(reports)
+    lines = _lines(capsys.readouterr().out)
+    assert any(
+        line.startswith("time split per rank (epochs 1-1, resumed,") for line in lines
+    )
+    assert "0 │ 100 │ 1 │ 1 │ 1 │ 2 │ 0 │ 0" in lines
+    summary = report_minibatch.summarise(reports)
+    assert summary["seeds_per_s"] == 100.0 and summary["epoch_s_median"] == 1.0
