@@ -47,6 +47,7 @@ from graphwire.graph.seeds import is_int
 __all__ = [
     "FORMAT",
     "VERSION",
+    "is_array_entry",
     "is_graph_folder",
     "load_array",
     "load_graph",
@@ -263,19 +264,26 @@ def read_meta(folder: Path) -> dict[str, Any]:
         if name not in arrays:
             raise DatasetError(path, f"arrays lacks the required {name!r}")
     for name, entry in arrays.items():
-        if not (
-            isinstance(entry, dict)
-            and isinstance(entry.get("dtype"), str)
-            and isinstance(entry.get("shape"), list)
-            and all(is_int(n) for n in entry["shape"])
-            and isinstance(entry.get("sha256"), str)
-        ):
+        if not is_array_entry(entry):
             raise DatasetError(
                 path,
                 f"arrays.{name} must be {{'dtype': str, 'shape': [int, ...], "
                 f"'sha256': str}}, found {entry!r}",
             )
     return meta
+
+
+def is_array_entry(entry: Any) -> bool:
+    """Whether ``entry`` is an array's ``meta.json`` entry as :func:`load_array`
+    reads it: ``{"dtype": str, "shape": [int, ...], "sha256": str}``. Graph and
+    partitioned folders list their arrays alike."""
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("dtype"), str)
+        and isinstance(entry.get("shape"), list)
+        and all(is_int(n) for n in entry["shape"])
+        and isinstance(entry.get("sha256"), str)
+    )
 
 
 def load_array(

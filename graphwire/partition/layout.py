@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from graphwire.graph.errors import DatasetError
-from graphwire.graph.native import read_folder_meta
+from graphwire.graph.native import is_array_entry, read_folder_meta
 from graphwire.graph.seeds import is_int
 
 __all__ = [
@@ -147,13 +147,7 @@ def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:
             path, f"{where}.arrays: missing {missing}, unknown {unknown}"
         )
     for name, spec in arrays.items():
-        if not (
-            isinstance(spec, dict)
-            and isinstance(spec.get("dtype"), str)
-            and isinstance(spec.get("shape"), list)
-            and all(is_int(n) for n in spec["shape"])
-            and isinstance(spec.get("sha256"), str)
-        ):
+        if not is_array_entry(spec):
             raise DatasetError(
                 path,
                 f"{where}.arrays.{name} must be {{'dtype': str, 'shape': [int, "
