@@ -59,10 +59,13 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
     # The epochs this run trained, not those restored from a checkpoint.
     ran = [own_records(r) for r in reports]
     epochs = min(len(records) for records in ran)
+    # Per epoch: the slowest rank's training time, and all ranks' seeds over it.
+    train_s = [
+        max(records[e]["extra"]["train_s"] for records in ran) for e in range(epochs)
+    ]
     per_epoch = []
-    for e in range(epochs):
+    for e, slowest in enumerate(train_s):
         seeds = sum(records[e]["extra"]["seeds"] for records in ran)
-        slowest = max(records[e]["extra"]["train_s"] for records in ran)
         per_epoch.append(seeds / slowest if slowest > 0 else 0.0)
     own = [rec for records in ran for rec in records]
     hits = sum(rec["extra"]["cache_hits"] for rec in own)
@@ -71,9 +74,6 @@ def summarise(reports: list[RankReport]) -> dict[str, Any]:
     sent = sum(row[3] for r in reports for row in r.ledger["sent"])
     recv = sum(row[3] for r in reports for row in r.ledger["recv"])
     feature_bytes = sum(fetch_traffic(r.ledger)[0] for r in reports)
-    train_s = [
-        max(records[e]["extra"]["train_s"] for records in ran) for e in range(epochs)
-    ]
     return {
         "test_acc": lead.test_acc,
         "val_acc": lead.val_acc,

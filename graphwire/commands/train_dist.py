@@ -161,8 +161,7 @@ def _say_if_stopped_before(reports: list[RankReport], config: TrainConfig) -> No
     the run it resumed had stopped early (and a resume keeps it stopped)."""
     lead = reports[0]
     first = lead.first_epoch
-    trained = any(r["epoch"] >= first for r in lead.records)
-    if first and first < config.epochs and not trained:
+    if first and first < config.epochs and not own_records(lead):
         print(
             f"--resume: the run stopped early after epoch {first - 1} (no better "
             "validation accuracy, nor an equal one with a lower loss, since epoch "
@@ -454,10 +453,9 @@ def _epoch_bytes_by_tag(reports: list[RankReport]) -> dict[str, int]:
     ``sync.metrics``, is not spread over the epochs), over ranks."""
     sums: dict[str, int] = defaultdict(int)
     for report in reports:
-        for record in report.records:
-            if record["epoch"] >= report.first_epoch:
-                for tag, num_bytes in record["comm"]["by_tag"].items():
-                    sums[tag] += num_bytes
+        for record in own_records(report):
+            for tag, num_bytes in record["comm"]["by_tag"].items():
+                sums[tag] += num_bytes
     return sums
 
 
