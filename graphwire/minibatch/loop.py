@@ -235,16 +235,16 @@ class RankLoop:
         began = time.perf_counter()
         if self.prefetcher is not None:
             key = (batch.epoch, batch.index)
-            item = self.prefetcher.get(key)
-            got = time.perf_counter()
-            stats["wait_s"] += got - began
-            if item is None:
-                sampled, x, y, counts = self.assemble(key, "pull")
-                stats["fallbacks"] += 1
-            else:
-                sampled, x, y, counts = item  # type: ignore[misc]
+            item, prefetched = self.prefetcher.get(
+                key,
+                lambda key: self.assemble(key, "pull"),  # type: ignore[arg-type]
+            )
             fetched = time.perf_counter()
-            stats["fetch_s"] += fetched - got
+            # A batch the prefetcher made was waited for; one the trainer
+            # made itself (the fallback) was fetched.
+            stats["wait_s" if prefetched else "fetch_s"] += fetched - began
+            stats["fallbacks"] += not prefetched
+            sampled, x, y, counts = item  # type: ignore[misc]
         else:
             sampled = self.sample(batch)
             sampled_at = time.perf_counter()

@@ -91,9 +91,12 @@ def feature_paths(
                 loop.cache.build(epoch + 1, loop.epochs[epoch + 1].hot_ids)
             for index in range(loop.steps):
                 key = (epoch, index)
-                item: Any = loop.prefetcher.get(key)
-                paths = {"fallback": loop.assemble(key, "pull")}
-                if item is not None:
+                item, prefetched = loop.prefetcher.get(
+                    key,
+                    lambda key: loop.assemble(key, "pull"),  # type: ignore[arg-type]
+                )
+                paths: dict[str, Any] = {"fallback": loop.assemble(key, "pull")}
+                if prefetched:
                     paths["prefetched"] = item
                 for path, (sampled, x, _, _) in paths.items():
                     checked[path] += 1

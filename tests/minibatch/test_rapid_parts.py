@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -256,33 +256,93 @@ def test_a_wait_that_can_never_end_is_refused_at_once() -> None:
 
 
 # ----------------------------------------------------------------- prefetcher
+def _tensor_of(key: object) -> torch.Tensor:
+    return torch.full((10,), float(key))  # type: ignore[arg-type]
+
+
 def test_prefetcher_never_holds_more_than_q_batches_and_yields_to_the_trainer() -> None:
     made: list[int] = []
 
     def make(key: object) -> object:
         made.append(int(key))  # type: ignore[call-overload]
         time.sleep(0.01)
-        return torch.full((10,), float(key))  # type: ignore[arg-type]
+        return _tensor_of(key)
 
     prefetcher = Prefetcher(keys=range(12), make=make, depth=3, nbytes=lambda t: 40)
     time.sleep(0.2)  # it fills its window, then stops: nothing is released
     assert prefetcher.counters["peak_alive"] == 3 and made == [0, 1, 2]
+    own: list[int] = []
     for key in range(12):
-        item = prefetcher.get(key)
-        if item is None:  # trainer outran it: the on-demand path
-            assert key not in made
-        else:
-            assert torch.equal(item, torch.full((10,), float(key)))  # type: ignore[arg-type]
+        if key in (6, 7):
+            time.sleep(0.05)  # let it run ahead: 6 and 7 are its
+        item, prefetched = prefetcher.get(key, lambda k: own.append(k) or _tensor_of(k))
+        assert prefetched == (key not in own)
+        assert torch.equal(item, _tensor_of(key))  # type: ignore[arg-type]
         prefetcher.release(key)
-        if key == 5:
-            # Jump ahead: keys 6-8 are the trainer's before the prefetcher starts them.
-            for skip in (6, 7, 8):
-                if skip not in made:
-                    assert prefetcher.get(skip) is None
     prefetcher.close()
+    assert {6, 7} <= set(made) and own, "both paths ran"
+    assert sorted(made + own) == list(range(12))  # nothing assembled twice
+    assert prefetcher.counters["fallbacks"] == len(own)
     assert prefetcher.counters["peak_alive"] <= 3
     assert prefetcher.counters["peak_bytes"] <= 3 * 40
-    assert len(made) == len(set(made))  # nothing assembled twice
+
+
+def test_the_trainers_own_batch_counts_against_q() -> None:
+    """With Q=1, a batch the trainer makes itself holds the one permit: the
+    prefetcher starts the next only once the trainer has released it (it
+    used to run ahead, leaving Q+1 batches alive)."""
+    may_start = threading.Event()
+    made: list[int] = []
+
+    def keys() -> Iterator[int]:
+        may_start.wait(timeout=10)  # the trainer asks for 0 before this
+        yield from range(3)
+
+    def make(key: object) -> object:
+        made.append(int(key))  # type: ignore[call-overload]
+        return _tensor_of(key)
+
+    prefetcher = Prefetcher(keys=keys(), make=make, depth=1, nbytes=lambda t: 40)
+    item, prefetched = prefetcher.get(0, _tensor_of)
+    assert not prefetched
+    may_start.set()
+    time.sleep(0.2)  # time enough to start batch 1, were it allowed to
+    assert made == [], "the prefetcher started a batch beyond Q"
+    prefetcher.release(0)
+    for key in (1, 2):
+        deadline = time.monotonic() + 10
+        while key not in made and time.monotonic() < deadline:
+            time.sleep(0.01)  # the prefetcher's turn
+        item, prefetched = prefetcher.get(key, _tensor_of)
+        assert prefetched and torch.equal(item, _tensor_of(key))  # type: ignore[arg-type]
+        prefetcher.release(key)
+    prefetcher.close()
+    assert made == [1, 2]
+    assert prefetcher.counters["peak_alive"] == 1
+    assert prefetcher.counters["peak_bytes"] == 40
+
+
+def test_a_trainer_holding_q_batches_is_told_to_release_one() -> None:
+    prefetcher = Prefetcher(keys=[], make=_tensor_of, depth=2)
+    prefetcher.get(0, _tensor_of)
+    prefetcher.get(1, _tensor_of)
+    with pytest.raises(RuntimeError, match="all Q=2 batches are held by the trainer"):
+        prefetcher.get(2, _tensor_of)
+    prefetcher.release(0)
+    assert not prefetcher.get(2, _tensor_of)[1]
+    prefetcher.close()
+
+
+def test_a_failed_own_batch_gives_its_permit_back() -> None:
+    prefetcher = Prefetcher(keys=[], make=_tensor_of, depth=1)
+
+    def fail(key: object) -> object:
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        prefetcher.get(0, fail)
+    assert not prefetcher.get(1, _tensor_of)[1]
+    prefetcher.close()
 
 
 @pytest.mark.parametrize(
@@ -301,7 +361,7 @@ def test_a_prefetcher_error_reaches_the_trainer_as_what_it_was(
     prefetcher = Prefetcher(keys=range(3), make=make, depth=2)
     with pytest.raises(seen, match="prefetcher failed: rank 0: kv.x") as caught:
         for key in range(3):
-            prefetcher.get(key)
+            prefetcher.get(key, make)
             time.sleep(0.1)
     assert type(caught.value) is seen
     assert isinstance(caught.value.__cause__, raised)
