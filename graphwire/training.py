@@ -30,6 +30,7 @@ from graphwire.nn.models import GNN, LAYER_KINDS, build_model
 from graphwire.sampler.uniform import check_fanouts
 
 __all__ = [
+    "MAX_LR",
     "MODEL_DEFAULTS",
     "SPLITS",
     "BestEpoch",
@@ -47,6 +48,11 @@ __all__ = [
     "make_optimizer",
     "split_metrics",
 ]
+
+# Adam keeps its hyperparameters as float32 scalars: the weight decay as it
+# is, the first step as lr / (1 - beta1) = 10 lr (torch's default betas).
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+MAX_LR = _FLOAT32_MAX * (1 - 0.9)
 
 # Per-model defaults: GCN from Kipf & Welling, GAT from Veličković et al. (Cora:
 # 8 heads x 8 hidden, 1 output head, dropout 0.6 on inputs and attention).
@@ -168,10 +174,16 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected a number, got {value!r}")
             _set(self, name, float(value))
         assert self.lr is not None and self.weight_decay is not None
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr: expected a finite value > 0, got {self.lr!r}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay: expected >= 0, got {self.weight_decay!r}")
+        if not (0 < self.lr <= MAX_LR):
+            raise ValueError(
+                f"lr: expected a value > 0 and <= {MAX_LR:.4g} (Adam's first step "
+                f"is lr / (1 - beta1) = 10 lr, a float32), got {self.lr!r}"
+            )
+        if not (0 <= self.weight_decay <= _FLOAT32_MAX):
+            raise ValueError(
+                f"weight_decay: expected >= 0 and <= {_FLOAT32_MAX:.4g} (a "
+                f"float32), got {self.weight_decay!r}"
+            )
         if self.patience is not None:
             if not is_int(self.patience) or self.patience < 1:
                 raise ValueError(

@@ -8,8 +8,9 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
-from graphwire.training import MODEL_DEFAULTS, TrainConfig
+from graphwire.training import MAX_LR, MODEL_DEFAULTS, TrainConfig
 
 
 @pytest.mark.parametrize("model", sorted(MODEL_DEFAULTS))
@@ -57,11 +58,34 @@ def test_explicit_values_win_and_fanouts_follow_depth() -> None:
         ({"dropout": "0.5"}, "dropout: expected a number"),
         ({"lr": "0.01"}, "lr: expected a number"),
         ({"num_layers": 2.0}, "num_layers: expected an integer"),
+        # each of these was taken, to fail inside Adam's step with torch's
+        # "value cannot be converted to type float without overflow"
+        ({"lr": 1e38}, r"lr: expected a value > 0 and <= 3\.403e\+37 \(Adam's"),
+        ({"lr": float("inf")}, "lr: expected a value > 0"),
+        ({"weight_decay": 1e39}, r"weight_decay: expected >= 0 and <= 3\.403e\+38"),
+        ({"weight_decay": float("nan")}, "weight_decay: expected >= 0"),
     ],
 )
 def test_bad_values_raise_value_error(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TrainConfig(**fields)
+
+
+def test_the_largest_lr_and_weight_decay_take_an_adam_step() -> None:
+    """The bounds are Adam's own: at them a step runs (and past them fails)."""
+    for lr, weight_decay, works in (
+        (MAX_LR, float(torch.finfo(torch.float32).max), True),
+        (MAX_LR * (1 + 1e-7), 0.0, False),
+    ):
+        param = torch.nn.Parameter(torch.ones(2))
+        param.grad = torch.ones(2)
+        step = torch.optim.Adam([param], lr=lr, weight_decay=weight_decay).step
+        if works:
+            TrainConfig(lr=lr, weight_decay=weight_decay)
+            step()
+        else:
+            with pytest.raises(RuntimeError, match="overflow"):
+                step()
 
 
 def test_numpy_numbers_are_taken_as_plain_ones() -> None:
