@@ -2,6 +2,10 @@
 
 Neither library is imported: a ``Data`` or ``DGLGraph`` is read through its
 attributes, so graphwire needs PyG or DGL only where the caller already has one.
+The tests build real PyG ``Data`` objects (PyG is a test dependency). DGL's
+newest release on PyPI (2.1.0) needs torchdata, which pins an older torch, and
+does not import beside torch 2.13, so its reader is tested with an object that
+has the ``DGLGraph`` attributes it reads.
 Each reader returns ``(src, dst, num_nodes, node_data)`` for
 `Graph.from_edge_index`, with labels as a vector [N] and boolean masks turned
 into the node-index splits ``train_idx`` / ``val_idx`` / ``test_idx``.
@@ -51,9 +55,11 @@ def pyg_parts(data: Any) -> Parts:
             f"pyg data: expected edge_index, a tensor of shape [2, E], found "
             f"{found}{hint}"
         )
-    num_nodes = getattr(data, "num_nodes", None)
+    num_nodes = _given_num_nodes(data)
     if num_nodes is not None:
         num_nodes = node_count(num_nodes, "pyg data: num_nodes")
+    elif getattr(data, "x", None) is not None and np.ndim(data.x) == 2:
+        num_nodes = int(np.shape(data.x)[0])  # as PyG counts a Data's nodes
     node_data: dict[str, Any] = {}
     if getattr(data, "x", None) is not None:
         check_finite_features(data.x, None, "pyg data: x")
@@ -77,6 +83,19 @@ def pyg_parts(data: Any) -> Parts:
     for (mask_name, split), mask in masks.items():
         node_data[split] = _mask_nodes(mask, f"pyg data: {mask_name}", mask_rows)
     return edge_index[0], edge_index[1], num_nodes, node_data
+
+
+def _given_num_nodes(data: Any) -> Any:
+    """``data.num_nodes`` if the caller set it, else None. A PyG ``Data``
+    answers ``num_nodes`` even when it was never set, guessing from its node
+    attributes or edge_index (with a warning); that guess is not taken: the
+    node count is then x's rows, as PyG counts them, or without x the
+    largest edge ID + 1, with a check that names trailing nodes."""
+    try:
+        given = "num_nodes" in data  # a Data: what was stored
+    except TypeError:  # an object without __contains__: its attributes
+        return getattr(data, "num_nodes", None)
+    return data.num_nodes if given else None
 
 
 def dgl_parts(graph: Any) -> Parts:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import warnings
 
 import numpy as np
 import pytest
@@ -10,6 +10,7 @@ import scipy.sparse as sp
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch_geometric.data import Data
 
 from graphwire.graph.graph import Graph, GraphError
 
@@ -92,11 +93,11 @@ def test_from_scipy_skips_stored_zeros_and_leaves_the_matrix_alone() -> None:
     assert np.array_equal(matrix.indices, before[1])
 
 
-def _pyg_data(**fields):
-    """A stand-in for ``torch_geometric.data.Data`` (PyG is not a dependency)."""
+def _pyg_data(**fields) -> Data:
+    """A PyG ``Data`` (PyG is a test dependency, not graphwire's): a 3-ring."""
     fields.setdefault("edge_index", torch.tensor([[0, 1, 2], [1, 2, 0]]))
     fields.setdefault("num_nodes", 3)
-    return SimpleNamespace(**fields)
+    return Data(**fields)
 
 
 class _DglGraph:
@@ -325,6 +326,23 @@ def test_from_pyg_and_from_dgl_refuse_a_fractional_node_count() -> None:
     with pytest.raises(GraphError, match=r"num_nodes\(\): expected an int, found 3.7"):
         Graph.from_dgl(dgl)
     assert Graph.from_pyg(_pyg_data(num_nodes=np.int64(4))).num_nodes == 4
+
+
+def test_from_pyg_counts_nodes_as_pyg_does() -> None:
+    """Without num_nodes, a Data has as many nodes as x has rows (the last
+    ones may have no edges), and PyG's guess from edge_index is not asked
+    for (it warns)."""
+    data = _pyg_data(x=torch.ones(5, 2))
+    del data.num_nodes
+    assert data.num_nodes == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = Graph.from_pyg(data)
+        assert graph.num_nodes == 5 and graph.in_degrees().tolist() == [1, 1, 1, 0, 0]
+        assert (
+            Graph.from_pyg(_pyg_data(edge_index=torch.tensor([[0], [1]]))).num_nodes
+            == 3
+        )
 
 
 def test_from_pyg_checks_masks_against_the_inferred_node_count() -> None:

@@ -16,7 +16,7 @@ import torch
 
 from graphwire.graph.datasets import load_dataset
 from graphwire.graph.errors import DatasetError
-from graphwire.graph.graph import GraphError
+from graphwire.graph.graph import Graph, GraphError
 from graphwire.graph.planetoid import _read_pickle, load_planetoid
 
 PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -92,6 +92,24 @@ def test_cora_matches_kipf_reference(cora_dir: Path) -> None:
     assert torch.equal(graph.y, torch.from_numpy(labels.argmax(1)))
     assert (graph.to_scipy() != (adj != 0)).nnz == 0
     assert torch.equal(graph.test_idx, torch.from_numpy(ordered))
+
+
+def test_cora_equals_pygs_planetoid(cora_dir: Path, tmp_path: Path) -> None:
+    """PyG's own Planetoid reader, over the same files (linked, not copied),
+    gives the graph graphwire reads, bit for bit, through Graph.from_pyg."""
+    from torch_geometric.datasets import Planetoid
+    from torch_geometric.transforms import NormalizeFeatures
+
+    raw = tmp_path / "Cora" / "raw"
+    raw.mkdir(parents=True)
+    for part in PARTS:
+        (raw / f"ind.cora.{part}").symlink_to(cora_dir / f"ind.cora.{part}")
+    data = Planetoid(str(tmp_path), "Cora", transform=NormalizeFeatures())[0]
+    ours = load_dataset(f"planetoid:{cora_dir}/cora")
+    theirs = Graph.from_pyg(data)
+    for name in ("indptr", "indices", "x", "y", "train_idx", "val_idx", "test_idx"):
+        assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+    assert (ours.num_nodes, ours.num_classes) == (theirs.num_nodes, 7)
 
 
 # ---------------------------------------------------- general (CiteSeer) case
