@@ -367,6 +367,7 @@ class Prefetcher:
         self._slots: dict[Hashable, _Slot] = {}
         self._taken: set[Hashable] = set()  # keys the trainer made itself
         self._own: dict[Hashable, int] = {}  # the trainer's alive ones: bytes
+        self._given: set[Hashable] = set()  # prefetched, handed out, alive
         self._cond = threading.Condition()
         self._permits = 0  # in use: started and not yet released
         self._alive = 0
@@ -420,20 +421,26 @@ class Prefetcher:
 
         If the prefetcher has not started ``key``, it never will: the
         trainer makes it here with ``own``, under a permit of its own.
+
+        Raises:
+            RuntimeError: ``key`` is the trainer's own already (not
+                released), or no permit is free: the trainer holds all Q,
+                or skipped keys the prefetcher made (asked out of order).
         """
         with self._cond:
             if self._error is not None:
                 raise _from_thread("prefetcher failed", self._error)
+            if key in self._own:
+                raise RuntimeError(
+                    f"prefetcher: batch {key} is the trainer's own already; "
+                    "release it before asking for it again"
+                )
             slot = self._slots.get(key)
             if slot is None:
                 if self._permits >= self.depth:
-                    raise RuntimeError(
-                        f"prefetcher: all Q={self.depth} batches are held by the "
-                        f"trainer; release one before asking for {key}"
-                    )
+                    raise RuntimeError(self._no_permit(key))
                 self._taken.add(key)
                 self._permits += 1
-                self.counters["fallbacks"] += 1
             elif not slot.ready:
                 self.counters["waited"] += 1
             while slot is not None and not slot.ready:
@@ -441,18 +448,31 @@ class Prefetcher:
                     raise _from_thread("prefetcher failed", self._error)
                 self._cond.wait(timeout=0.05)
             if slot is not None:
+                self._given.add(key)
                 return slot.item, True
         try:
             item = own(key)
         except BaseException:
-            with self._cond:
+            with self._cond:  # as if never asked: the prefetcher may make it
+                self._taken.discard(key)
                 self._permits -= 1
                 self._cond.notify_all()
             raise
         with self._cond:
             self._own[key] = self.nbytes(item)
             self._count_alive(self._own[key])
+            self.counters["fallbacks"] += 1
         return item, False
+
+    def _no_permit(self, key: Hashable) -> str:
+        """Why no permit is free for ``key`` (called holding the lock)."""
+        held = len(self._own) + len(self._given)
+        ahead = len(self._slots) - len(self._given)
+        return (
+            f"prefetcher: no permit free for batch {key}: the trainer holds {held} "
+            f"of Q={self.depth} batches and {ahead} made ahead were never asked "
+            "for (ask for the keys in order, and release each)"
+        )
 
     def release(self, key: Hashable) -> None:
         """The trainer is done with ``key``'s item: free its permit."""
@@ -460,6 +480,7 @@ class Prefetcher:
             slot = self._slots.pop(key, None)
             if slot is not None:
                 nbytes = self.nbytes(slot.item)
+                self._given.discard(key)
             elif key in self._own:
                 nbytes = self._own.pop(key)
             else:
