@@ -172,16 +172,22 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"{name}: expected a number, got {value!r}")
-            _set(self, name, float(value))
+            try:
+                _set(self, name, float(value))
+            except OverflowError:  # an int past float's range
+                raise ValueError(
+                    f"{name}: expected a number a float holds, got an integer of "
+                    f"{len(str(value).lstrip('-'))} digits"
+                ) from None
         assert self.lr is not None and self.weight_decay is not None
         if not (0 < self.lr <= MAX_LR):
             raise ValueError(
-                f"lr: expected a value > 0 and <= {MAX_LR:.4g} (Adam's first step "
+                f"lr: expected a value > 0 and <= {MAX_LR!r} (Adam's first step "
                 f"is lr / (1 - beta1) = 10 lr, a float32), got {self.lr!r}"
             )
         if not (0 <= self.weight_decay <= _FLOAT32_MAX):
             raise ValueError(
-                f"weight_decay: expected >= 0 and <= {_FLOAT32_MAX:.4g} (a "
+                f"weight_decay: expected >= 0 and <= {_FLOAT32_MAX!r} (a "
                 f"float32), got {self.weight_decay!r}"
             )
         if self.patience is not None:

@@ -58,7 +58,7 @@ def pyg_parts(data: Any) -> Parts:
     num_nodes = _given_num_nodes(data)
     if num_nodes is not None:
         num_nodes = node_count(num_nodes, "pyg data: num_nodes")
-    elif getattr(data, "x", None) is not None and np.ndim(data.x) == 2:
+    elif getattr(data, "x", None) is not None and np.ndim(data.x) >= 1:
         num_nodes = int(np.shape(data.x)[0])  # as PyG counts a Data's nodes
     node_data: dict[str, Any] = {}
     if getattr(data, "x", None) is not None:
@@ -91,11 +91,9 @@ def _given_num_nodes(data: Any) -> Any:
     attributes or edge_index (with a warning); that guess is not taken: the
     node count is then x's rows, as PyG counts them, or without x the
     largest edge ID + 1, with a check that names trailing nodes."""
-    try:
-        given = "num_nodes" in data  # a Data: what was stored
-    except TypeError:  # an object without __contains__: its attributes
-        return getattr(data, "num_nodes", None)
-    return data.num_nodes if given else None
+    if not type(data).__module__.startswith("torch_geometric."):
+        return getattr(data, "num_nodes", None)  # another object: as it says
+    return data.num_nodes if "num_nodes" in data else None  # what was stored
 
 
 def dgl_parts(graph: Any) -> Parts:

@@ -345,6 +345,22 @@ def test_from_pyg_counts_nodes_as_pyg_does() -> None:
         )
 
 
+def test_from_pyg_reads_another_objects_num_nodes_as_an_attribute() -> None:
+    """Only a PyG object's ``num_nodes`` is looked up as stored (``in``): on
+    one that indexes by name but defines no ``__contains__``, ``in`` would
+    iterate it with ``obj[0]``."""
+
+    class Record:
+        def __init__(self, **fields: object) -> None:
+            self.__dict__.update(fields)
+
+        def __getitem__(self, name: str) -> object:
+            return self.__dict__[name]
+
+    ring = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    assert Graph.from_pyg(Record(edge_index=ring, num_nodes=5)).num_nodes == 5
+
+
 def test_from_pyg_checks_masks_against_the_inferred_node_count() -> None:
     data = _pyg_data(train_mask=torch.tensor([True, False]))
     del data.num_nodes  # inferred from edge_index: 3 nodes
