@@ -211,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 512)",
     )
     train.add_argument(
-        "--prefetch", type=int, help="rapid: batches kept ready (Q, default 4)"
+        "--prefetch",
+        type=int,
+        help="rapid: the most batches assembled at once, the one in training "
+        "included (Q, default 4; 1: none ahead)",
     )
     train.add_argument("--presample-dir", help="rapid: where the schedule goes")
     train.add_argument(
