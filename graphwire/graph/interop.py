@@ -91,8 +91,10 @@ def _given_num_nodes(data: Any) -> Any:
     attributes or edge_index (with a warning); that guess is not taken: the
     node count is then x's rows, as PyG counts them, or without x the
     largest edge ID + 1, with a check that names trailing nodes."""
-    if not type(data).__module__.startswith("torch_geometric."):
-        return getattr(data, "num_nodes", None)  # another object: as it says
+    if not any(
+        kind.__module__.startswith("torch_geometric.") for kind in type(data).__mro__
+    ):  # not a PyG Data, nor a subclass of one: as it says
+        return getattr(data, "num_nodes", None)
     return data.num_nodes if "num_nodes" in data else None  # what was stored
 
 

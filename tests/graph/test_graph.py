@@ -332,11 +332,16 @@ def test_from_pyg_counts_nodes_as_pyg_does() -> None:
     """Without num_nodes, a Data has as many nodes as x has rows (the last
     ones may have no edges), and PyG's guess from edge_index is not asked
     for (it warns)."""
+
+    class MyData(Data):  # a user's subclass is read as PyG's own
+        pass
+
     data = _pyg_data(x=torch.ones(5, 2))
     del data.num_nodes
     assert data.num_nodes == 5
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        assert Graph.from_pyg(MyData(edge_index=data.edge_index)).num_nodes == 3
         graph = Graph.from_pyg(data)
         assert graph.num_nodes == 5 and graph.in_degrees().tolist() == [1, 1, 1, 0, 0]
         assert (
