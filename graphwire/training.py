@@ -176,8 +176,8 @@ class TrainConfig:
                 _set(self, name, float(value))
             except OverflowError:  # an int past float's range
                 raise ValueError(
-                    f"{name}: expected a number a float holds, got an integer of "
-                    f"{len(str(value).lstrip('-'))} digits"
+                    f"{name}: expected a number a float holds, got one past "
+                    f"float's range (a {type(value).__name__})"
                 ) from None
         assert self.lr is not None and self.weight_decay is not None
         if not (0 < self.lr <= MAX_LR):

@@ -477,8 +477,14 @@ class Prefetcher:
     def release(self, key: Hashable) -> None:
         """The trainer is done with ``key``'s item: free its permit."""
         with self._cond:
-            slot = self._slots.pop(key, None)
+            slot = self._slots.get(key)
+            if slot is not None and not slot.ready:
+                raise RuntimeError(
+                    f"prefetcher: batch {key} is still being assembled; get it "
+                    "before releasing it"
+                )
             if slot is not None:
+                del self._slots[key]
                 nbytes = self.nbytes(slot.item)
                 self._given.discard(key)
             elif key in self._own:

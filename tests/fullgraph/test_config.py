@@ -70,7 +70,10 @@ def test_explicit_values_win_and_fanouts_follow_depth() -> None:
             r"weight_decay: expected >= 0 and <= 3\.40282346638528\d*e\+38",
         ),
         ({"weight_decay": float("nan")}, "weight_decay: expected >= 0"),
-        ({"lr": 10**400}, "lr: expected a number a float holds, got an integer of 401"),
+        (
+            {"lr": 10**400},
+            r"lr: expected a number a float holds, got one past float's .*\(a int\)",
+        ),
     ],
 )
 def test_bad_values_raise_value_error(fields: dict, message: str) -> None:

@@ -283,7 +283,7 @@ def test_prefetcher_never_holds_more_than_q_batches_and_yields_to_the_trainer() 
         return _tensor_of(key)
 
     prefetcher = Prefetcher(keys=keys(), make=make, depth=3, nbytes=lambda t: 40)
-    _wait_until(lambda: len(made) == 3)
+    _wait_until(lambda: prefetcher.counters["prefetched"] == 3)
     time.sleep(0.05)  # it fills its window, then stops: nothing is released
     assert prefetcher.counters["peak_alive"] == 3 and made == [0, 1, 2]
     own: list[int] = []
@@ -337,17 +337,30 @@ def test_the_trainers_own_batch_counts_against_q() -> None:
 
 
 def test_a_trainer_holding_q_batches_is_told_to_release_one() -> None:
-    prefetcher = Prefetcher(keys=[], make=_tensor_of, depth=2)
-    prefetcher.get(0, _tensor_of)
-    with pytest.raises(RuntimeError, match="batch 0 is the trainer's own already"):
-        prefetcher.get(0, _tensor_of)  # (it took a second permit, never freed)
+    """Q=3: the trainer holds a prefetched batch (0) and two of its own (1, 2)."""
+    resume = threading.Event()
+
+    def keys() -> Iterator[int]:
+        yield 0
+        resume.wait(timeout=10)
+
+    prefetcher = Prefetcher(keys=keys(), make=_tensor_of, depth=3)
+    _wait_until(lambda: prefetcher.counters["prefetched"] == 1)
+    assert prefetcher.get(0, _tensor_of)[1]
     prefetcher.get(1, _tensor_of)
+    with pytest.raises(RuntimeError, match="batch 1 is the trainer's own already"):
+        prefetcher.get(1, _tensor_of)  # (it took a second permit, never freed)
+    prefetcher.get(2, _tensor_of)
     with pytest.raises(
-        RuntimeError, match="batch 2: the trainer holds 2 of Q=2 batches and 0 made"
+        RuntimeError, match="batch 3: the trainer holds 3 of Q=3 batches and 0 made"
     ):
-        prefetcher.get(2, _tensor_of)
+        prefetcher.get(3, _tensor_of)
+    with pytest.raises(RuntimeError, match="batch 3: the trainer holds 3"):
+        prefetcher.get(3, _tensor_of)  # (nothing was taken by the first ask)
     prefetcher.release(0)
-    assert not prefetcher.get(2, _tensor_of)[1]
+    assert not prefetcher.get(3, _tensor_of)[1]
+    assert prefetcher.counters["fallbacks"] == 3
+    resume.set()
     prefetcher.close()
 
 
@@ -363,15 +376,44 @@ def test_keys_asked_out_of_order_are_named() -> None:
     prefetcher.close()
 
 
-def test_a_failed_own_batch_gives_its_permit_back() -> None:
-    prefetcher = Prefetcher(keys=[], make=_tensor_of, depth=1)
+def test_a_batch_is_released_only_once_assembled() -> None:
+    started, finish = threading.Event(), threading.Event()
+
+    def make(key: object) -> object:
+        started.set()
+        finish.wait(timeout=10)
+        return _tensor_of(key)
+
+    prefetcher = Prefetcher(keys=range(1), make=make, depth=1, nbytes=lambda t: 40)
+    started.wait(timeout=10)
+    with pytest.raises(RuntimeError, match="batch 0 is still being assembled"):
+        prefetcher.release(0)
+    finish.set()
+    assert prefetcher.get(0, _tensor_of)[1]
+    prefetcher.release(0)
+    prefetcher.close()
+    assert prefetcher.counters["peak_alive"] == 1
+
+
+def test_a_failed_own_batch_gives_its_key_and_permit_back() -> None:
+    """The prefetcher, which had not reached key 0, then makes it; the
+    failed attempt is no fallback."""
+    resume = threading.Event()
+
+    def keys() -> Iterator[int]:
+        resume.wait(timeout=10)
+        yield 0
 
     def fail(key: object) -> object:
         raise OSError("disk gone")
 
+    prefetcher = Prefetcher(keys=keys(), make=_tensor_of, depth=1)
     with pytest.raises(OSError, match="disk gone"):
         prefetcher.get(0, fail)
-    assert not prefetcher.get(1, _tensor_of)[1]
+    resume.set()
+    _wait_until(lambda: prefetcher.counters["prefetched"] == 1)
+    assert prefetcher.get(0, fail)[1]
+    assert prefetcher.counters["fallbacks"] == 0
     prefetcher.close()
 
 
@@ -385,14 +427,16 @@ def test_a_prefetcher_error_reaches_the_trainer_as_what_it_was(
     TransportError on the trainer's thread too: the launcher then blames
     that peer (a hung one by name), not this rank."""
 
+    tried = threading.Event()
+
     def make(key: object) -> object:
+        tried.set()  # (slot 0 exists: get waits for it, not make its own)
         raise raised("rank 0: kv.x request to rank 1 failed: timed out")
 
     prefetcher = Prefetcher(keys=range(3), make=make, depth=2)
+    tried.wait(timeout=10)
     with pytest.raises(seen, match="prefetcher failed: rank 0: kv.x") as caught:
-        for key in range(3):
-            prefetcher.get(key, make)
-            time.sleep(0.1)
+        prefetcher.get(0, make)
     assert type(caught.value) is seen
     assert isinstance(caught.value.__cause__, raised)
     prefetcher.close()
