@@ -18,8 +18,9 @@ import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
 from graphwire.comm.scratch import Scratch
-from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
+from graphwire.feature.cache import HotCache, assemble_inputs
 from graphwire.feature.dist import DistFeatureStore
+from graphwire.feature.prefetch import Prefetcher
 from graphwire.fullgraph.distributed import (
     _global_metrics,
     _split_sizes,

@@ -11,7 +11,8 @@ import torch
 
 from graphwire.comm.base import TransportError
 from graphwire.feature.base import TensorStore
-from graphwire.feature.cache import HotCache, Prefetcher, assemble_inputs
+from graphwire.feature.cache import HotCache, assemble_inputs
+from graphwire.feature.prefetch import Prefetcher
 from graphwire.minibatch.schedule import (
     epoch_batches,
     schedule_seed,
