@@ -95,9 +95,13 @@ def feature_paths(
                     key,
                     lambda key: loop.assemble(key, "pull"),  # type: ignore[arg-type]
                 )
-                paths: dict[str, Any] = {"fallback": loop.assemble(key, "pull")}
-                if prefetched:
-                    paths["prefetched"] = item
+                # A batch the trainer made itself is the fallback path; for
+                # a prefetched one, the fallback path assembles it again.
+                paths: dict[str, Any] = (
+                    {"prefetched": item, "fallback": loop.assemble(key, "pull")}
+                    if prefetched
+                    else {"fallback": item}
+                )
                 for path, (sampled, x, _, _) in paths.items():
                     checked[path] += 1
                     truth = sampled.input_nid.unsqueeze(1).float() * 10 + cols
