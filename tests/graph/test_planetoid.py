@@ -100,10 +100,8 @@ def test_cora_equals_pygs_planetoid(cora_dir: Path, tmp_path: Path) -> None:
     from torch_geometric.datasets import Planetoid
     from torch_geometric.transforms import NormalizeFeatures
 
-    raw = tmp_path / "Cora" / "raw"
-    raw.mkdir(parents=True)
-    for part in PARTS:
-        (raw / f"ind.cora.{part}").symlink_to(cora_dir / f"ind.cora.{part}")
+    (tmp_path / "Cora").mkdir()
+    (tmp_path / "Cora" / "raw").symlink_to(linked_cora(cora_dir, tmp_path))
     data = Planetoid(str(tmp_path), "Cora", transform=NormalizeFeatures())[0]
     ours = load_dataset(f"planetoid:{cora_dir}/cora")
     theirs = Graph.from_pyg(data)
