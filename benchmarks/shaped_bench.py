@@ -41,6 +41,7 @@ __all__ = [
     "shaper_check",
     "take_sizes",
     "train_run",
+    "train_runs",
     "write_figures",
 ]
 
@@ -85,26 +86,60 @@ def train_run(
     net: ShapedNetwork, argv: list[str], out: Path, timeout_s: float
 ) -> tuple[dict[str, str], float]:
     """``graphwire train ARGV --out OUT`` inside ``net``: summary fields, wall s."""
-    command = [*CLI, "train", *argv, "--out", str(out)]
-    out.mkdir(parents=True, exist_ok=True)
+    return train_runs(net, [argv], [out], timeout_s)[0]
+
+
+def train_runs(
+    net: ShapedNetwork, argvs: list[list[str]], outs: list[Path], timeout_s: float
+) -> list[tuple[dict[str, str], float]]:
+    """``graphwire train ARGV --out OUT`` for each pair, all started at once
+    inside ``net`` (which must run nothing else): each one's summary fields and
+    wall seconds. Past ``timeout_s`` every process in ``net`` is killed; the
+    first run that failed is raised once all have ended."""
+    commands = [
+        [*CLI, "train", *argv, "--out", str(out)]
+        for argv, out in zip(argvs, outs, strict=True)
+    ]
     start = time.perf_counter()
-    with open(out / "stdout.txt", "w") as stdout, open(out / "stderr.txt", "w") as err:
-        proc = net.popen(command, stdout=stdout, stderr=err)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
+    codes: list[int | None] = []
+    walls: list[float] = []  # until its end was seen (runs are waited in order)
+    try:
+        running = []
+        for command, out in zip(commands, outs, strict=True):
+            out.mkdir(parents=True, exist_ok=True)
+            with (
+                open(out / "stdout.txt", "w") as stdout,
+                open(out / "stderr.txt", "w") as err,
+            ):
+                running.append(net.popen(command, stdout=stdout, stderr=err))
+        for proc in running:
+            remaining = max(0.0, start + timeout_s - time.perf_counter())
+            try:
+                codes.append(proc.wait(timeout=remaining))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+                kill_namespace_processes(net)  # the others are past the limit too
+                proc.wait()
+            walls.append(time.perf_counter() - start)
+    finally:  # also when a start fails or the wait is interrupted
+        if net.pids():  # workers left behind by a parent that exited
             kill_namespace_processes(net)
-            proc.wait()
-    wall = time.perf_counter() - start
+    return [
+        _summary(command, out, code, wall, timeout_s)
+        for command, out, code, wall in zip(commands, outs, codes, walls, strict=True)
+    ]
+
+
+def _summary(
+    command: list[str], out: Path, code: int | None, wall: float, timeout_s: float
+) -> tuple[dict[str, str], float]:
+    """One ended run's summary fields and wall seconds, or RunFailed."""
     stderr = (out / "stderr.txt").read_text(errors="replace")
     if code is None:
         raise RunFailed(
             f"`{' '.join(command)}` ran past {timeout_s:.0f}s (killed); stderr "
             f"tail:\n{stderr[-3000:]}"
         )
-    if net.pids():  # workers left behind by a parent that exited
-        kill_namespace_processes(net)
     if code != 0:
         raise RunFailed(f"`{' '.join(command)}` exited {code}:\n{stderr[-3000:]}")
     lines = (out / "stdout.txt").read_text().strip().splitlines()
