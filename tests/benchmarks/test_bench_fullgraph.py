@@ -107,3 +107,39 @@ def test_ledger_over_qdisc_is_each_runs_own_ratio(capsys) -> None:
     bench_fullgraph._print_table({"g3 (metis)": runs}, {}, epochs=2)
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "g3" in line]
     assert row.split()[12] == "1.000"
+
+
+def test_the_ceiling_is_two_copies_at_once_over_one_alone(capsys) -> None:
+    """Two copies of the 1-worker run at once against one alone: 2 x (one's
+    epoch time / each copy's), from the medians and round by round; a scaling
+    target above it says so."""
+    zero = {f.name: 0 for f in dataclasses.fields(bench_fullgraph.Result)}
+
+    def run(epoch_s: float, round_index: int) -> bench_fullgraph.Result:
+        fields = {"epoch_s": epoch_s, "steady_s": epoch_s, "round_index": round_index}
+        return bench_fullgraph.Result(**{**zero, **fields})
+
+    results = {
+        "unshaped 1 worker": [run(1.0, 0), run(1.2, 1)],
+        "unshaped 2 workers g3": [run(0.75, 0), run(0.75, 1)],
+        bench_fullgraph.AT_ONCE: [run(1.4, 0), run(1.6, 0), run(1.6, 1), run(1.6, 1)],
+    }
+    bench_fullgraph._print_ratios(results)
+    lines = capsys.readouterr().out.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.startswith("ceiling")]
+    # medians: one alone 1.1, each copy 1.6 -> 2 x 1.1 / 1.6
+    assert " 1.38x throughput " in lines[at]
+    # round 0: 2 x 1.0 / mean(1.4, 1.6); round 1: 2 x 1.2 / 1.6
+    assert "per round: 1.33 1.50 " in lines[at + 1]
+    (g3,) = [line for line in lines if line.startswith("unshaped 2 workers g3")]
+    assert " 1.47x throughput " in g3
+    assert g3.endswith("NOT MET (this machine's ceiling below: 1.38x)")
+
+
+def test_a_scaling_line_names_no_ceiling_without_its_runs(capsys) -> None:
+    results = {"unshaped 1 worker": _runs(1.0), "unshaped 2 workers g3": _runs(0.5)}
+    bench_fullgraph._print_ratios(results)
+    out = capsys.readouterr().out
+    assert "ceiling" not in out
+    (g3,) = [line for line in out.splitlines() if line.startswith("unshaped 2")]
+    assert g3.endswith("  MET")
