@@ -393,7 +393,9 @@ def _print_ratios(results: dict[str, list[Result]]) -> None:
         steady = _median(one, "steady_s") / _median(two, "steady_s")
         verdict = "MET" if speedup >= 1.6 else "NOT MET"
         if ceiling is not None and ceiling[0] < 1.6:
-            verdict += f" (this machine's ceiling below: {ceiling[0]:.2f}x)"
+            verdict += (
+                f" (the machine's own ceiling is below 1.6 too: {ceiling[0]:.2f}x)"
+            )
         print(
             f"{label:34s} {speedup:5.2f}x throughput (w/o "
             f"epoch 0: {steady:.2f}x)  target >= 1.6, 1 thread each  {verdict}"
