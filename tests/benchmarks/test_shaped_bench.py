@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,6 @@ def fake_cli(tmp_path, monkeypatch) -> FakeNet:
 
 def test_runs_given_together_run_at_once(tmp_path, fake_cli) -> None:
     outs = [tmp_path / "a", tmp_path / "b"]
-    began = time.perf_counter()
     runs = shaped_bench.train_runs(
         fake_cli,
         [["0", "1.5"], ["0", "1.5"]],
@@ -72,7 +70,6 @@ def test_runs_given_together_run_at_once(tmp_path, fake_cli) -> None:
     ends = [float((out / "ended").read_text()) for out in outs]
     assert max(starts) < min(ends)  # each began before either ended
     assert all(wall >= 1.5 for _, wall in runs)
-    assert time.perf_counter() - began < 2 * 1.5 + 5  # not one after the other
 
 
 def test_a_failed_run_is_raised_after_the_others_end(tmp_path, fake_cli) -> None:
