@@ -245,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
         "collective; default 600)",
     )
     train.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        help="distributed: the torch.distributed backend (default: nccl where "
+        "this machine has a GPU for each of its workers, else gloo); under nccl "
+        "the exchanged rows are staged through each worker's GPU",
+    )
+    train.add_argument(
         "--checkpoint-every", type=int, help="checkpoint every K epochs (distributed)"
     )
     train.add_argument(

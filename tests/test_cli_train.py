@@ -177,6 +177,10 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             "--partition bogus: unknown; expected one of chunk, locality, metis,",
         ),
         (
+            ["--backend", "gloo"],
+            "--backend: only for distributed runs (--workers N with N >= 2",
+        ),
+        (
             ["--workers", "2", "--partition", "bogus"],
             "--partition bogus: unknown; expected one of chunk, locality, metis,",
         ),
@@ -188,6 +192,21 @@ def test_run_flags_are_refused_before_any_work(tmp_path, capsys, flags, error) -
     nothing is read, split or written (the dataset does not even exist)."""
     argv = ["train", "--dataset", str(tmp_path / "missing"), "--quiet"]
     assert main([*argv, *flags, "--out", str(tmp_path / "run")]) == 2
+    assert error in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_nccl_without_a_gpu_per_worker_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """It was refused only once the graph had been read and split."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    argv = ["train", "--dataset", str(tmp_path / "missing"), "--quiet"]
+    argv += ["--workers", "2", "--backend", "nccl", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    error = "'nccl' needs one GPU per rank, but 2 ranks were asked for and 1 CUDA"
     assert error in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 

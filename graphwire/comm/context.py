@@ -43,9 +43,12 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def default_backend() -> str:
-    """``"nccl"`` where CUDA is available, else ``"gloo"``."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def default_backend(local_ranks: int = 1) -> str:
+    """``"nccl"`` where this machine has a CUDA device for each of its
+    ``local_ranks`` ranks (NCCL drives one GPU per rank), else ``"gloo"``: a
+    single-GPU machine runs several workers over gloo rather than not at all."""
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
+    return "nccl" if cuda else "gloo"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +117,8 @@ class WorkerContext:
         Args:
             env: where to read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
                 ``MASTER_ADDR`` and ``MASTER_PORT`` (all required).
-            backend: overrides :func:`default_backend`.
+            backend: overrides :func:`default_backend` (of
+                ``LOCAL_WORLD_SIZE`` ranks, which torchrun sets; else of one).
             timeout_s: see :attr:`timeout_s`.
 
         Raises:
@@ -127,6 +131,7 @@ class WorkerContext:
                 "not set; launch with torchrun or graphwire.comm.launch"
             )
         values = {name: _int_var(env, name) for name in _INTS}
+        local_world = 1
         if env.get("LOCAL_WORLD_SIZE"):
             local_world = _int_var(env, "LOCAL_WORLD_SIZE")
             if not 0 <= values["LOCAL_RANK"] < local_world:
@@ -142,7 +147,9 @@ class WorkerContext:
                 local_rank=values["LOCAL_RANK"],
                 master_addr=env["MASTER_ADDR"],
                 master_port=values["MASTER_PORT"],
-                backend=backend if backend is not None else default_backend(),
+                backend=backend
+                if backend is not None
+                else default_backend(local_world),
                 timeout_s=timeout_s,
             )
         except ValueError as error:

@@ -81,6 +81,7 @@ from graphwire.sigterm import STOP_SIGNALS, interrupt_on_stop_signals
 __all__ = [
     "WorkerFailed",
     "check_importable",
+    "check_local_backend",
     "die_with_parent",
     "exit_now",
     "free_port",
@@ -164,6 +165,22 @@ def check_importable(fn: Callable[..., Any], caller: str) -> None:
         ) from error
 
 
+def check_local_backend(backend: str, world_size: int) -> None:
+    """Refuse NCCL for ``world_size`` ranks on this machine unless it has a
+    GPU for each: rank ``r`` drives ``cuda:r``, and without it each child
+    would fail in ``torch.cuda.set_device``.
+
+    Raises:
+        ValueError: naming the ranks and the GPUs seen.
+    """
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"backend: 'nccl' needs one GPU per rank, but {world_size} ranks "
+            f"were asked for and {torch.cuda.device_count()} CUDA device(s) are "
+            "visible; use 'gloo' on CPU"
+        )
+
+
 def launch_local(
     fn: Callable[..., T],
     world_size: int,
@@ -183,7 +200,8 @@ def launch_local(
         *args: passed to ``fn`` on every rank (pickled once).
         timeout_s: each child's collective (and rendezvous) timeout.
         run_timeout_s: bound on the whole run (None: none).
-        backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend`.
+        backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend`
+            of ``world_size`` ranks.
         threads: ``torch.set_num_threads`` in each child.
         keep_freed_mb: :func:`graphwire.allocator.keep_freed_memory` in each
             child (0: malloc left as it is).
@@ -214,14 +232,8 @@ def launch_local(
         job = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
     except _PICKLE_ERRORS as error:
         raise TypeError(f"launch_local: args must be picklable: {error}") from error
-    backend = backend if backend is not None else default_backend()
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        # Rank r drives cuda:r; without it each child would fail in set_device.
-        raise ValueError(
-            f"backend: 'nccl' needs one GPU per rank, but {world_size} ranks "
-            f"were asked for and {torch.cuda.device_count()} CUDA device(s) are "
-            "visible; use 'gloo' on CPU"
-        )
+    backend = backend if backend is not None else default_backend(world_size)
+    check_local_backend(backend, world_size)
     # The rendezvous store, hosted here as torchrun's agent hosts it: rank 0
     # hosting it took it down when rank 0 ended, while the others asked it
     # whose heartbeat had stopped (comm.dist._Heartbeat).

@@ -76,6 +76,7 @@ DISTRIBUTED_FLAGS = {
     **EXCHANGE_FLAGS,
     **FETCH_FLAGS,
     "timeout": "--timeout",
+    "backend": "--backend",
     "checkpoint_every": "--checkpoint-every",
     "keep_checkpoints": "--keep-checkpoints",
     "resume": "--resume",

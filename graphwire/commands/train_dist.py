@@ -58,9 +58,11 @@ __all__ = [
 
 
 def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) -> int:
-    from graphwire.comm.context import WorkerContext, under_torchrun
+    from graphwire.comm.context import WorkerContext, default_backend, under_torchrun
 
-    ctx = WorkerContext.from_env(timeout_s=args.timeout) if under_torchrun() else None
+    ctx = None
+    if under_torchrun():
+        ctx = WorkerContext.from_env(backend=args.backend, timeout_s=args.timeout)
     if ctx is not None:
         from graphwire.comm.launch import die_with_parent
 
@@ -71,6 +73,13 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         die_with_parent(os.getppid())
         keep_freed_memory(int(args.keep_freed_mb))
     world = ctx.world_size if ctx is not None else int(args.workers)
+    if ctx is not None:
+        backend = ctx.backend
+    else:  # a GPU per worker for nccl, checked before the graph is read
+        from graphwire.comm.launch import check_local_backend
+
+        backend = args.backend or default_backend(world)
+        check_local_backend(backend, world)
     leader = ctx is None or ctx.rank == 0
     _check_not_input(args, out)
     checkpoint = _checkpoint(args, out, config)
@@ -103,7 +112,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         checkpoint = checkpoint.on_parts(folder)
         if resuming:
             check_resume(checkpoint, world)  # the same parts as the run's
-    log = RunLog(str(out), _header(args, config, world))
+    log = RunLog(str(out), _header(args, config, world, backend))
     job: Any
     if minibatch:
         from graphwire.minibatch.job import MinibatchJob
@@ -143,6 +152,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
             threads=int(args.threads or 1),
             keep_freed_mb=int(args.keep_freed_mb),
             timeout_s=args.timeout,
+            backend=backend,
         )
         reports = results[0]
         assert reports is not None
@@ -172,7 +182,7 @@ def _say_if_stopped_before(reports: list[RankReport], config: TrainConfig) -> No
 
 
 def _header(
-    args: argparse.Namespace, config: TrainConfig, world: int
+    args: argparse.Namespace, config: TrainConfig, world: int, backend: str
 ) -> dict[str, Any]:
     """The fields of the run's ``config`` record."""
     minibatch = args.mode == "minibatch"
@@ -181,6 +191,7 @@ def _header(
         "dataset": args.dataset,
         "mode": args.mode,
         "workers": world,
+        "backend": backend,
         **way,
         **config.as_dict(),
         "keep_freed_mb": args.keep_freed_mb,

@@ -218,6 +218,11 @@ def hang_on_rank(transport: Transport, bad_rank: int) -> None:
     transport.barrier()
 
 
+def backend_of(ctx: WorkerContext) -> str:
+    """The backend a launched worker was given (it joins no group)."""
+    return ctx.backend
+
+
 def sleep_forever(ctx: WorkerContext) -> None:
     """Never returns (for the launcher's timeout)."""
     while True:

@@ -34,6 +34,28 @@ def test_default_backend_follows_cuda() -> None:
     assert ctx.backend == ("nccl" if torch.cuda.is_available() else "gloo")
 
 
+def _gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """This process sees ``count`` CUDA devices (CUDA itself is not touched)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "local_ranks", "expected"),
+    [(0, 1, "gloo"), (1, 1, "nccl"), (1, 4, "gloo"), (4, 4, "nccl"), (8, 4, "nccl")],
+)
+def test_default_backend_is_nccl_only_with_a_gpu_per_local_rank(
+    monkeypatch: pytest.MonkeyPatch, gpus: int, local_ranks: int, expected: str
+) -> None:
+    """A one-GPU machine ran no workers at all: NCCL was chosen, and it
+    needs a GPU per rank."""
+    _gpus(monkeypatch, gpus)
+    assert default_backend(local_ranks) == expected
+    env = ENV | {"LOCAL_WORLD_SIZE": str(local_ranks)}
+    assert WorkerContext.from_env(env).backend == expected
+    assert WorkerContext.from_env(env, backend="gloo").backend == "gloo"
+
+
 def test_nccl_device_is_the_local_gpu() -> None:
     ctx = WorkerContext(1, 2, 1, "10.0.0.1", 1234, "nccl")
     assert ctx.device == torch.device("cuda", 1)  # no CUDA call needed

@@ -23,6 +23,7 @@ from graphwire.comm.launch import WorkerFailed, free_port, launch_local
 from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
 from graphwire.testing.probes import (
+    backend_of,
     hang_on_rank,
     join_nowhere,
     kill_on_rank,
@@ -209,6 +210,17 @@ def test_nccl_without_a_gpu_per_rank_fails_before_spawning() -> None:
     with pytest.raises(ValueError, match=f"'nccl' needs one GPU per rank, but {ranks}"):
         run_workers(sleep_forever, ranks, backend="nccl")
     assert worker_children() == []
+
+
+def test_ranks_beyond_the_gpus_default_to_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a one-GPU machine two workers used to be refused (NCCL by default,
+    which needs a GPU per rank); they run over gloo instead, and NCCL asked
+    for by name is still refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert launch_local(backend_of, 2, timeout_s=60) == ["gloo", "gloo"]
+    with pytest.raises(ValueError, match="'nccl' needs one GPU per rank, but 2"):
+        launch_local(backend_of, 2, backend="nccl")
 
 
 def test_free_port_is_a_loopback_port() -> None:

@@ -14,6 +14,7 @@ import psutil
 import pytest
 import torch
 
+from graphwire.comm.context import default_backend
 from graphwire.comm.launch import free_port
 from graphwire.fullgraph.checkpoint import parts_digest
 from tests.comm.launchers import worker_children
@@ -71,6 +72,7 @@ def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
     ]
     assert not (tmp_path / "torchrun" / "metrics.jsonl.partial").exists()
     assert records[0]["kind"] == "config" and records[0]["workers"] == 2
+    assert records[0]["backend"] == default_backend(2)  # one GPU each, or gloo
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert sorted((r["epoch"], r["rank"]) for r in epochs) == [
         (e, r) for e in range(4) for r in range(2)
