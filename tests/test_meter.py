@@ -8,6 +8,7 @@ import time
 import types
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -126,7 +127,10 @@ def test_cpu_time_grows_when_burning_cpu(tmp_path: Path) -> None:
     reading = meter.stop()
     assert reading.wall_s >= 0.2
     assert reading.cpu_s > 0.05
-    assert reading.cpu_s <= reading.wall_s * 2  # one busy thread, plus slack
+    # No more than every thread of this process busy all along (torch's
+    # threads may still spin after an earlier test: one busy thread plus
+    # slack was exceeded on a 16-core machine).
+    assert reading.cpu_s <= reading.wall_s * max(2, psutil.Process().num_threads())
 
 
 def test_peak_rss_positive_and_non_decreasing(tmp_path: Path) -> None:

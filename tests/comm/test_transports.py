@@ -158,9 +158,14 @@ def test_split_mismatch_raises_on_every_rank(suite: Any) -> None:
 
 
 def test_nccl_without_this_ranks_gpu_is_named() -> None:
-    """Opening failed inside torch.cuda.set_device; no process group starts."""
+    """Opening failed inside torch.cuda.set_device; no process group starts.
+    (The last of count + 1 ranks: with one rank, a machine with a GPU had no
+    valid context to test, and the test failed there.)"""
     missing = torch.cuda.device_count()  # cuda:<count> never exists
-    ctx = WorkerContext(0, 1, missing, LOOPBACK, free_port(), "nccl", timeout_s=5)
+    ranks = missing + 1
+    ctx = WorkerContext(
+        missing, ranks, missing, LOOPBACK, free_port(), "nccl", timeout_s=5
+    )
     with pytest.raises(TransportError, match=f"needs GPU cuda:{missing}, but"):
         TorchTransport.open(ctx)
     assert not torch.distributed.is_initialized()
