@@ -248,8 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=("gloo", "nccl"),
         help="distributed: the torch.distributed backend (default: nccl where "
-        "this machine has a GPU for each of its workers, else gloo); under nccl "
-        "the exchanged rows are staged through each worker's GPU",
+        "this machine has a GPU for each of its workers, else gloo; name it "
+        "when machines of one run differ, as every rank must use the same); "
+        "under nccl the exchanged rows are staged through each worker's GPU",
     )
     train.add_argument(
         "--checkpoint-every", type=int, help="checkpoint every K epochs (distributed)"
