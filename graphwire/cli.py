@@ -250,7 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="distributed: the torch.distributed backend (default: nccl where "
         "this machine has a GPU for each of its workers, else gloo; name it "
         "when machines of one run differ, as every rank must use the same); "
-        "under nccl the exchanged rows are staged through each worker's GPU",
+        "under nccl the all-to-all exchanges are staged through each worker's "
+        "GPU, while point-to-point messages (g3's rows, the gradient sums) "
+        "take a gloo group: NCCL would deadlock on receives posted early",
     )
     train.add_argument(
         "--checkpoint-every", type=int, help="checkpoint every K epochs (distributed)"

@@ -13,7 +13,12 @@ What each primitive runs (``W`` ranks, this rank ``r``):
   ``check_splits`` (default) an ``all_gather`` of every rank's row counts
   (``int64 [2, W]``) runs first, so a plan bug raises on every rank.
 - ``isend`` / ``irecv``: ``dist.isend`` / ``dist.irecv`` with one torch tag, so
-  messages between a pair are matched in the order they were sent.
+  messages between a pair are matched in the order they were sent. Under NCCL
+  they go over a gloo group of the same ranks (:func:`p2p_backend`), on the
+  CPU: NCCL runs a pair's sends and receives in the order they were posted,
+  on one stream, so two ranks that each post a receive before their send (as
+  G3 posts a layer's receives before its bins compute) would wait on each
+  other for good; gloo posts a receive without holding up the sends.
 - ``all_gather_object``: an ``all_gather`` of the pickled lengths (``int64
   [1]`` per rank), then one ``all_to_all_single`` of the exact pickles. Unlike
   ``dist.all_gather_object`` nothing is padded to the longest pickle, so the
@@ -63,11 +68,17 @@ from graphwire.comm.context import WorkerContext
 if TYPE_CHECKING:
     from graphwire.comm.service import Service
 
-__all__ = ["TorchTransport"]
+__all__ = ["TorchTransport", "p2p_backend"]
 
 _P2P_TAG = 0  # one channel per pair: matched in send order, as LocalTransport
 _BEAT_S = 0.5  # each rank's heartbeat period
 _SILENT_S = 2.0  # a rank whose heartbeat did not move in this long is gone
+
+
+def p2p_backend(backend: str) -> str | None:
+    """The backend of a run's point-to-point messages when it is not the
+    run's own (see the module doc): gloo under NCCL, else None."""
+    return "gloo" if backend == "nccl" else None
 
 
 class TorchTransport(Transport):
@@ -95,6 +106,13 @@ class TorchTransport(Transport):
         self._owns_group = owns_group
         self._closed = False
         self._heartbeat = _Heartbeat.start(ctx) if ctx.world_size > 2 else None
+        # Made by every rank here, as new_group must be (open runs on all).
+        self._p2p_group: Any = None
+        self._p2p_device = self.device
+        other = p2p_backend(ctx.backend)
+        if other is not None and ctx.world_size > 1:
+            self._p2p_group = dist.new_group(backend=other, timeout=self._timeout)
+            self._p2p_device = torch.device("cpu")
 
     @property
     def leads_machine(self) -> bool:
@@ -164,6 +182,8 @@ class TorchTransport(Transport):
         self._closed = True
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        if self._p2p_group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._p2p_group)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -247,9 +267,9 @@ class TorchTransport(Transport):
         """See :meth:`Transport.isend`; ``tensor`` must not change before the
         returned work's ``wait()``."""
         self._check_peer(dst, "isend", tag)
-        staged = tensor.detach().contiguous().to(self.device)
+        staged = tensor.detach().contiguous().to(self._p2p_device)
         try:
-            work = dist.isend(staged, dst, tag=_P2P_TAG)
+            work = dist.isend(staged, dst, group=self._p2p_group, tag=_P2P_TAG)
         except RuntimeError as error:
             self._fail(f"isend to rank {dst}", tag, error)
         self.ledger.record_send(dst, tag, row_bytes(staged))
@@ -258,12 +278,13 @@ class TorchTransport(Transport):
     def irecv(self, tensor: torch.Tensor, src: int, tag: str) -> Work:
         """See :meth:`Transport.irecv`; ``tensor`` is filled by ``wait()``."""
         self._check_peer(src, "irecv", tag)
-        direct = tensor.device == self.device and tensor.is_contiguous()
+        home = self._p2p_device
+        direct = tensor.device == home and tensor.is_contiguous()
         staged = tensor
         if not direct:  # (empty_like keeps a transposed view's strides)
-            staged = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
+            staged = torch.empty(tensor.shape, dtype=tensor.dtype, device=home)
         try:
-            work = dist.irecv(staged, src, tag=_P2P_TAG)
+            work = dist.irecv(staged, src, group=self._p2p_group, tag=_P2P_TAG)
         except RuntimeError as error:
             self._fail(f"irecv from rank {src}", tag, error)
         self.ledger.record_recv(src, tag, row_bytes(staged))

@@ -150,6 +150,23 @@ def exchange_suite(transport: Transport, mismatch: bool = False) -> dict[str, An
     return out
 
 
+def exchange_suite_p2p_aside(ctx: WorkerContext) -> dict[str, Any]:
+    """:func:`exchange_suite` (with ``mismatch``) on a gloo run whose
+    point-to-point messages go over a second gloo group, as an NCCL run's do
+    (:func:`graphwire.comm.dist.p2p_backend`): the routing NCCL takes, run on
+    machines without a GPU per rank."""
+    from graphwire.comm import dist as transport_module
+
+    transport_module.p2p_backend = lambda backend: "gloo"  # this process only
+    transport = transport_module.TorchTransport.open(ctx)
+    try:
+        if transport._p2p_group is None:
+            raise AssertionError("no group of its own for point-to-point")
+        return exchange_suite(transport, True)
+    finally:
+        transport.close()
+
+
 def raise_on_rank(transport: Transport, bad_rank: int) -> None:
     """Rank ``bad_rank`` raises ``ValueError``; the others wait in a barrier
     for it (and fail when it is gone)."""

@@ -3,7 +3,9 @@ behaviour tests: data, exact ledger bytes per peer and tag, determinism.
 
 Each (transport, world size) runs :func:`graphwire.testing.probes.exchange_suite`
 once (module-scoped fixture); the tests below check what it returned. The
-process runs cost ~3 s of imports per rank, so there are three: 2, 3, 4 ranks.
+process runs cost ~3 s of imports per rank, so there are four: 2, 3, 4 ranks,
+and 3 ranks whose point-to-point messages take a group of their own (as
+under NCCL).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import torch
 
 from graphwire.comm.base import TransportError, _chunk_bounds, encode_object
 from graphwire.comm.context import WorkerContext
-from graphwire.comm.dist import TorchTransport
-from graphwire.comm.launch import LOOPBACK, free_port
+from graphwire.comm.dist import TorchTransport, p2p_backend
+from graphwire.comm.launch import LOOPBACK, free_port, launch_local
 from graphwire.comm.ledger import merge
 from graphwire.comm.local import run_local
 from graphwire.testing import run_workers
@@ -25,6 +27,7 @@ from graphwire.testing.probes import (
     NUM_P2P,
     P2P_LEN,
     exchange_suite,
+    exchange_suite_p2p_aside,
     feature_block,
     gather_payload,
     id_block,
@@ -35,6 +38,8 @@ from graphwire.testing.probes import (
 
 CASES = [("local", 1), ("local", 2), ("local", 3), ("local", 4)]
 CASES += [("torch", 2), ("torch", 3), ("torch", 4)]
+# Point-to-point over a group of its own, as under NCCL (p2p_backend).
+CASES += [("torch-p2p-aside", 3)]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{k}-{w}" for k, w in CASES])
@@ -42,6 +47,10 @@ def suite(request: pytest.FixtureRequest) -> tuple[str, int, list[dict[str, Any]
     kind, world = request.param
     if kind == "local":
         outcomes = run_local(exchange_suite, world, timeout=30)
+    elif kind == "torch-p2p-aside":
+        outcomes = launch_local(
+            exchange_suite_p2p_aside, world, timeout_s=90, run_timeout_s=90
+        )
     else:
         outcomes = run_workers(exchange_suite, world, True, timeout_s=90)
     assert len(outcomes) == world
@@ -148,13 +157,21 @@ def test_every_send_is_someones_receive(suite: Any) -> None:
 
 def test_split_mismatch_raises_on_every_rank(suite: Any) -> None:
     kind, world, outcomes = suite
-    if kind != "torch":
+    if not kind.startswith("torch"):
         pytest.skip("only TorchTransport checks splits collectively")
     wrong = f"rank 1 sends {rows_between(1, 0)} rows to rank 0, which expects"
     for rank, out in enumerate(outcomes):
         assert out["mismatch"] is not None, f"rank {rank} did not raise"
         assert f"rank {rank} (a2a.bad)" in out["mismatch"]
         assert wrong in out["mismatch"]
+
+
+def test_point_to_point_goes_over_gloo_under_nccl() -> None:
+    """NCCL runs a pair's sends and receives in posting order on one stream:
+    G3's receives, posted before its sends on both ranks, would deadlock
+    (no GPU pair here to show it; this pins the routing that avoids it)."""
+    assert p2p_backend("nccl") == "gloo"
+    assert p2p_backend("gloo") is None  # the run's own group
 
 
 def test_nccl_without_this_ranks_gpu_is_named() -> None:
