@@ -251,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
         "this machine has a GPU for each of its workers, else gloo; name it "
         "when machines of one run differ, as every rank must use the same); "
         "under nccl the all-to-all exchanges are staged through each worker's "
-        "GPU, while point-to-point messages (g3's rows, the gradient sums) "
-        "take a gloo group: NCCL would deadlock on receives posted early",
+        "GPU, while point-to-point messages (g3's rows and layer-wise gradient "
+        "sums) take a gloo group: NCCL would deadlock on receives posted early",
     )
     train.add_argument(
         "--checkpoint-every", type=int, help="checkpoint every K epochs (distributed)"
