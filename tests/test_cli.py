@@ -271,7 +271,8 @@ def test_out_of_memory_is_one_line(tmp_path, capsys, cora_dir, monkeypatch) -> N
 
     def numpy_runs_out(args):
         # 256 PiB: beyond any x86-64 or arm64 address space, so it fails
-        # also where memory is overcommitted (8 TiB was mapped on a GPU host)
+        # also where memory is overcommitted (8 TiB did not fail on a GPU
+        # host, likely for that reason)
         return np.zeros(2**55)
 
     import graphwire.commands.data

@@ -20,7 +20,7 @@ def beats(monkeypatch) -> Iterator[list]:
     """Three ranks' heartbeats on one store (faster than a run's)."""
     monkeypatch.setattr(transport_module, "_BEAT_S", 0.05)
     # 30 beats' time (10 failed once on a machine running 16 test
-    # processes at once: a live beat can be held up that long)
+    # processes at once, likely a live beat held up that long)
     monkeypatch.setattr(transport_module, "_SILENT_S", 1.5)
     port = free_port()
     store = dist.TCPStore(  # noqa: F841 (the server lives as long as it)
