@@ -140,6 +140,8 @@ class WorkerContext:
                     f"below LOCAL_WORLD_SIZE {local_world} (the ranks on this "
                     "machine)"
                 )
+        if backend is None:
+            backend = default_backend(local_world)
         try:
             return cls(
                 rank=values["RANK"],
@@ -147,9 +149,7 @@ class WorkerContext:
                 local_rank=values["LOCAL_RANK"],
                 master_addr=env["MASTER_ADDR"],
                 master_port=values["MASTER_PORT"],
-                backend=backend
-                if backend is not None
-                else default_backend(local_world),
+                backend=backend,
                 timeout_s=timeout_s,
             )
         except ValueError as error:

@@ -60,24 +60,22 @@ __all__ = [
 def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) -> int:
     from graphwire.comm.context import WorkerContext, default_backend, under_torchrun
 
-    ctx = None
+    ctx: WorkerContext | None = None
     if under_torchrun():
-        ctx = WorkerContext.from_env(backend=args.backend, timeout_s=args.timeout)
-    if ctx is not None:
         from graphwire.comm.launch import die_with_parent
 
+        ctx = WorkerContext.from_env(backend=args.backend, timeout_s=args.timeout)
         # torchrun's agent stops its workers when it is stopped (SIGTERM: the
         # command line ends as on Ctrl-C, cleaning up), but not when it is
         # killed (SIGKILL, the OOM killer): this worker would train on alone,
         # and the other nodes' agents wait for its node at the end.
         die_with_parent(os.getppid())
         keep_freed_memory(int(args.keep_freed_mb))
-    world = ctx.world_size if ctx is not None else int(args.workers)
-    if ctx is not None:
-        backend = ctx.backend
+        world, backend = ctx.world_size, ctx.backend
     else:  # a GPU per worker for nccl, checked before the graph is read
         from graphwire.comm.launch import check_local_backend
 
+        world = int(args.workers)
         backend = args.backend or default_backend(world)
         check_local_backend(backend, world)
     leader = ctx is None or ctx.rank == 0
