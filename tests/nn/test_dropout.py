@@ -115,6 +115,32 @@ def test_a_dense_mask_drawn_in_blocks_is_the_per_entry_mask(
     torch.testing.assert_close(dense_out[checked & picked], x[checked & picked] / 0.6)
 
 
+def test_with_and_without_a_gradient_the_dense_path_gives_the_same_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a gradient the dense path multiplies block by block and keeps
+    no mask; with one it keeps a float mask for autograd. Over blocks of 7
+    rows (the last one short) and a transposed input, both give bitwise the
+    same output, the gradient is that mask, and non-finite entries come out
+    as the product with the mask would make them."""
+    monkeypatch.setattr(dropout, "_MASK_BLOCK", 7 * 40 + 5)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 101, generator=gen).T  # [101, 40], not contiguous
+    x[0, :3] = torch.tensor([float("inf"), float("nan"), -0.0])
+    ids = torch.randperm(9000, generator=gen)[:101]
+    plain = hashed_dropout(x, 0.4, ids, seed=2)
+    leaf = x.detach().clone().requires_grad_(True)
+    tracked = hashed_dropout(leaf, 0.4, ids, seed=2)
+    assert tracked.requires_grad and not plain.requires_grad
+    assert torch.equal(plain.isnan(), tracked.isnan())
+    finite = ~plain.isnan()
+    assert torch.equal(plain[finite], tracked.detach()[finite])
+    assert torch.equal(plain[finite].signbit(), tracked.detach()[finite].signbit())
+    tracked.sum().backward()
+    mask = hashed_dropout(torch.ones(101, 40), 0.4, ids, seed=2)
+    assert leaf.grad is not None and torch.equal(leaf.grad, mask)
+
+
 @pytest.mark.parametrize("rows", [1, 300])
 def test_a_zero_entry_that_needs_a_gradient_gets_the_mask(rows: int) -> None:
     """A mostly-zero tensor that needs a gradient takes the dense path: a zero
