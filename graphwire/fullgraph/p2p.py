@@ -317,7 +317,7 @@ class P2PEngine(Engine):
             for key in wanted:
                 work, buf = pending.pop(key)
                 work.wait()
-                halo[recv_pos[key]] = buf
+                halo.index_copy_(0, recv_pos[key], buf)
 
         self.timed(wait)
 
@@ -403,7 +403,7 @@ class P2PEngine(Engine):
         """Put in ``halo`` the cached input rows bin ``b`` reads first."""
         fresh = self._first_read[b]
         if fresh.numel():
-            halo[fresh] = self.cached_input_halo(fresh)
+            halo.index_copy_(0, fresh, self.cached_input_halo(fresh))
 
     def _table_bins(
         self, index: int, layer: nn.Module, grads: tuple[bool, bool]
@@ -519,7 +519,8 @@ class P2PEngine(Engine):
                 else:
                     if projected.reads_dst_rows:
                         assert dst_rows is not None
-                        h_dst = dst_rows[bin_.rows].requires_grad_(track and grads[1])
+                        h_dst = dst_rows.index_select(0, bin_.rows)
+                        h_dst.requires_grad_(track and grads[1])
                     out = self.call_propagate(
                         index, projected, bin_.mg, h_src, h_dst, bin_.src_ids
                     )
@@ -531,9 +532,9 @@ class P2PEngine(Engine):
                 out_src = outs[0].new_empty((n, outs[0].shape[1]))
                 if len(outs) > 1:
                     out_dst = outs[1].new_empty((n, outs[1].shape[1]))
-            out_src[bin_.rows] = outs[0].detach()
+            out_src.index_copy_(0, bin_.rows, outs[0].detach())
             if out_dst is not None:
-                out_dst[bin_.rows] = outs[1].detach()
+                out_dst.index_copy_(0, bin_.rows, outs[1].detach())
             if send_next:
                 self._post_recvs(index + 1, outs[0].shape[1], outs[0])
                 if b in self.messages[index + 1].bins_sent:
