@@ -264,17 +264,20 @@ class Engine(ABC):
         The mask is hashed from the rows' original IDs with the seed the model
         uses for layer 0, so it equals the mask their owners apply.
         """
-        p, seed, training = self._dropout
         x = self._x_halo if rows is None else self._x_halo.index_select(0, rows)
+        assert self.local_orig_nid is not None
+        ids = self.local_orig_nid[self.part.num_owned :]
+        return self.drop_input_rows(x, ids if rows is None else ids[rows])
+
+    def drop_input_rows(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Input rows ``x`` (original node IDs ``ids``) after the model's input
+        dropout in this forward: the mask their owners apply."""
+        p, seed, training = self._dropout
         if not training:
             return x
         if seed is None:
             raise ValueError("cache_input: training needs hashed dropout (a seed)")
-        assert self.local_orig_nid is not None
-        ids = self.local_orig_nid[self.part.num_owned :]
-        return hashed_dropout(
-            x, p, ids if rows is None else ids[rows], derive_seed(seed, 0)
-        )
+        return hashed_dropout(x, p, ids, derive_seed(seed, 0))
 
     def model_hooks(self) -> dict[str, Any]:
         """Keyword arguments for :meth:`GNN.forward <graphwire.nn.models.GNN.forward>`

@@ -325,15 +325,20 @@ def _bin(mg: MessageGraph, rows: torch.Tensor) -> Bin:
     return Bin(rows, sub, src_rows[~is_halo], src_rows[is_halo] - n)
 
 
-def table_graph(bin_: Bin, num_owned: int, num_halo: int) -> MessageGraph:
+def table_graph(
+    bin_: Bin, num_owned: int, num_halo: int, slots: torch.Tensor | None = None
+) -> MessageGraph:
     """``bin_``'s MessageGraph over the whole table of local rows (owned, then
     halo) instead of its gathered source rows: the same edges and weights,
     each source its local row, the destinations ``bin_.rows``
-    (``dst_index``)."""
+    (``dst_index``). With ``slots`` (int64 [num_halo]) the table holds halo
+    position ``h`` in its halo row ``slots[h]`` instead of ``h``."""
     mg = bin_.mg
+    halo = bin_.src_halo if slots is None else slots[bin_.src_halo]
+    sources = torch.cat([bin_.src_owned, num_owned + halo])
     return MessageGraph(
         mg.indptr,
-        bin_.local_sources(num_owned)[mg.indices],
+        sources[mg.indices],
         num_owned + num_halo,
         mg.num_dst,
         mg.edge_weight,

@@ -183,6 +183,7 @@ class P2PEngine(Engine):
         self._sends: list[Work] = []
         self._halo: dict[int, torch.Tensor] = {}
         self._table_mgs: list[MessageGraph] | None = None  # see _table_bins
+        self._table_ids: torch.Tensor | None = None  # their rows' original IDs
         self._table: torch.Tensor | None = None
         self._begin: tuple[Any, float, int | None, bool] | None = None
         self._model_layers: list[nn.Module] = []
@@ -225,12 +226,24 @@ class P2PEngine(Engine):
         # The cached input layer drops out each halo row when the first bin
         # that reads it runs (bin -> halo positions first read there).
         self._first_read: dict[int, torch.Tensor] = {}
+        # The halo positions in the order bins first read them (those no bin
+        # reads last), and each bin's span of that order: the table of an
+        # input layer run in place (_table_bins) holds its halo rows so, and
+        # a bin fills its span with one slice of the rows kept in that order.
+        self._first_order = torch.arange(self.plan.num_halo)
+        self._first_span: dict[int, tuple[int, int]] = {}
+        self._x_first: tuple[torch.Tensor, torch.Tensor] | None = None
         if self.cache_input and self.num_layers:
             seen = torch.zeros(self.plan.num_halo, dtype=torch.bool)
+            order, start = [], 0
             for b, bin_ in self._bin_order(0):
                 fresh = bin_.src_halo[~seen[bin_.src_halo]]
                 seen[fresh] = True
                 self._first_read[b] = fresh
+                order.append(fresh)
+                self._first_span[b] = (start, start + fresh.numel())
+                start += fresh.numel()
+            self._first_order = torch.cat([*order, (~seen).nonzero().view(-1)])
             self._x_dropped = self._x_halo.new_empty(self._x_halo.shape)
 
     # ---------------------------------------------------------------- runtime
@@ -400,10 +413,27 @@ class P2PEngine(Engine):
         return torch.cat([h_src, halo])
 
     def _fill_input_halo(self, b: int, halo: torch.Tensor) -> None:
-        """Put in ``halo`` the cached input rows bin ``b`` reads first."""
+        """Put in ``halo`` (in halo positions) the cached input rows bin ``b``
+        reads first."""
         fresh = self._first_read[b]
         if fresh.numel():
             halo.index_copy_(0, fresh, self.cached_input_halo(fresh))
+
+    def _fill_table_halo(self, b: int, halo: torch.Tensor) -> None:
+        """Put in ``halo`` (the table's halo rows, in first-read order) the
+        cached input rows bin ``b`` reads first, after the model's input
+        dropout: one slice of a copy of the cached rows kept in that order,
+        instead of a gather of them and a scatter into the table."""
+        start, end = self._first_span[b]
+        if start == end:
+            return
+        if self._x_first is None:  # the cached rows and their IDs in that order
+            assert self.local_orig_nid is not None
+            ids = self.local_orig_nid[self.part.num_owned :]
+            order = self._first_order
+            self._x_first = (self._x_halo[order], ids[order])
+        x, ids = self._x_first
+        halo[start:end] = self.drop_input_rows(x[start:end], ids[start:end])
 
     def _table_bins(
         self, index: int, layer: nn.Module, grads: tuple[bool, bool]
@@ -422,8 +452,16 @@ class P2PEngine(Engine):
             return None
         if self._table_mgs is None:
             n, num_halo = self.part.num_owned, self.plan.num_halo
+            assert self.local_orig_nid is not None
+            slots, ids = None, self.local_orig_nid
+            if self.cache_input:  # halo rows in first-read order (_fill_table_halo)
+                order = self._first_order
+                slots = torch.empty_like(order)
+                slots[order] = torch.arange(order.numel())
+                ids = torch.cat([ids[:n], ids[n:][order]])
             bins = self.layers[index].bins
-            self._table_mgs = [table_graph(b, n, num_halo) for b in bins]
+            self._table_mgs = [table_graph(b, n, num_halo, slots) for b in bins]
+            self._table_ids = ids
         return self._table_mgs
 
     def _forward_stack(
@@ -504,10 +542,10 @@ class P2PEngine(Engine):
             assert bin_.src_ids is not None
             mg, src_ids = bin_.mg, bin_.src_ids
             if table is not None:
-                assert table_mgs is not None and self.local_orig_nid is not None
+                assert table_mgs is not None and self._table_ids is not None
                 if cached:
-                    self._fill_input_halo(b, table[n:])
-                h_src, mg, src_ids = table, table_mgs[b], self.local_orig_nid
+                    self._fill_table_halo(b, table[n:])
+                h_src, mg, src_ids = table, table_mgs[b], self._table_ids
                 self.counters["bins.in_place"] += 1
             else:
                 h_src = self._gather(index, b, bin_, source, cached)
