@@ -226,10 +226,11 @@ class P2PEngine(Engine):
         # The cached input layer drops out each halo row when the first bin
         # that reads it runs (bin -> halo positions first read there).
         self._first_read: dict[int, torch.Tensor] = {}
-        # The halo positions in the order bins first read them (those no bin
-        # reads last), and each bin's span of that order: the table of an
-        # input layer run in place (_table_bins) holds its halo rows so, and
-        # a bin fills its span with one slice of the rows kept in that order.
+        # The halo positions in the order bins first read them, then any that
+        # no bin reads, and each bin's span of that order: the table of an
+        # input layer run in place (_table_bins) holds its halo rows in this
+        # order, and a bin fills its span with one slice of the cached rows
+        # kept in the same order (_fill_table_halo).
         self._first_order = torch.arange(self.plan.num_halo)
         self._first_span: dict[int, tuple[int, int]] = {}
         self._x_first: tuple[torch.Tensor, torch.Tensor] | None = None
