@@ -86,10 +86,14 @@ class Bin:
     needs: frozenset[tuple[int, int]] = frozenset()
     src_ids: torch.Tensor | None = None
 
-    def local_sources(self, num_owned: int) -> torch.Tensor:
+    def local_sources(
+        self, num_owned: int, slots: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """int64 [mg.num_src]: each source row's local row (owned rows, then
-        halo positions after the ``num_owned`` of them)."""
-        return torch.cat([self.src_owned, num_owned + self.src_halo])
+        halo positions after the ``num_owned`` of them; with ``slots``, int64
+        [num_halo], halo position ``h`` is at ``slots[h]`` instead)."""
+        halo = self.src_halo if slots is None else slots[self.src_halo]
+        return torch.cat([self.src_owned, num_owned + halo])
 
 
 @dataclass(frozen=True, eq=False)
@@ -334,11 +338,9 @@ def table_graph(
     (``dst_index``). With ``slots`` (int64 [num_halo]) the table holds halo
     position ``h`` in its halo row ``slots[h]`` instead of ``h``."""
     mg = bin_.mg
-    halo = bin_.src_halo if slots is None else slots[bin_.src_halo]
-    sources = torch.cat([bin_.src_owned, num_owned + halo])
     return MessageGraph(
         mg.indptr,
-        sources[mg.indices],
+        bin_.local_sources(num_owned, slots)[mg.indices],
         num_owned + num_halo,
         mg.num_dst,
         mg.edge_weight,

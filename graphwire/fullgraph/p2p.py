@@ -184,6 +184,7 @@ class P2PEngine(Engine):
         self._halo: dict[int, torch.Tensor] = {}
         self._table_mgs: list[MessageGraph] | None = None  # see _table_bins
         self._table_ids: torch.Tensor | None = None  # their rows' original IDs
+        self._x_first: torch.Tensor | None = None  # cached halo inputs, table order
         self._table: torch.Tensor | None = None
         self._begin: tuple[Any, float, int | None, bool] | None = None
         self._model_layers: list[nn.Module] = []
@@ -233,7 +234,6 @@ class P2PEngine(Engine):
         # kept in the same order (_fill_table_halo).
         self._first_order = torch.arange(self.plan.num_halo)
         self._first_span: dict[int, tuple[int, int]] = {}
-        self._x_first: tuple[torch.Tensor, torch.Tensor] | None = None
         if self.cache_input and self.num_layers:
             seen = torch.zeros(self.plan.num_halo, dtype=torch.bool)
             order, start = [], 0
@@ -428,13 +428,9 @@ class P2PEngine(Engine):
         start, end = self._first_span[b]
         if start == end:
             return
-        if self._x_first is None:  # the cached rows and their IDs in that order
-            assert self.local_orig_nid is not None
-            ids = self.local_orig_nid[self.part.num_owned :]
-            order = self._first_order
-            self._x_first = (self._x_halo[order], ids[order])
-        x, ids = self._x_first
-        halo[start:end] = self.drop_input_rows(x[start:end], ids[start:end])
+        assert self._x_first is not None and self._table_ids is not None
+        ids = self._table_ids[self.part.num_owned :]
+        halo[start:end] = self.drop_input_rows(self._x_first[start:end], ids[start:end])
 
     def _table_bins(
         self, index: int, layer: nn.Module, grads: tuple[bool, bool]
@@ -460,6 +456,7 @@ class P2PEngine(Engine):
                 slots = torch.empty_like(order)
                 slots[order] = torch.arange(order.numel())
                 ids = torch.cat([ids[:n], ids[n:][order]])
+                self._x_first = self._x_halo[order]
             bins = self.layers[index].bins
             self._table_mgs = [table_graph(b, n, num_halo, slots) for b in bins]
             self._table_ids = ids
