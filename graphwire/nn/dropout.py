@@ -14,8 +14,10 @@ uniform in ``[0, 1)`` at float32 resolution.
 A dropout mask needs a draw per *entry*, and the full finaliser per entry costs
 about 25 matrix multiplies of the same shape (it dominated a training epoch).
 So the mask hashes each row ID and each column once with SplitMix64, and an
-entry's draw is the top bits of ``(row_hash XOR column_hash) * odd constant``:
-one xor and one in-place multiply per entry, 10-20x cheaper. The row hashes
+entry's draw is ``(row_hash XOR column_hash) * odd constant``, rounded to
+float32 (its top 24 bits) and compared with the drop probability's quantile
+rounded alike: one xor, one in-place multiply, one conversion and one float
+comparison per entry, 10-20x cheaper. The row hashes
 are independent uniform 64-bit words, so every entry is uniform; measured on
 200,000 x 128 masks the largest correlation between any two columns is 0.01,
 the noise level of that sample.
@@ -30,6 +32,7 @@ edge drops it in the same heads.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any
 
@@ -110,14 +113,30 @@ def _column_hash(width: int, seed: int) -> torch.Tensor:
     return splitmix64(torch.arange(width, dtype=torch.int64), seed ^ _COLUMN_SALT)
 
 
-def _keep(z: torch.Tensor, p: float) -> torch.Tensor:
-    """``z`` (int64, uniform words) -> bool, True with probability ``1 - p``.
+@functools.lru_cache(maxsize=64)
+def _threshold(p: float) -> float:
+    """The float32 value an entry's draw must reach to be kept: the ``p``
+    quantile of int64, ``-2^63 + p * 2^64``, rounded to float32."""
+    quantile = torch.tensor(-(1 << 63) + int(p * 2.0**64), dtype=torch.int64)
+    return float(quantile.to(torch.float32))
 
-    Multiplies ``z`` in place by an odd constant (its top bits mix every bit of
-    ``z``) and keeps the entries above the ``p`` quantile of int64.
+
+def _draw(z: torch.Tensor, out: torch.Tensor, p: float) -> torch.Tensor:
+    """``z`` (int64, uniform words; overwritten) -> ``out`` (float32, same
+    shape): 1.0 with probability ``1 - p``, else 0.0.
+
+    Multiplies ``z`` in place by an odd constant (its top bits mix every bit
+    of ``z``), rounds it to float32 and keeps the entries at or above the
+    ``p`` quantile rounded alike (:func:`_threshold`). Rounding both sides
+    moves the drop rate by at most 2^-24 from ``p``, and for ``p = 0.5`` the
+    mask is exactly ``z >= 0``. Float ops throughout: a comparison into a
+    bool tensor, and a float times a bool, each cost more than the whole
+    float path (measured on 122,000 x 100 in one thread: the mask 30-35%
+    faster than through bool).
     """
     z.mul_(_MUL1)
-    return z >= -(1 << 63) + int(p * 2.0**64)
+    out.copy_(z)
+    return out.ge_(_threshold(p))
 
 
 def _dense_dropout(
@@ -146,10 +165,9 @@ def _dense_dropout(
         end = min(start + rows, h.shape[0])
         z = draws[: end - start]
         torch.bitwise_xor(row_hash[start:end].unsqueeze(1), column_hash, out=z)
-        if grad:
-            out[start:end] = _keep(z, p)
-        else:
-            torch.mul(h[start:end], _keep(z, p), out=out[start:end]).mul_(scale)
+        keep = _draw(z, out[start:end], p)
+        if not grad:
+            keep.mul_(h[start:end]).mul_(scale)
     if grad:
         return h * out.mul_(scale)
     return out
@@ -198,9 +216,9 @@ def hashed_dropout(
         return _dense_dropout(h, p, row_hash, column_hash)
     nonzero = flat.detach().nonzero().view(-1)
     z = torch.bitwise_xor(row_hash[nonzero // width], column_hash[nonzero % width])
-    dropped = nonzero[~_keep(z, p)]
+    keep = _draw(z, torch.empty(z.shape, dtype=torch.float32), p)
     mask = torch.full_like(flat, 1.0 / (1.0 - p))
-    mask[dropped] = 0.0
+    mask[nonzero[keep == 0]] = 0.0
     return (flat * mask).view_as(h)
 
 

@@ -210,3 +210,25 @@ def test_edge_ids_must_match_edges() -> None:
         hashed_edge_dropout(torch.ones(3, 2), 0.5, torch.arange(3), torch.arange(4), 0)
     with pytest.raises(ValueError, match=r"alpha: expected \[E, H\]"):
         hashed_edge_dropout(torch.ones(3), 0.5, torch.arange(3), torch.arange(3), 0)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.3, 0.1])
+def test_the_mask_is_the_entry_draw_against_the_quantile(p: float) -> None:
+    """An entry is kept when ``(row_hash ^ column_hash) * odd`` reaches the
+    ``p`` quantile of int64, compared in float32 (both sides rounded): for
+    ``p = 0.5`` exactly the int64 comparison, for any ``p`` different from it
+    only where the draw rounds to the threshold itself."""
+    rows, width, seed = 3000, 70, 4
+    ids = torch.arange(rows) * 7 + 3
+    out = hashed_dropout(torch.ones(rows, width), p, ids, seed)
+    draw = torch.bitwise_xor(
+        dropout.splitmix64(ids, seed).unsqueeze(1),
+        dropout.splitmix64(torch.arange(width), seed ^ dropout._COLUMN_SALT),
+    )
+    draw = draw * dropout._MUL1
+    quantile = -(1 << 63) + int(p * 2.0**64)
+    exact = draw >= quantile
+    ties = draw.to(torch.float32) == torch.tensor(quantile).to(torch.float32)
+    assert torch.equal((out != 0)[~ties], exact[~ties])
+    if p == 0.5:
+        assert torch.equal(out != 0, draw >= 0)
