@@ -269,15 +269,18 @@ class Engine(ABC):
         ids = self.local_orig_nid[self.part.num_owned :]
         return self.drop_input_rows(x, ids if rows is None else ids[rows])
 
-    def drop_input_rows(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def drop_input_rows(
+        self, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Input rows ``x`` (original node IDs ``ids``) after the model's input
-        dropout in this forward: the mask their owners apply."""
+        dropout in this forward: the mask their owners apply. Written into
+        ``out`` when given (a slice of a table, say)."""
         p, seed, training = self._dropout
         if not training:
-            return x
+            return x if out is None else out.copy_(x)
         if seed is None:
             raise ValueError("cache_input: training needs hashed dropout (a seed)")
-        return hashed_dropout(x, p, ids, derive_seed(seed, 0))
+        return hashed_dropout(x, p, ids, derive_seed(seed, 0), out=out)
 
     def model_hooks(self) -> dict[str, Any]:
         """Keyword arguments for :meth:`GNN.forward <graphwire.nn.models.GNN.forward>`

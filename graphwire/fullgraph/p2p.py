@@ -388,30 +388,34 @@ class P2PEngine(Engine):
         order = send_order(len(layer.bins), layer.num_local, self._halo_first(index))
         return [(b, layer.bins[b]) for b in order]
 
-    def _input_halo(self, b: int, bin_: Bin) -> torch.Tensor:
-        """The cached input layer's halo rows for bin ``b``, after dropout:
-        each row is dropped out once per forward, by the first bin that
-        reads it."""
+    def _input_halo(self, b: int, bin_: Bin, out: torch.Tensor) -> None:
+        """Put in ``out`` the cached input layer's halo rows for bin ``b``,
+        after dropout: each row is dropped out once per forward, by the first
+        bin that reads it."""
         _, _, training = self._dropout
         if not training:
-            return self.cached_input_halo(bin_.src_halo)
+            out.copy_(self.cached_input_halo(bin_.src_halo))
+            return
         self._fill_input_halo(b, self._x_dropped)
-        return self._x_dropped.index_select(0, bin_.src_halo)
+        torch.index_select(self._x_dropped, 0, bin_.src_halo, out=out)
 
     def _gather(
         self, index: int, b: int, bin_: Bin, source: torch.Tensor, cached: bool
     ) -> torch.Tensor:
         """Bin ``b``'s source rows of layer ``index``: owned rows from
-        ``source``, then its halo rows."""
-        h_src = source.index_select(0, bin_.src_owned)
-        if not bin_.src_halo.numel():
-            return h_src
-        halo = (
-            self._input_halo(b, bin_)
-            if cached
-            else self._halo[index].index_select(0, bin_.src_halo)
-        )
-        return torch.cat([h_src, halo])
+        ``source``, then its halo rows, each gathered straight into its part
+        of one buffer."""
+        num_owned, num_halo = bin_.src_owned.numel(), bin_.src_halo.numel()
+        if not num_halo:
+            return source.index_select(0, bin_.src_owned)
+        h_src = source.new_empty((num_owned + num_halo, *source.shape[1:]))
+        torch.index_select(source, 0, bin_.src_owned, out=h_src[:num_owned])
+        if cached:
+            self._input_halo(b, bin_, h_src[num_owned:])
+        else:
+            halo = self._halo[index]
+            torch.index_select(halo, 0, bin_.src_halo, out=h_src[num_owned:])
+        return h_src
 
     def _fill_input_halo(self, b: int, halo: torch.Tensor) -> None:
         """Put in ``halo`` (in halo positions) the cached input rows bin ``b``
@@ -424,13 +428,14 @@ class P2PEngine(Engine):
         """Put in ``halo`` (the table's halo rows, in first-read order) the
         cached input rows bin ``b`` reads first, after the model's input
         dropout: one slice of a copy of the cached rows kept in that order,
-        instead of a gather of them and a scatter into the table."""
+        dropped out straight into the table, instead of a gather of them and a
+        scatter into the table."""
         start, end = self._first_span[b]
         if start == end:
             return
         assert self._x_first is not None and self._table_ids is not None
         ids = self._table_ids[self.part.num_owned :]
-        halo[start:end] = self.drop_input_rows(self._x_first[start:end], ids[start:end])
+        self.drop_input_rows(self._x_first[start:end], ids[start:end], halo[start:end])
 
     def _table_bins(
         self, index: int, layer: nn.Module, grads: tuple[bool, bool]

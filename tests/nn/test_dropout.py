@@ -232,3 +232,30 @@ def test_the_mask_is_the_entry_draw_against_the_quantile(p: float) -> None:
     assert torch.equal((out != 0)[~ties], exact[~ties])
     if p == 0.5:
         assert torch.equal(out != 0, draw >= 0)
+
+
+@pytest.mark.parametrize("density", [1.0, 0.05])
+@pytest.mark.parametrize("p", [0.0, 0.4])
+def test_out_receives_the_same_values(density: float, p: float) -> None:
+    """``out=`` (a slice of a larger table) gets bitwise what a new tensor
+    would, on the dense and the sparse path and with ``p = 0``; the rest of
+    the table is left alone."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(90, 30, generator=gen) * (
+        torch.rand(90, 30, generator=gen) < density
+    )
+    ids = torch.arange(500, 590)
+    table = torch.full((100, 30), 7.0)
+    got = hashed_dropout(x, p, ids, 6, out=table[5:95])
+    assert got.data_ptr() == table[5:95].data_ptr()
+    assert torch.equal(table[5:95], hashed_dropout(x, p, ids, 6))
+    assert bool((table[:5] == 7.0).all()) and bool((table[95:] == 7.0).all())
+
+
+def test_out_is_refused_for_a_wrong_shape_or_a_gradient() -> None:
+    ids = torch.arange(4)
+    with pytest.raises(ValueError, match="out: expected shape"):
+        hashed_dropout(torch.ones(4, 3), 0.5, ids, 0, out=torch.empty(4, 2))
+    leaf = torch.ones(4, 3, requires_grad=True)
+    with pytest.raises(ValueError, match="no gradient"):
+        hashed_dropout(leaf, 0.5, ids, 0, out=torch.empty(4, 3))
