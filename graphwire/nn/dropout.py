@@ -167,13 +167,25 @@ def _dense_dropout(
     grad = torch.is_grad_enabled() and h.requires_grad
     if out is None or grad:  # the mask, or h's
         out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    # The mask is drawn in float32 whatever h's dtype (the same mask for all).
+    scratch = None
+    if out.dtype != torch.float32:
+        scratch = torch.empty(draws.shape, dtype=torch.float32, device=h.device)
     for start in range(0, h.shape[0], rows):
         end = min(start + rows, h.shape[0])
         z = draws[: end - start]
         torch.bitwise_xor(row_hash[start:end].unsqueeze(1), column_hash, out=z)
-        keep = _draw(z, out[start:end], p)
-        if not grad:
-            keep.mul_(h[start:end]).mul_(scale)
+        block = out[start:end]
+        if scratch is None:
+            keep = _draw(z, block, p)
+            if not grad:
+                keep.mul_(h[start:end]).mul_(scale)
+            continue
+        keep = _draw(z, scratch[: end - start], p)
+        if grad:
+            block.copy_(keep)
+        else:
+            torch.mul(h[start:end], keep, out=block).mul_(scale)
     if grad:
         return h * out.mul_(scale)
     return out

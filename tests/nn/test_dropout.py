@@ -259,3 +259,19 @@ def test_out_is_refused_for_a_wrong_shape_or_a_gradient() -> None:
     leaf = torch.ones(4, 3, requires_grad=True)
     with pytest.raises(ValueError, match="no gradient"):
         hashed_dropout(leaf, 0.5, ids, 0, out=torch.empty(4, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_the_mask_does_not_depend_on_the_dtype(dtype: torch.dtype) -> None:
+    """The mask is drawn in float32 for any input: a float64 or bfloat16 row
+    keeps the same entries as its float32 copy, with and without a gradient."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.rand(120, 33, generator=gen) + 0.5
+    ids = torch.arange(120) * 11
+    reference = hashed_dropout(x, 0.3, ids, 2) != 0
+    plain = hashed_dropout(x.to(dtype), 0.3, ids, 2)
+    leaf = x.to(dtype).requires_grad_(True)
+    tracked = hashed_dropout(leaf, 0.3, ids, 2)
+    assert plain.dtype == dtype and tracked.dtype == dtype
+    assert torch.equal(plain != 0, reference)
+    assert torch.equal(tracked.detach() != 0, reference)
