@@ -257,9 +257,12 @@ class Engine(ABC):
                 f"the rows the loss reads (loss_rows=None: any row)"
             )
 
-    def cached_input_halo(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def cached_input_halo(
+        self, rows: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The halo's input rows after the model's input dropout (``cache_input``):
-        all of them, or those at halo positions ``rows``.
+        all of them, or those at halo positions ``rows``; written into ``out``
+        when given.
 
         The mask is hashed from the rows' original IDs with the seed the model
         uses for layer 0, so it equals the mask their owners apply.
@@ -267,7 +270,7 @@ class Engine(ABC):
         x = self._x_halo if rows is None else self._x_halo.index_select(0, rows)
         assert self.local_orig_nid is not None
         ids = self.local_orig_nid[self.part.num_owned :]
-        return self.drop_input_rows(x, ids if rows is None else ids[rows])
+        return self.drop_input_rows(x, ids if rows is None else ids[rows], out)
 
     def drop_input_rows(
         self, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor | None = None

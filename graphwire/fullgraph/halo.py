@@ -94,8 +94,7 @@ class HaloEngine(Engine):
             # The halo rows dropped out straight into their part of the buffer.
             n = h.shape[0]
             local = h.new_empty((n + self.plan.num_halo, *h.shape[1:]))
-            assert self.local_orig_nid is not None
-            self.drop_input_rows(self._x_halo, self.local_orig_nid[n:], local[n:])
+            self.cached_input_halo(out=local[n:])
             local[:n] = h  # last: through autograd, should h need a gradient
             return local
         out: torch.Tensor = HaloExchange.apply(

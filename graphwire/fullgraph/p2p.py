@@ -394,7 +394,7 @@ class P2PEngine(Engine):
         bin that reads it."""
         _, _, training = self._dropout
         if not training:
-            out.copy_(self.cached_input_halo(bin_.src_halo))
+            self.cached_input_halo(bin_.src_halo, out)
             return
         self._fill_input_halo(b, self._x_dropped)
         torch.index_select(self._x_dropped, 0, bin_.src_halo, out=out)
