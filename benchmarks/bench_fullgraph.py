@@ -230,6 +230,12 @@ def _configs(
             (*common, *metis, "--exchange", "g3", "--g3-order", "priority"),
         )
     )
+    configs.append(
+        Config(
+            "g3 last bins (metis)",
+            (*common, *metis, "--exchange", "g3", "--g3-last", "bins"),
+        )
+    )
     for mode in ("sequential", "inter", "intra"):
         configs.append(
             Config(
@@ -359,6 +365,14 @@ def _print_ratios(results: dict[str, list[Result]]) -> None:
         results,
         "g3 (metis)",
         "g3 priority (metis)",
+        "",
+        None,
+    )
+    _ratio_line(
+        "g3 last sums / last bins",
+        results,
+        "g3 (metis)",
+        "g3 last bins (metis)",
         "",
         None,
     )

@@ -182,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default bfs), or most-needed rows first",
     )
     train.add_argument(
+        "--g3-last",
+        choices=["sums", "bins"],
+        help="G3 last layer: summed message by message as its halo rows arrive "
+        "(default sums; layers that sum their sources, e.g. GCN), or in bins",
+    )
+    train.add_argument(
         "--bin-rows",
         type=int,
         help="G3: most rows in a bin of a layer whose output is sent (default 8192)",

@@ -62,6 +62,7 @@ EXCHANGE_FLAGS = {
     "g3_mode": "--g3-mode",
     "g3_sync": "--g3-sync",
     "g3_order": "--g3-order",
+    "g3_last": "--g3-last",
     "bin_rows": "--bin-rows",
     "bin_mb": "--bin-mb",
 }

@@ -306,6 +306,8 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         options["sync"] = args.g3_sync
     if args.g3_order:
         options["order"] = args.g3_order
+    if args.g3_last:
+        options["last"] = args.g3_last
     if args.bin_rows is not None:
         options["bin_rows"] = int(args.bin_rows)
     if args.bin_mb is not None:

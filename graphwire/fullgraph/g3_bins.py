@@ -52,6 +52,7 @@ __all__ = [
     "BinGraph",
     "LayerBins",
     "StackGraph",
+    "SumGraph",
     "bfs_order",
     "bin_bytes",
     "layer_bins",
@@ -141,11 +142,22 @@ class BinGraph:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class StackGraph:
-    """One forward's graphs: every layer's bins (forward order), the input
-    rows' leaf and, when layer 0 exchanges projected rows, their projection."""
+class SumGraph:
+    """The graph of a layer summed message by message
+    (:mod:`graphwire.fullgraph.g3_sums`), kept from the forward for the
+    backward: the sum's leaf and the layer's output rows, ``finish`` of it."""
 
-    layers: list[list[BinGraph]]
+    agg: torch.Tensor
+    out: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StackGraph:
+    """One forward's graphs: every layer's bins (forward order) or its sum,
+    the input rows' leaf and, when layer 0 exchanges projected rows, their
+    projection."""
+
+    layers: list[list[BinGraph] | SumGraph]
     h0: torch.Tensor
     projection: torch.Tensor | None
 

@@ -98,6 +98,7 @@ from graphwire.fullgraph.g3_bins import (
     Bin,
     BinGraph,
     StackGraph,
+    SumGraph,
     table_graph,
 )
 from graphwire.fullgraph.g3_messages import (
@@ -106,15 +107,17 @@ from graphwire.fullgraph.g3_messages import (
     plan_returns,
     send_order,
 )
+from graphwire.fullgraph.g3_sums import MessageSums, plan_sums
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
-from graphwire.nn.models import GNN
+from graphwire.nn.models import GNN, SumsSources, sums_sources
 
-__all__ = ["MODES", "P2PEngine", "SYNCS"]
+__all__ = ["LASTS", "MODES", "P2PEngine", "SYNCS"]
 
 MODES = ("full", "inter", "intra", "sequential")
 SYNCS = ("layer", "epoch")
+LASTS = ("sums", "bins")
 
 
 @register("g3")
@@ -136,6 +139,10 @@ class P2PEngine(Engine):
         sync: parameter synchronisation, one of :data:`SYNCS`: ``layer`` (each
             layer's gradients all-reduced as soon as its backward is done, the
             default) or ``epoch`` (one flat all-reduce after the backward).
+        last: how the last layer computes, one of :data:`LASTS`: ``sums``
+            (the default: summed message by message as its halo rows arrive,
+            where it sums its sources and computes eagerly;
+            :mod:`~graphwire.fullgraph.g3_sums`) or ``bins`` (always bins).
     """
 
     takes_widths = True
@@ -149,6 +156,7 @@ class P2PEngine(Engine):
         order: str = "bfs",
         widths: Sequence[tuple[int, int]] | None = None,
         sync: str = "layer",
+        last: str = "sums",
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -156,6 +164,8 @@ class P2PEngine(Engine):
             raise ValueError(f"g3 mode: expected one of {MODES}, got {mode!r}")
         if sync not in SYNCS:
             raise ValueError(f"g3 sync: expected one of {SYNCS}, got {sync!r}")
+        if last not in LASTS:
+            raise ValueError(f"g3 last: expected one of {LASTS}, got {last!r}")
         if order not in ORDERS:
             raise ValueError(f"g3 order: expected one of {ORDERS}, got {order!r}")
         if not 0 < bin_mb < math.inf:
@@ -168,7 +178,7 @@ class P2PEngine(Engine):
                 f"g3 widths: expected one (input, output) pair per layer "
                 f"({self.num_layers}), got {widths}"
             )
-        self.mode, self.sync, self.order = mode, sync, order
+        self.mode, self.sync, self.order, self.last = mode, sync, order, last
         self.bin_mb, self.bin_rows = bin_mb, bin_rows
         # Layer-wise gradient sums in flight: (parameters, pending sum).
         self._layer_sums: list[tuple[list[torch.Tensor], PendingSum]] = []
@@ -179,6 +189,8 @@ class P2PEngine(Engine):
         for index, layer in enumerate(self.layers):
             self.counters[f"bins.L{index}"] = len(layer.bins)
         self.counters["bins.in_place"] = 0  # bins run on the table (_table_bins)
+        self.counters["sums.messages"] = 0  # messages summed as they came (_summed)
+        self._sums: dict[int, MessageSums | None] = {}  # see _summed
         self._pending_recv: dict[int, dict[tuple[int, int], tuple[Work, Any]]] = {}
         self._sends: list[Work] = []
         self._halo: dict[int, torch.Tensor] = {}
@@ -481,7 +493,7 @@ class P2PEngine(Engine):
                 projection = first.project(h0)
             source = projection.detach()
             dst_rows = h0.detach() if first.reads_dst_rows else None
-        layers: list[list[BinGraph]] = []
+        layers: list[list[BinGraph] | SumGraph] = []
         for index in range(self.num_layers):
             grads = (track and index > 0, track and index > 0)
             if index == 0:
@@ -499,7 +511,7 @@ class P2PEngine(Engine):
         dst_rows: torch.Tensor | None,
         track: bool,
         grads: tuple[bool, bool],
-    ) -> tuple[torch.Tensor, torch.Tensor | None, list[BinGraph]]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[BinGraph] | SumGraph]:
         """Layer ``index`` in bins; the sends of the next layer's rows overlap.
 
         ``source`` holds the owned rows the bins read as sources (projected
@@ -535,6 +547,10 @@ class P2PEngine(Engine):
                 self._send_all(index, source)
             if not eager:
                 self._wait(index, None)
+        sums = self._summed(index, layer) if last else None
+        if sums is not None:
+            out, summed = self._forward_sums(index, sums, layer, source, track)
+            return out, None, summed if summed is not None else []
         send_next = pipelined and not last
         graphs: list[BinGraph] = []
         out_src: torch.Tensor | None = None
@@ -597,6 +613,79 @@ class P2PEngine(Engine):
                 width = int(cast(Any, projection).message_width)
             out_src = source.new_zeros((0, width))
         return out_src, out_dst, graphs
+
+    def _summed(self, index: int, layer: nn.Module) -> MessageSums | None:
+        """Layer ``index``'s sum split message by message
+        (:mod:`~graphwire.fullgraph.g3_sums`) when it computes eagerly, its
+        halo rows arrive in this forward, projected, and it sums them
+        (:func:`~graphwire.nn.models.sums_sources`); else None (bins)."""
+        if index not in self._sums:
+            summing = sums_sources(layer)
+            plan = None
+            if (
+                summing is not None
+                and self.last == "sums"
+                and index > 0
+                and self.mode in ("full", "intra")
+                and self.exchanged_projection(index, layer) is not None
+            ):
+                mg = self._mgs[index]
+                weight = summing.edge_weights(mg)
+                messages = self.messages[index]
+                plan = plan_sums(mg, weight, messages, self._return_pos[index])
+            self._sums[index] = plan
+        return self._sums[index]
+
+    def _forward_sums(
+        self,
+        index: int,
+        sums: MessageSums,
+        layer: nn.Module,
+        source: torch.Tensor,
+        track: bool,
+    ) -> tuple[torch.Tensor, SumGraph | None]:
+        """Layer ``index`` summed message by message: the owned source rows'
+        terms while the halo rows are in flight, then each message's, straight
+        from its receive buffer, as it is in (in send order); then the
+        layer's ``finish``. Returns its output rows and, with ``track``, the
+        graph for :meth:`_walk_sums`."""
+        sums = sums.matrices(source.dtype)
+        agg = sums.sum_owned(source)
+        pending = self._pending_recv.pop(index, {})
+        for key in self.messages[index].keys:
+            if key in pending:
+                work, rows = pending.pop(key)
+                self.timed(work.wait)
+                sums.add_message(agg, key, rows)
+                self.counters["sums.messages"] += 1
+        self.timed(self._drain_sends)
+        with torch.set_grad_enabled(track):
+            out = cast(SumsSources, layer).finish(agg.requires_grad_(track))
+        # The stack's output is a tensor of its own: G3Stack's node becomes
+        # its grad_fn, and the backward runs finish's graph through ``out``.
+        return out.detach(), SumGraph(agg, out) if track else None
+
+    def _walk_sums(
+        self, index: int, summed: SumGraph, grad_out: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], Returns]:
+        """Backward of a layer summed message by message: ``finish``'s graph
+        gives the sum's gradient, each message's returned rows' gradients
+        leave as soon as they are computed (one product each, in reverse send
+        order, tag ``bwd.L{index}``), then the owned source rows' gradient.
+        Returns that gradient and its returning messages."""
+        torch.autograd.backward(summed.out, grad_out)
+        grad_agg = summed.agg.grad
+        assert grad_agg is not None and self._sums[index] is not None
+        sums = cast(MessageSums, self._sums[index]).matrices(grad_agg.dtype)
+        grad_src = grad_agg.new_zeros((self.part.num_owned, grad_agg.shape[1]))
+        mine = self._post_returns(index, grad_src)
+        tag = f"{self.phase}bwd.L{index}"
+        for key in reversed(self.messages[index].keys):
+            payload = sums.returned_grad(key, grad_agg)
+            if payload is not None:
+                self._sends.append(self.transport.isend(payload, key[0], tag))
+        grad_src.add_(sums.owned_grad(grad_agg))
+        return (grad_src,), mine
 
     def _returns(self, index: int, graph: StackGraph) -> bool:
         """Whether the backward sends layer ``index``'s halo rows' gradients
@@ -662,6 +751,8 @@ class P2PEngine(Engine):
         rows, when a projected layer read them) and their returning messages.
         """
         bins = graph.layers[index]
+        if isinstance(bins, SumGraph):
+            return self._walk_sums(index, bins, out_grads[0])
         n = self.part.num_owned
         sends = self._returns(index, graph)
         grad_src = grad_dst = grad_halo = None

@@ -45,6 +45,7 @@ __all__ = [
     "ProjectsToOutput",
     "check_size",
     "edge_softmax",
+    "sparse_csr",
     "spmm_mean",
     "spmm_sum",
 ]
@@ -64,9 +65,11 @@ def check_size(value: Any, name: str) -> int:
     return int(value)
 
 
-def _csr(
+def sparse_csr(
     crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]
 ) -> torch.Tensor:
+    """Sparse CSR ``size`` (torch's beta warning silenced; invariants unchecked:
+    callers build valid arrays)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
         return torch.sparse_csr_tensor(
@@ -338,12 +341,12 @@ class MessageGraph:
     def adjacency(self, values: torch.Tensor) -> torch.Tensor:
         """Sparse CSR [num_dst, num_src] with the given per-edge ``values``."""
         crow, col = self._index
-        return _csr(crow, col, values, (self.num_dst, self.num_src))
+        return sparse_csr(crow, col, values, (self.num_dst, self.num_src))
 
     def adjacency_t(self, values_t: torch.Tensor) -> torch.Tensor:
         """Sparse CSR [num_src, num_dst] of the transpose (values already permuted)."""
         crow, col, _ = self._transpose
-        return _csr(crow, col, values_t, (self.num_src, self.num_dst))
+        return sparse_csr(crow, col, values_t, (self.num_src, self.num_dst))
 
 
 class _CSRSpMM(torch.autograd.Function):

@@ -75,8 +75,19 @@ class GCNConv(ProjectsToOutput, nn.Module):
             h_dst: the destinations' input rows (unused, may be None: GCN has
                 no root term).
         """
-        out = spmm_sum(mg, m_src, self._norm(mg))
-        return out + self.bias if self.bias is not None else out
+        return self.finish(spmm_sum(mg, m_src, self.edge_weights(mg)))
+
+    # propagate() is finish() of a weighted sum of its source rows: the sum
+    # splits over any grouping of the sources (graphwire.nn.models.SumsSources).
+    sums_sources = True
+
+    def edge_weights(self, mg: MessageGraph) -> torch.Tensor:
+        """float32 [E]: ``Â``'s entry of every edge of ``mg``, in CSR order."""
+        return mg.edge_weight if mg.edge_weight is not None else mg.sym_norm
+
+    def finish(self, agg: torch.Tensor) -> torch.Tensor:
+        """What propagate() applies to the weighted sum: the bias."""
+        return agg + self.bias if self.bias is not None else agg
 
     def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
         """Aggregate normalised neighbour messages.
@@ -90,12 +101,7 @@ class GCNConv(ProjectsToOutput, nn.Module):
         """
         if self.projects_first:
             return self.propagate(mg, self.project(h_src), mg.dst_rows(h_src))
-        out = spmm_sum(mg, h_src, self._norm(mg)) @ self.weight
-        return out + self.bias if self.bias is not None else out
-
-    @staticmethod
-    def _norm(mg: MessageGraph) -> torch.Tensor:
-        return mg.edge_weight if mg.edge_weight is not None else mg.sym_norm
+        return self.finish(spmm_sum(mg, h_src, self.edge_weights(mg)) @ self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.in_dim}, {self.out_dim}, bias={self.bias is not None}"

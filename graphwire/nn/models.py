@@ -49,11 +49,13 @@ __all__ = [
     "LayerKind",
     "ModelOptions",
     "Projecting",
+    "SumsSources",
     "build_model",
     "feature_dropout",
     "layer_call_kwargs",
     "projecting",
     "projects_first",
+    "sums_sources",
 ]
 
 Fetch = Callable[[int, torch.Tensor], torch.Tensor]
@@ -192,6 +194,28 @@ def projecting(layer: nn.Module) -> Projecting | None:
     """``layer`` as :class:`Projecting` when :func:`projects_first` holds,
     else None."""
     return cast(Projecting, layer) if projects_first(layer) else None
+
+
+class SumsSources(Projecting, Protocol):
+    """A :class:`Projecting` layer whose ``propagate(mg, m_src, None)`` is
+    ``finish(A m_src)``, ``A`` [num_dst, num_src] holding ``edge_weights(mg)``
+    (float [E], CSR order) and ``finish`` row-wise: the weighted sum splits
+    over any grouping of the source rows, so a caller may sum the rows it has
+    while others are still on their way (GCN)."""
+
+    def edge_weights(self, mg: MessageGraph) -> torch.Tensor: ...
+
+    def finish(self, agg: torch.Tensor) -> torch.Tensor: ...
+
+
+def sums_sources(layer: nn.Module) -> SumsSources | None:
+    """``layer`` as :class:`SumsSources` when it projects first, reads no
+    destination rows and says ``sums_sources``, else None."""
+    if not getattr(layer, "sums_sources", False) or not projects_first(layer):
+        return None
+    if getattr(layer, "reads_dst_rows", True):
+        return None
+    return cast(SumsSources, layer)
 
 
 def projects_first(layer: nn.Module) -> bool:

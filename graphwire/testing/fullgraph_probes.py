@@ -41,8 +41,9 @@ from graphwire.fullgraph.distributed import (
     seeded_model,
     train_distributed,
 )
+from graphwire.fullgraph.g3_bins import BinGraph, SumGraph
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
-from graphwire.fullgraph.p2p import BinGraph, P2PEngine
+from graphwire.fullgraph.p2p import P2PEngine
 from graphwire.partition.format import load_part
 from graphwire.training import EpochRecord, TrainConfig
 
@@ -101,7 +102,7 @@ class DyingP2PEngine(P2PEngine):
 
     def _forward_layer(
         self, index: int, *rest: Any
-    ) -> tuple[torch.Tensor, torch.Tensor | None, list[BinGraph]]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[BinGraph] | SumGraph]:
         # Only the layer matters here; the rest goes on to g3 unchanged.
         if self._now(index):
             self._die()

@@ -15,6 +15,7 @@ import torch
 
 from graphwire.comm.local import run_local
 from graphwire.fullgraph.distributed import build_engine, forward_loss, seeded_model
+from graphwire.fullgraph.g3_bins import SumGraph
 from graphwire.fullgraph.p2p import P2PEngine
 from graphwire.partition import load_part
 from tests.fullgraph.dist_helpers import (
@@ -39,14 +40,15 @@ class _TracedWork:
 
 
 def _traced_step(
-    transport: Any, folder: str
-) -> tuple[list[Event], list[int], set[int]]:
-    """One G3 training step (16-row bins, GCN, 2 layers): what ran, in order;
-    the forward order of layer 0's bins; the layer-0 bins whose rows peers
-    read at layer 1."""
+    transport: Any, folder: str, last: str
+) -> tuple[list[Event], list[int], set[int], P2PEngine]:
+    """One G3 training step (16-row bins, GCN, 2 layers, the last layer as
+    ``last`` says): what ran, in order; the forward order of layer 0's bins;
+    the layer-0 bins whose rows peers read at layer 1; the engine."""
     config = config_for("gcn")
     part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
+    options = {"bin_rows": 16, "last": last}
+    engine = build_engine(part, transport, config, "g3", options)
     assert isinstance(engine, P2PEngine)
     events: list[Event] = []
     forward_layer, isend, irecv = (
@@ -57,6 +59,12 @@ def _traced_step(
 
     def traced_forward(index: int, *args: Any) -> Any:
         out = forward_layer(index, *args)
+        if isinstance(out[2], SumGraph):
+            events.append(("forward sums", index, True))
+            out[2].out.register_hook(
+                lambda _, i=index: events.append(("backward sums", i, True))
+            )
+            return out
         for g in out[2]:
             reads_halo = bool(g.bin.src_halo.numel())
             events.append(("forward", index, reads_halo))
@@ -83,14 +91,36 @@ def _traced_step(
     _, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
     loss.backward()
     order = [b for b, _ in engine._bin_order(0)]
-    return events, order, engine._returning[0]
+    return events, order, engine._returning[0], engine
+
+
+def _layer0_backward(
+    events: list[Event],
+    walked_events: list[Event],
+    order: list[int],
+    returning: set[int],
+) -> None:
+    """Layer 0's backward (one bin per event, after layer 1's): the bins whose
+    rows no peer read first, at once; then the others in reverse forward
+    order, each once the gradients of its rows have come back."""
+    walked = [int(e[0].split()[1]) for e in walked_events]
+    interior = [b for b in reversed(order) if b not in returning]
+    boundary = [b for b in reversed(order) if b in returning]
+    assert interior and boundary
+    assert walked == interior + boundary
+    first_wait = events.index(("wait bwd.L1", -1, False))
+    assert events.index(walked_events[len(interior) - 1]) < first_wait
+    assert events.index(walked_events[len(interior)]) > first_wait
+    # The input layer sends no gradients (the features need none).
+    assert not [e for e in events if e[0] == "bwd.L0"]
 
 
 def test_bins_run_in_g3_order_and_gradients_leave_before_local_bins(
     tmp_path,
 ) -> None:
     folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
-    for events, order, returning in run_local(lambda t: _traced_step(t, folder), 2):
+    steps = run_local(lambda t: _traced_step(t, folder, "bins"), 2)
+    for events, order, returning, _ in steps:
         layer0 = [e for e in events if e[:2] == ("forward", 0)]
         layer1 = [e for e in events if e[:2] == ("forward", 1)]
         # Input layer (halo rows cached): many bins, rows peers need first.
@@ -104,19 +134,32 @@ def test_bins_run_in_g3_order_and_gradients_leave_before_local_bins(
         tail = events[events.index(backward[0]) :]
         assert tail[1][0] == "bwd.L1"
         assert tail.index(backward[1]) > 1
-        # Layer 0 (one bin per event, after layer 1): the bins whose rows no
-        # peer read first, at once; then the others in reverse forward order,
-        # each once the gradients of its rows have come back.
-        walked = [int(e[0].split()[1]) for e in backward[2:]]
-        interior = [b for b in reversed(order) if b not in returning]
-        boundary = [b for b in reversed(order) if b in returning]
-        assert interior and boundary
-        assert walked == interior + boundary
-        first_wait = events.index(("wait bwd.L1", -1, False))
-        assert events.index(backward[2 + len(interior) - 1]) < first_wait
-        assert events.index(backward[2 + len(interior)]) > first_wait
-        # The input layer sends no gradients (the features need none).
-        assert not [e for e in events if e[0] == "bwd.L0"]
+        _layer0_backward(events, backward[2:], order, returning)
+
+
+def test_a_summing_last_layer_adds_each_message_and_returns_each_at_once(
+    tmp_path,
+) -> None:
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    steps = run_local(lambda t: _traced_step(t, folder, "sums"), 2)
+    for events, order, returning, engine in steps:
+        # Layer 1 (GCN: Â m + b) runs no bins: it sums every message as it
+        # comes, each waited for on its own, in send order.
+        assert ("forward sums", 1, True) in events
+        assert not [e for e in events if e[:2] == ("forward", 1)]
+        keys = engine.messages[1].keys
+        assert engine.counters["sums.messages"] == len(keys) > 1
+        waits = [e for e in events if e[0] == "wait fwd.L1"]
+        assert len(waits) == len(keys)
+        assert events.index(waits[-1]) < events.index(("forward sums", 1, True))
+        # Backward: every message's gradients leave at once, one per message
+        # that returns rows, before any bin of layer 0 runs its backward.
+        backward = [e for e in events if e[0].startswith("backward")]
+        assert backward[0] == ("backward sums", 1, True)
+        tail = events[events.index(backward[0]) + 1 :]
+        returned = len(engine._return_pos[1])
+        assert returned and [e[0] for e in tail[:returned]] == ["bwd.L1"] * returned
+        _layer0_backward(events, backward[1:], order, returning)
 
 
 def _synced_step(transport: Any, folder: str, sync: str) -> dict[str, Any]:

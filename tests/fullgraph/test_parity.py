@@ -35,6 +35,7 @@ ENGINES = [
     ("g3", {"bin_rows": 16}),
     ("g3", {"bin_rows": 16, "mode": "inter"}),
     ("g3", {"bin_rows": 16, "mode": "intra"}),
+    ("g3", {"bin_rows": 16, "last": "bins"}),  # GCN's last layer in bins too
     ("g3", {"bin_rows": 16, "mode": "sequential"}),
     ("g3", {"bin_rows": 16, "order": "priority", "sync": "epoch"}),
     ("g3", {"bin_mb": 0.02}),  # bins cut by the memory budget, per layer
@@ -59,6 +60,12 @@ def test_engine_matches_single_process(
     folder = write_parts(graph, num_parts, tmp_path, method)
     ranks = run_dist_steps(folder, num_parts, config, exchange, options)
     _assert_matches(ranks, oracle)
+    if exchange == "g3" and num_parts > 1:
+        # GCN's last layer sums message by message unless told or unable to.
+        summing = model == "gcn" and options.get("last", "sums") == "sums"
+        summing = summing and options.get("mode", "full") in ("full", "intra")
+        summed = [rank["counters"]["sums.messages"] for rank in ranks]
+        assert all(summed) if summing else not any(summed)
 
 
 @pytest.mark.parametrize(
