@@ -110,6 +110,10 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             "--bin-rows: only with --exchange g3",
         ),
         (
+            ["--workers", "2", "--exchange", "halo", "--g3-last", "bins"],
+            "--g3-last: only with --exchange g3",
+        ),
+        (
             ["--workers", "2", "--mode", "minibatch", "--n-hot", "10"],
             "--n-hot: only with --fetch rapid",
         ),

@@ -1,0 +1,257 @@
+"""The backward half of G3's engine (:class:`G3Backward`, the base of
+:class:`~graphwire.fullgraph.p2p.P2PEngine`): the whole stack's backward,
+layer by layer, bins in reverse, pipelined across layers, and layer-wise
+parameter synchronisation (see :mod:`graphwire.fullgraph.p2p`).
+
+Per rank, for layer ``l`` (top down): the gradients of the halo rows it read
+leave for their owners (``isend``, tag ``bwd.L{l}``, one message per forward
+message, each peer's in reverse order) as soon as the bins (or the sum) that
+read them are done; the gradients of the rows it sent at layer ``l`` come
+back the same way (:class:`~graphwire.fullgraph.g3_messages.Returns`) and the
+layer below's bins wait only for their own. A layer's parameter gradients,
+once complete, start their all-reduce (``sync.grad.L{l}``, non-blocking);
+:meth:`G3Backward.sync_gradients` collects them before the optimizer step.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import cast
+
+import torch
+from torch import nn
+
+from graphwire.comm.base import PendingSum, Work
+from graphwire.fullgraph.base import (
+    Engine,
+    assign_gradients,
+    flat_gradients,
+    sum_gradients,
+)
+from graphwire.fullgraph.g3_bins import StackGraph, SumGraph
+from graphwire.fullgraph.g3_messages import Messages, Returns
+from graphwire.fullgraph.g3_sums import MessageSums
+
+__all__ = ["G3Backward"]
+
+
+class G3Backward(Engine):
+    """G3's backward and gradient synchronisation; :class:`P2PEngine` sets
+    the attributes below up and runs the forward."""
+
+    sync: str
+    messages: list[Messages]
+    _sends: list[Work]
+    _halo: dict[int, torch.Tensor]
+    _model_layers: list[nn.Module]
+    _layer_sums: list[tuple[list[torch.Tensor], PendingSum]]
+    _sums: dict[int, MessageSums | None]
+    _returning: list[set[int]]
+    _return_rows: list[list[dict[int, torch.Tensor]]]
+    _return_pos: list[dict[tuple[int, int], torch.Tensor]]
+
+    def _walk_sums(
+        self, index: int, summed: SumGraph, grad_out: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], Returns]:
+        """Backward of a layer summed message by message: ``finish``'s graph
+        gives the sum's gradient, each message's returned rows' gradients
+        leave as soon as they are computed (one product each, in reverse send
+        order, tag ``bwd.L{index}``), then the owned source rows' gradient.
+        Returns that gradient and its returning messages."""
+        torch.autograd.backward(summed.out, grad_out)
+        grad_agg = summed.agg.grad
+        assert grad_agg is not None and self._sums[index] is not None
+        sums = cast(MessageSums, self._sums[index]).matrices(grad_agg.dtype)
+        grad_src = grad_agg.new_zeros((self.part.num_owned, grad_agg.shape[1]))
+        mine = self._post_returns(index, grad_src)
+        tag = f"{self.phase}bwd.L{index}"
+        for key in reversed(self.messages[index].keys):
+            payload = sums.returned_grad(key, grad_agg)
+            if payload is not None:
+                self._sends.append(self.transport.isend(payload, key[0], tag))
+        grad_src.add_(sums.owned_grad(grad_agg))
+        return (grad_src,), mine
+
+    def _returns(self, index: int, graph: StackGraph) -> bool:
+        """Whether the backward sends layer ``index``'s halo rows' gradients
+        to their owners: rows computed by a layer below always, the input
+        layer's when they were projected or the input needs a gradient."""
+        if index > 0:
+            return True
+        return not self.cache_input and (
+            graph.projection is not None or graph.h0.requires_grad
+        )
+
+    def _backward_stack(
+        self, graph: StackGraph, grad_out: torch.Tensor, needs_input_grad: bool
+    ) -> torch.Tensor | None:
+        """The backward of the whole stack, layers top down, bins in reverse.
+
+        Layer by layer (:meth:`_walk_layer`): a layer's halo rows' gradients
+        leave for their owners as soon as the bins that read halo rows are
+        done; the layer below then runs its bins' backward at once where no
+        peer read their rows, and the others as their rows' gradients come
+        back (:class:`Returns`), so the layers overlap the transfers. Returns
+        the input rows' gradient, or None when they need none.
+        """
+        grads: tuple[torch.Tensor, ...] = (grad_out,)
+        returns: Returns | None = None
+        for index in reversed(range(self.num_layers)):
+            grads, returns = self._walk_layer(index, graph, grads, returns)
+        if returns is not None:
+            self.timed(partial(returns.wait_bin, None))
+        grad = grads[0] if grads else None
+        if graph.projection is not None:
+            assert grad is not None
+            torch.autograd.backward(graph.projection, grad)
+            self._layer_done(0)
+            grad = graph.h0.grad
+        self.timed(self._drain_sends)
+        if not needs_input_grad or grad is None:
+            return None
+        if len(grads) > 1:
+            grad = grad + grads[1]  # the destinations' own rows (SAGE)
+        return grad
+
+    def _walk_layer(
+        self,
+        index: int,
+        graph: StackGraph,
+        out_grads: tuple[torch.Tensor, ...],
+        returns: Returns | None,
+    ) -> tuple[tuple[torch.Tensor, ...], Returns | None]:
+        """Backward of layer ``index``'s bins: G3's backward pipeline.
+
+        ``out_grads`` are the gradients of what the bins handed on (the
+        loss's for the last layer; the next layer's source and destination
+        rows otherwise, complete for a bin once ``returns`` has its messages).
+        Bins that need no returning gradient go first, those that read halo
+        rows before the others; then the rest in reverse forward order, each
+        after its messages. Once every bin that reads halo rows is done, the
+        halo rows' gradients leave (tag ``bwd.L{index}``, one message per
+        forward message, in reverse order). Parameter gradients accumulate in
+        ``.grad`` bin by bin.
+
+        Returns the gradients of this layer's source rows (and destination
+        rows, when a projected layer read them) and their returning messages.
+        """
+        bins = graph.layers[index]
+        if isinstance(bins, SumGraph):
+            return self._walk_sums(index, bins, out_grads[0])
+        n = self.part.num_owned
+        sends = self._returns(index, graph)
+        grad_src = grad_dst = grad_halo = None
+        if bins and bins[0].src.requires_grad:
+            grad_src = bins[0].src.new_zeros((n, bins[0].src.shape[1]))
+        if bins and bins[0].dst is not None:
+            grad_dst = bins[0].dst.new_zeros((n, bins[0].dst.shape[1]))
+        mine = None
+        if sends:
+            width = bins[0].src.shape[1] if bins else self._source_width(index, graph)
+            if grad_src is None:
+                grad_src = graph.h0.new_zeros((n, width))
+            grad_halo = grad_src.new_zeros((self.plan.num_halo, width))
+            mine = self._post_returns(index, grad_src)
+        waiting = self._returning[index] if returns is not None else set()
+        early = [g for g in reversed(bins) if g.index not in waiting]
+        late = [g for g in reversed(bins) if g.index in waiting]
+        order = (
+            [g for g in early if g.bin.src_halo.numel()]
+            + [g for g in early if not g.bin.src_halo.numel()]
+            + late
+        )
+        halo_left = sum(1 for g in bins if g.bin.src_halo.numel())
+        if grad_halo is not None and not halo_left:
+            self._send_returns(index, grad_halo)
+        for g in order:
+            if returns is not None and g.index in waiting:
+                self.timed(partial(returns.wait_bin, g.index))
+            rows = g.bin.rows
+            torch.autograd.backward(
+                list(g.outs), [grad.index_select(0, rows) for grad in out_grads]
+            )
+            if grad_dst is not None and g.dst is not None and g.dst.grad is not None:
+                grad_dst.index_add_(0, rows, g.dst.grad)
+            if grad_src is not None and g.src.grad is not None:
+                num_owned = g.bin.src_owned.numel()
+                grad_src.index_add_(0, g.bin.src_owned, g.src.grad[:num_owned])
+                if grad_halo is not None and g.bin.src_halo.numel():
+                    grad_halo.index_add_(0, g.bin.src_halo, g.src.grad[num_owned:])
+            if g.bin.src_halo.numel():
+                halo_left -= 1
+                if grad_halo is not None and not halo_left:
+                    self._send_returns(index, grad_halo)
+        if self.exchanged_projection(index, self._model_layers[index]) is None:
+            self._layer_done(index)
+        following = index + 1
+        if following < self.num_layers and self.exchanged_projection(
+            following, self._model_layers[following]
+        ):
+            # The projection of the layer above ran in this layer's bins.
+            self._layer_done(following)
+        grads = tuple(t for t in (grad_src, grad_dst) if t is not None)
+        return grads, mine
+
+    def _source_width(self, index: int, graph: StackGraph) -> int:
+        """Width of layer ``index``'s source rows on a rank without rows."""
+        if index == 0:
+            projection = graph.projection
+            return int((projection if projection is not None else graph.h0).shape[1])
+        return self._halo[index].shape[1] if index in self._halo else 0
+
+    def _post_returns(self, index: int, grad: torch.Tensor) -> Returns:
+        """Post the receives of the gradients of the rows this rank sent at
+        layer ``index`` (each peer's in reverse send order); they are added
+        into ``grad``, the owned source rows' gradient."""
+        tag = f"{self.phase}bwd.L{index}"
+        pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]] = {}
+        for peer, chunks in enumerate(self._return_rows[index]):
+            for b in reversed(list(chunks)):
+                rows = chunks[b]
+                buf = grad.new_empty((rows.numel(), grad.shape[1]))
+                pending[(peer, b)] = (self.transport.irecv(buf, peer, tag), buf, rows)
+        return Returns(grad, pending)
+
+    def _send_returns(self, index: int, grad_halo: torch.Tensor) -> None:
+        """Send the halo rows' gradients of layer ``index`` to their owners:
+        one message per forward message, each peer's in reverse order."""
+        tag = f"{self.phase}bwd.L{index}"
+        returned = self._return_pos[index]
+        for key in reversed(self.messages[index].keys):
+            if key in returned:
+                payload = grad_halo.index_select(0, returned[key])
+                self._sends.append(self.transport.isend(payload, key[0], tag))
+
+    def _layer_done(self, index: int) -> None:
+        """Layer ``index``'s gradients are complete: they start their sum
+        (``sync="layer"``), and the sums started before them move on to their
+        second phase."""
+        layer = self._model_layers[index]
+        params: list[torch.Tensor] = [p for p in layer.parameters() if p.requires_grad]
+        if self.sync != "layer" or self.phase or not params:
+            return
+        for _, pending in self._layer_sums:
+            pending.advance()
+        flat = flat_gradients(params)
+        tag = f"sync.grad.L{index}"
+        self._layer_sums.append(
+            (params, self.transport.start_all_reduce_sum(flat, tag))
+        )
+
+    def sync_gradients(self, model: nn.Module) -> None:
+        """Collect the layer-wise sums, then sum any gradient no layer covered
+        (one flat all-reduce); with ``sync="epoch"``, just the flat one."""
+        synced: set[int] = set()
+        for params, pending in self._layer_sums:
+            total = pending.wait()
+            assign_gradients(params, total)
+            synced.update(id(p) for p in params)
+        self._layer_sums.clear()
+        rest = [p for p in model.parameters() if id(p) not in synced]
+        if rest:
+            sum_gradients(rest, self.transport, "sync.grad")
+
+    def _drain_sends(self) -> None:
+        for work in self._sends:
+            work.wait()
+        self._sends.clear()
