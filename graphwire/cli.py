@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--g3-last",
         choices=["sums", "bins"],
         help="G3 last layer: summed message by message as its halo rows arrive "
-        "(default sums; layers that sum their sources, e.g. GCN), or in bins",
+        "(default sums; layers that sum their sources: GCN, GraphSAGE), or in bins",
     )
     train.add_argument(
         "--bin-rows",

@@ -57,7 +57,8 @@ class G3Backward(Engine):
         gives the sum's gradient, each message's returned rows' gradients
         leave as soon as they are computed (one product each, in reverse send
         order, tag ``bwd.L{index}``), then the owned source rows' gradient.
-        Returns that gradient and its returning messages."""
+        Returns that gradient (and the destinations' input rows', when
+        ``finish`` read them) and its returning messages."""
         torch.autograd.backward(summed.out, grad_out)
         grad_agg = summed.agg.grad
         assert grad_agg is not None and self._sums[index] is not None
@@ -70,7 +71,10 @@ class G3Backward(Engine):
             if payload is not None:
                 self._sends.append(self.transport.isend(payload, key[0], tag))
         grad_src.add_(sums.owned_grad(grad_agg))
-        return (grad_src,), mine
+        if summed.dst is None:
+            return (grad_src,), mine
+        assert summed.dst.grad is not None
+        return (grad_src, summed.dst.grad), mine
 
     def _returns(self, index: int, graph: StackGraph) -> bool:
         """Whether the backward sends layer ``index``'s halo rows' gradients

@@ -145,9 +145,12 @@ class BinGraph:
 class SumGraph:
     """The graph of a layer summed message by message
     (:mod:`graphwire.fullgraph.g3_sums`), kept from the forward for the
-    backward: the sum's leaf and the layer's output rows, ``finish`` of it."""
+    backward: the sum's leaf, the leaf of the destinations' input rows when
+    ``finish`` reads them (else None), and the layer's output rows, ``finish``
+    of them."""
 
     agg: torch.Tensor
+    dst: torch.Tensor | None
     out: torch.Tensor
 
 

@@ -3,9 +3,11 @@
 A bin of the last layer that reads halo rows waits for every message carrying
 one of them, which is nearly all of them: each of its rows reads rows from
 many of each peer's bins. A layer whose ``propagate`` is a row-wise ``finish``
-of a weighted sum of its source rows (:class:`~graphwire.nn.models.SumsSources`,
-GCN: ``Â m + b``) need not wait: the sum splits over where the rows come from.
-:class:`MessageSums` holds the pieces of ``Â`` (built once):
+of a weighted sum of its source rows
+(:class:`~graphwire.nn.models.SumsSources`: GCN's ``Â m + b``, GraphSAGE's
+mean, then its root term) need not wait: the sum splits over where the rows
+come from. :class:`MessageSums` holds the pieces of ``Â`` (the layer's
+``edge_weights``; built once):
 
 - ``own``: ``Â``'s owned columns, CSR [n, n]; ``own_t`` its transpose.
 - per message ``(peer, sender bin)``: the rows with an edge from it,
@@ -16,10 +18,12 @@ GCN: ``Â m + b``) need not wait: the sum splits over where the rows come from.
 
 Forward: ``agg = own @ m_owned`` while the halo rows are in flight, then
 ``agg[d_k] += piece_k @ message_k`` as each message is in, in the order they
-were sent (a fixed order, so every run sums alike), then ``finish(agg)``.
-Backward: ``grad_agg`` from ``finish``'s graph; each message's returned rows'
-gradient is one product, ``returns_k @ grad_agg``, sent as soon as it is
-computed; the owned rows' gradient is ``own_t @ grad_agg``.
+were sent (a fixed order, so every run sums alike), then ``finish(agg,
+h_dst)`` (``h_dst``: the owned input rows, for a layer that reads them).
+Backward: ``grad_agg`` (and ``h_dst``'s gradient) from ``finish``'s graph;
+each message's returned rows' gradient is one product, ``returns_k @
+grad_agg``, sent as soon as it is computed; the owned rows' gradient is
+``own_t @ grad_agg``.
 
 The sums group the terms of each row differently from one product over
 ``[owned; halo]`` (owned sources first, then message by message), so results

@@ -45,13 +45,13 @@ the transfer behind computation:
 - **Last layer.** Its output goes to no peer, so no row cap applies: it runs
   in as few bins as the budget allows (two with the defaults here: rows
   without and with halo inputs), since smaller bins would only gather shared
-  source rows again. A last layer that sums its sources (GCN's ``Â m + b``)
-  computes eagerly message by message instead (``last="sums"``, the
-  default; :mod:`~graphwire.fullgraph.g3_sums`): the owned rows' terms while
-  the halo rows are in flight, each message's as it is in, and in the
-  backward each message's gradients leave as soon as they are computed,
-  where a halo bin waits for nearly every message and returns its gradients
-  only once its whole backward is done.
+  source rows again. A last layer that sums its sources (GCN's ``Â m + b``,
+  GraphSAGE's neighbour mean) computes eagerly message by message instead
+  (``last="sums"``, the default; :mod:`~graphwire.fullgraph.g3_sums`): the
+  owned rows' terms while the halo rows are in flight, each message's as it
+  is in, and in the backward each message's gradients leave as soon as they
+  are computed, where a halo bin waits for nearly every message and returns
+  its gradients only once its whole backward is done.
 - **Layer-wise parameter synchronisation** (``sync="layer"``, G3 §6.2). As
   soon as a layer's gradients are complete they start their all-reduce (tag
   ``sync.grad.L{l}``, non-blocking), which completes once every rank has
@@ -553,7 +553,9 @@ class P2PEngine(G3Backward):
                 self._wait(index, None)
         sums = self._summed(index, layer) if last else None
         if sums is not None:
-            out, summed = self._forward_sums(index, sums, layer, source, track)
+            out, summed = self._forward_sums(
+                index, sums, layer, source, dst_rows, track
+            )
             return out, None, summed if summed is not None else []
         send_next = pipelined and not last
         graphs: list[BinGraph] = []
@@ -646,13 +648,15 @@ class P2PEngine(G3Backward):
         sums: MessageSums,
         layer: nn.Module,
         source: torch.Tensor,
+        dst_rows: torch.Tensor | None,
         track: bool,
     ) -> tuple[torch.Tensor, SumGraph | None]:
         """Layer ``index`` summed message by message: the owned source rows'
         terms while the halo rows are in flight, then each message's, straight
         from its receive buffer, as it is in (in send order); then the
-        layer's ``finish``. Returns its output rows and, with ``track``, the
-        graph for :meth:`_walk_sums`."""
+        layer's ``finish`` (with ``dst_rows``, the owned input rows, when it
+        reads them). Returns its output rows and, with ``track``, the graph
+        for :meth:`_walk_sums`."""
         sums = sums.matrices(source.dtype)
         agg = sums.sum_owned(source)
         pending = self._pending_recv.pop(index, {})
@@ -663,11 +667,16 @@ class P2PEngine(G3Backward):
                 sums.add_message(agg, key, rows)
                 self.counters["sums.messages"] += 1
         self.timed(self._drain_sends)
+        summing = cast(SumsSources, layer)
+        h_dst = None
+        if summing.reads_dst_rows:
+            assert dst_rows is not None
+            h_dst = dst_rows.requires_grad_(track)  # its own buffer: a leaf
         with torch.set_grad_enabled(track):
-            out = cast(SumsSources, layer).finish(agg.requires_grad_(track))
+            out = summing.finish(agg.requires_grad_(track), h_dst)
         # The stack's output is a tensor of its own: G3Stack's node becomes
         # its grad_fn, and the backward runs finish's graph through ``out``.
-        return out.detach(), SumGraph(agg, out) if track else None
+        return out.detach(), SumGraph(agg, h_dst, out) if track else None
 
 
 class G3Stack(torch.autograd.Function):

@@ -75,7 +75,7 @@ class GCNConv(ProjectsToOutput, nn.Module):
             h_dst: the destinations' input rows (unused, may be None: GCN has
                 no root term).
         """
-        return self.finish(spmm_sum(mg, m_src, self.edge_weights(mg)))
+        return self.finish(spmm_sum(mg, m_src, self.edge_weights(mg)), h_dst)
 
     # propagate() is finish() of a weighted sum of its source rows: the sum
     # splits over any grouping of the sources (graphwire.nn.models.SumsSources).
@@ -85,8 +85,9 @@ class GCNConv(ProjectsToOutput, nn.Module):
         """float32 [E]: ``Â``'s entry of every edge of ``mg``, in CSR order."""
         return mg.edge_weight if mg.edge_weight is not None else mg.sym_norm
 
-    def finish(self, agg: torch.Tensor) -> torch.Tensor:
-        """What propagate() applies to the weighted sum: the bias."""
+    def finish(self, agg: torch.Tensor, h_dst: torch.Tensor | None) -> torch.Tensor:
+        """What propagate() applies to the weighted sum: the bias (``h_dst``
+        unused)."""
         return agg + self.bias if self.bias is not None else agg
 
     def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
@@ -101,7 +102,8 @@ class GCNConv(ProjectsToOutput, nn.Module):
         """
         if self.projects_first:
             return self.propagate(mg, self.project(h_src), mg.dst_rows(h_src))
-        return self.finish(spmm_sum(mg, h_src, self.edge_weights(mg)) @ self.weight)
+        agg = spmm_sum(mg, h_src, self.edge_weights(mg))
+        return self.finish(agg @ self.weight, None)
 
     def extra_repr(self) -> str:
         return f"{self.in_dim}, {self.out_dim}, bias={self.bias is not None}"

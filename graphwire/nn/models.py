@@ -197,23 +197,22 @@ def projecting(layer: nn.Module) -> Projecting | None:
 
 
 class SumsSources(Projecting, Protocol):
-    """A :class:`Projecting` layer whose ``propagate(mg, m_src, None)`` is
-    ``finish(A m_src)``, ``A`` [num_dst, num_src] holding ``edge_weights(mg)``
-    (float [E], CSR order) and ``finish`` row-wise: the weighted sum splits
-    over any grouping of the source rows, so a caller may sum the rows it has
-    while others are still on their way (GCN)."""
+    """A :class:`Projecting` layer whose ``propagate(mg, m_src, h_dst)`` is
+    ``finish(A m_src, h_dst)``, ``A`` [num_dst, num_src] holding
+    ``edge_weights(mg)`` (float [E], CSR order) and ``finish`` row-wise: the
+    weighted sum splits over any grouping of the source rows, so a caller may
+    sum the rows it has while others are still on their way (GCN's ``Â m +
+    b``; GraphSAGE's neighbour mean, then its root term and bias)."""
 
     def edge_weights(self, mg: MessageGraph) -> torch.Tensor: ...
 
-    def finish(self, agg: torch.Tensor) -> torch.Tensor: ...
+    def finish(self, agg: torch.Tensor, h_dst: torch.Tensor | None) -> torch.Tensor: ...
 
 
 def sums_sources(layer: nn.Module) -> SumsSources | None:
-    """``layer`` as :class:`SumsSources` when it projects first, reads no
-    destination rows and says ``sums_sources``, else None."""
+    """``layer`` as :class:`SumsSources` when it projects first and says
+    ``sums_sources``, else None."""
     if not getattr(layer, "sums_sources", False) or not projects_first(layer):
-        return None
-    if getattr(layer, "reads_dst_rows", True):
         return None
     return cast(SumsSources, layer)
 

@@ -63,9 +63,24 @@ class SAGEConv(ProjectsToOutput, nn.Module):
             m_src: float [num_src, out_dim], :meth:`project` of the source rows.
             h_dst: float [num_dst, in_dim], the destinations' own input rows.
         """
+        return self.finish(spmm_mean(mg, m_src), h_dst)
+
+    # propagate() is finish() of a weighted sum (the mean) of its source rows:
+    # the sum splits over any grouping of the sources
+    # (graphwire.nn.models.SumsSources).
+    sums_sources = True
+
+    def edge_weights(self, mg: MessageGraph) -> torch.Tensor:
+        """float32 [E]: the mean's weight of every edge of ``mg``,
+        ``1 / in_degree(dst)``, in CSR order."""
+        return mg.mean_weight
+
+    def finish(self, agg: torch.Tensor, h_dst: torch.Tensor | None) -> torch.Tensor:
+        """What propagate() applies to the neighbour mean ``agg`` [num_dst,
+        out_dim]: the root term of ``h_dst`` [num_dst, in_dim] and the bias."""
         if h_dst is None:
             raise ValueError("SAGEConv.propagate: needs h_dst, the root term's rows")
-        return self._combine(h_dst, spmm_mean(mg, m_src))
+        return self._combine(h_dst, agg)
 
     def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:
         """Combine each destination's own row with the mean of its neighbours.

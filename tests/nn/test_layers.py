@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
 from graphwire.nn import GATConv, GCNConv, MessageGraph, SAGEConv, build_model
-from graphwire.nn.models import projects_first
+from graphwire.nn.base import spmm_sum
+from graphwire.nn.models import projects_first, sums_sources
 from graphwire.sampler import UniformNeighborSampler
 
 
@@ -275,3 +276,31 @@ def test_gat_attention_vectors_take_pygs_glorot_bounds() -> None:
         assert att.abs().max() <= bound
         # 32 draws all inside the narrow bound: probability 0.6**32 ~ 1e-7.
         assert att.abs().max() > narrow
+
+
+@pytest.mark.parametrize(
+    ("layer", "sums"),
+    [
+        (GCNConv(5, 3), True),
+        (GCNConv(3, 5), False),  # does not project first
+        (SAGEConv(5, 3), True),
+        (GATConv(5, 2, heads=2), False),  # softmax over all its sources
+    ],
+    ids=repr,
+)
+def test_a_layer_that_sums_its_sources_is_finish_of_a_weighted_sum(layer, sums) -> None:
+    """What G3's summed last layer relies on (``SumsSources``): propagate is
+    ``finish`` of the product with ``edge_weights``, so a sum over any split
+    of the source rows, finished once, is the layer."""
+    assert (sums_sources(layer) is not None) is sums
+    if not sums:
+        return
+    torch.manual_seed(4)
+    mg = MessageGraph.from_graph(_graph(seed=4).add_self_loops())
+    h = torch.randn(30, 5)
+    m = layer.project(h)
+    h_dst = h if layer.reads_dst_rows else None
+    weight = layer.edge_weights(mg)
+    split = mg.indices < 11  # sources 0-10, then the rest
+    agg = spmm_sum(mg, m, weight * split) + spmm_sum(mg, m, weight * ~split)
+    torch.testing.assert_close(layer.finish(agg, h_dst), layer(mg, h))
