@@ -13,9 +13,10 @@ In one run, on the synthetic products-like graph (F=100, GCN, hidden 128):
 2. inside one network namespace whose loopback is shaped to ``--rate-mbit``
    (one ``tbf`` shared by all workers, ARCHITECTURE §4) trains single-process
    and, with ``--workers``, every engine (halo, replicate if the CLI offers
-   it, g3 and G3's ablation modes) on METIS parts, then g3 on every
-   partitioner. The list runs ``--rounds`` times, forwards then backwards, and
-   each configuration's figure is the median over rounds;
+   it, g3, g3 with its last layer in bins, and G3's ablation modes) on
+   METIS parts, then g3 on every partitioner. The list runs ``--rounds``
+   times, forwards then backwards, and each configuration's figure is the
+   median over rounds;
 3. unshaped (a namespace without a qdisc): 1 worker vs 2 workers (g3 and
    halo), one thread each, alternating; and two copies of the 1-worker run
    started at once, whose throughput over one copy alone is what two processes
