@@ -622,9 +622,11 @@ class P2PEngine(G3Backward):
 
     def _summed(self, index: int, layer: nn.Module) -> MessageSums | None:
         """Layer ``index``'s sum split message by message
-        (:mod:`~graphwire.fullgraph.g3_sums`) when it computes eagerly, its
-        halo rows arrive in this forward, projected, and it sums them
-        (:func:`~graphwire.nn.models.sums_sources`); else None (bins)."""
+        (:mod:`~graphwire.fullgraph.g3_sums`) when it computes eagerly, lies
+        above the input layer (whose halo rows may be cached, and whose
+        backward :meth:`_backward_stack` finishes itself), exchanges projected
+        rows, and sums them (:func:`~graphwire.nn.models.sums_sources`); else
+        None (bins)."""
         if index not in self._sums:
             summing = sums_sources(layer)
             plan = None
