@@ -214,19 +214,19 @@ def test_edge_ids_must_match_edges() -> None:
 
 @pytest.mark.parametrize("p", [0.5, 0.3, 0.1])
 def test_the_mask_is_the_entry_draw_against_the_quantile(p: float) -> None:
-    """An entry is kept when ``(row_hash ^ column_hash) * odd`` reaches the
-    ``p`` quantile of int64, compared in float32 (both sides rounded): for
-    ``p = 0.5`` exactly the int64 comparison, for any ``p`` different from it
-    only where the draw rounds to the threshold itself."""
+    """An entry is kept when the int32 product of its row's and its column's
+    words (the top 32 bits of their SplitMix64 hashes, the column's made odd)
+    reaches the ``p`` quantile of int32, compared in float32 (both sides
+    rounded): for ``p = 0.5`` exactly the int32 comparison, for any ``p``
+    different from it only where the draw rounds to the threshold itself."""
     rows, width, seed = 3000, 70, 4
     ids = torch.arange(rows) * 7 + 3
     out = hashed_dropout(torch.ones(rows, width), p, ids, seed)
-    draw = torch.bitwise_xor(
-        dropout.splitmix64(ids, seed).unsqueeze(1),
-        dropout.splitmix64(torch.arange(width), seed ^ dropout._COLUMN_SALT),
-    )
-    draw = draw * dropout._MUL1
-    quantile = -(1 << 63) + int(p * 2.0**64)
+    row = dropout.splitmix64(ids, seed) >> 32
+    column = dropout.splitmix64(torch.arange(width), seed ^ dropout._COLUMN_SALT)
+    draw = row.unsqueeze(1) * ((column >> 32) | 1)  # in int64: no wrap yet
+    draw = (draw + (1 << 31)) % (1 << 32) - (1 << 31)  # mod 2^32, as int32
+    quantile = -(1 << 31) + int(p * 2.0**32)
     exact = draw >= quantile
     ties = draw.to(torch.float32) == torch.tensor(quantile).to(torch.float32)
     assert torch.equal((out != 0)[~ties], exact[~ties])
