@@ -14,19 +14,19 @@ uniform in ``[0, 1)`` at float32 resolution.
 A dropout mask needs a draw per *entry*, and the full finaliser per entry costs
 about 25 matrix multiplies of the same shape (it dominated a training epoch).
 So the mask hashes each row ID and each column once with SplitMix64, keeping
-the top 32 bits of each (a column's made odd), and an entry's draw is the
+the top 32 bits of each (each column's word made odd), and an entry's draw is the
 int32 product ``row_word * column_word`` (mod 2^32), rounded to float32 and
 compared with the drop probability's quantile of int32 rounded alike: one
 multiply, one conversion and one float comparison per entry, in 4-byte words.
 For two columns ``j, k`` the draws of a row are ``z`` and ``z * m`` with
-``m = c_k / c_j`` (mod 2^32) fixed and ``z`` uniform, which decorrelates their
-top bits unless ``m`` is tiny (about 2^-20 of pairs); measured on 200,000 x
-128 masks the largest correlation between any two columns is 0.009, and on
-40,000 x 1024 it is 0.024, the noise level of those samples. (A draw of
-``(row_hash XOR column_hash) * odd`` in int64 was as good, and 2-3x slower:
-int64 multiplies and int64-to-float conversions are the costly vector ops;
-the same XOR in int32 ties pairs of columns whose hashes share their low bits,
-a correlation of 0.18.)
+``m = c_k / c_j`` (mod 2^32) fixed and ``z`` uniform; the top bits of the two
+stay tied only for the rare ``m`` close to a small fraction of 2^32. Measured
+on 200,000 x 128 masks the largest correlation between any two columns is
+0.009, and on 40,000 x 1024 it is 0.024, the noise level of those samples
+(as with the draw this replaced, ``(row_hash XOR column_hash) * odd`` in
+int64, whose int64 multiply and int64-to-float conversion made the draw
+about 3x as slow and the whole dropout 1.5-2x; the same XOR in int32 ties
+pairs of columns whose hashes share their low bits: a correlation of 0.18).
 
 GAT's attention dropout (:func:`hashed_edge_dropout`) draws per (edge, head):
 an edge's "row hash" is SplitMix64 of its source's hash XOR its destination's
@@ -159,11 +159,11 @@ def _dense_dropout(
     """``h [n, F] * keep / (1 - p)``, entry ``(i, j)`` drawn from
     ``row_hash[i] * column_hash[j]`` (int32 words).
 
-    The int32 draws are made a block of rows at a time: drawn whole, they
-    were a fresh n x F buffer per call, and on a 60,000 x 100 input its page
-    faults made the call three times as slow (int64 draws, then). An ``h`` that needs a
-    gradient gets a float mask of ``0`` and ``1 / (1 - p)``, which autograd
-    keeps for the backward. Any other ``h`` is multiplied block by block while
+    The draws are made a block of rows at a time: drawn whole, they were a
+    fresh n x F buffer per call, and on a 60,000 x 100 input its page faults
+    made the call three times as slow (int64 draws, then). An ``h`` that
+    needs a gradient gets a float mask of ``0`` and ``1 / (1 - p)``, which
+    autograd keeps for the backward. Any other ``h`` is multiplied block by block while
     the block's mask is still in the cache, with no whole mask at all
     (measured 1.3-1.5x faster on a 122,000 x 100 input, 1.1x on 50,000 x
     128, one thread). Both give the same values. ``out``, for an ``h`` that
