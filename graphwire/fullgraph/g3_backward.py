@@ -15,6 +15,7 @@ once complete, start their all-reduce (``sync.grad.L{l}``, non-blocking);
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import cast
 
@@ -65,11 +66,7 @@ class G3Backward(Engine):
         sums = cast(MessageSums, self._sums[index]).matrices(grad_agg.dtype)
         grad_src = grad_agg.new_zeros((self.part.num_owned, grad_agg.shape[1]))
         mine = self._post_returns(index, grad_src)
-        tag = f"{self.phase}bwd.L{index}"
-        for key in reversed(self.messages[index].keys):
-            payload = sums.returned_grad(key, grad_agg)
-            if payload is not None:
-                self._sends.append(self.transport.isend(payload, key[0], tag))
+        self._send_each_return(index, partial(sums.returned_grad, grad_agg=grad_agg))
         grad_src.add_(sums.owned_grad(grad_agg))
         if summed.dst is None:
             return (grad_src,), mine
@@ -217,14 +214,30 @@ class G3Backward(Engine):
         return Returns(grad, pending)
 
     def _send_returns(self, index: int, grad_halo: torch.Tensor) -> None:
-        """Send the halo rows' gradients of layer ``index`` to their owners:
-        one message per forward message, each peer's in reverse order."""
-        tag = f"{self.phase}bwd.L{index}"
+        """Send the halo rows' gradients of layer ``index`` (``grad_halo``,
+        in halo positions) to their owners."""
         returned = self._return_pos[index]
+
+        def payload(key: tuple[int, int]) -> torch.Tensor | None:
+            rows = returned.get(key)
+            return None if rows is None else grad_halo.index_select(0, rows)
+
+        self._send_each_return(index, payload)
+
+    def _send_each_return(
+        self,
+        index: int,
+        payload: Callable[[tuple[int, int]], torch.Tensor | None],
+    ) -> None:
+        """Send ``payload(key)``, the gradients of the rows forward message
+        ``key`` of layer ``index`` brought (None: it returns none), to their
+        owner: one message per forward message, each peer's in reverse send
+        order, as :meth:`_post_returns` posts the owner's receives."""
+        tag = f"{self.phase}bwd.L{index}"
         for key in reversed(self.messages[index].keys):
-            if key in returned:
-                payload = grad_halo.index_select(0, returned[key])
-                self._sends.append(self.transport.isend(payload, key[0], tag))
+            grad = payload(key)
+            if grad is not None:
+                self._sends.append(self.transport.isend(grad, key[0], tag))
 
     def _layer_done(self, index: int) -> None:
         """Layer ``index``'s gradients are complete: they start their sum
