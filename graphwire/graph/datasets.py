@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -211,15 +212,45 @@ def _edgelist(target: str, options: dict[str, str]) -> Graph:
 
 
 def _folder(target: str, options: dict[str, str]) -> Graph:
-    if not Path(target).is_dir():
+    path = Path(target)
+    hint = _spec_hint(path)
+    if not path.is_dir() or hint:
+        what = "a file" if path.is_file() else "no such folder"
+        if path.is_dir():
+            what = "a folder of Planetoid files"
         raise ValueError(
             f"dataset {target!r}: not a known scheme "
             f"({', '.join(s for s in _LOADERS if s != 'folder')}) "
-            "and not a graphwire graph folder"
+            f"and not a graphwire graph folder ({what})"
+            + (f"; did you mean {hint}?" if hint else "")
         )
     from graphwire.graph.native import load_graph
 
     return load_graph(target)
+
+
+def _spec_hint(path: Path) -> str | None:
+    """The spec(s) a path that is not a graphwire graph folder most likely
+    meant, quoted, or None: ``planetoid:PATH/NAME`` for a Planetoid name
+    beside its ``ind.NAME.*`` files, for one of those files, or for a folder
+    of them (without graphwire's ``meta.json``); ``npz:FILE`` for an
+    ``.npz`` file."""
+    if path.is_dir():
+        if (path / "meta.json").exists():
+            return None
+        names = sorted(g.name[4:-6] for g in path.glob("ind.*.graph"))
+        specs = [f"'planetoid:{path / name}'" for name in names]
+        return " or ".join(specs) or None
+    if (path.parent / f"ind.{path.name}.graph").is_file():
+        return f"'planetoid:{path}'"
+    match = re.fullmatch(
+        r"ind\.(.+?)\.(?:x|tx|allx|y|ty|ally|graph|test\.index)", path.name
+    )
+    if path.is_file() and match:
+        return f"'planetoid:{path.parent / match.group(1)}'"
+    if path.suffix == ".npz" and path.is_file():
+        return f"'npz:{path}'"
+    return None
 
 
 def _no_options(options: dict[str, str], scheme: str) -> None:

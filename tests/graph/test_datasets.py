@@ -63,6 +63,28 @@ def test_bad_specs_are_named(spec: str, message: str) -> None:
         load_dataset(spec)
 
 
+def test_a_path_that_is_not_a_graph_folder_names_the_spec_it_meant(tmp_path) -> None:
+    # A user's first try is often the Planetoid files' folder, one of them, or
+    # PATH/NAME without the scheme; the error names the spec that loads it.
+    for name in ("ind.cora.graph", "ind.cora.x", "ind.citeseer.graph"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "g.npz").write_bytes(b"")
+    cora, citeseer = f"planetoid:{tmp_path}/cora", f"planetoid:{tmp_path}/citeseer"
+    cases = {
+        str(tmp_path / "cora"): f"(no such folder); did you mean '{cora}'?",
+        str(tmp_path / "ind.cora.x"): f"(a file); did you mean '{cora}'?",
+        str(tmp_path): (
+            f"(a folder of Planetoid files); did you mean '{citeseer}' or '{cora}'?"
+        ),
+        str(tmp_path / "g.npz"): f"(a file); did you mean 'npz:{tmp_path}/g.npz'?",
+        str(tmp_path / "pubmed"): "not a graphwire graph folder (no such folder)",
+    }
+    for spec, ending in cases.items():
+        with pytest.raises(ValueError) as caught:
+            load_dataset(spec)
+        assert str(caught.value).endswith(ending), (spec, str(caught.value))
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
