@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from graphwire.comm.base import Transport, Work
+from graphwire.graph.order import stable_order
 from graphwire.partition.local import LocalPart
 
 __all__ = ["ExchangePlan", "PendingGrad"]
@@ -236,7 +237,7 @@ def _requests(part: LocalPart) -> tuple[tuple[torch.Tensor, ...], list[torch.Ten
     """Per owner: the halo positions its rows fill, and their global IDs."""
     halo = part.halo_nid
     owner = part.book.owner(halo) if halo.numel() else halo
-    order = torch.argsort(owner, stable=True)
+    order = stable_order(owner)
     counts = torch.bincount(owner, minlength=part.num_parts).tolist()
     positions = torch.split(order, counts)
     return tuple(positions), [halo[pos] for pos in positions]

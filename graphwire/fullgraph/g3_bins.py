@@ -335,7 +335,10 @@ def _bin(mg: MessageGraph, rows: torch.Tensor) -> Bin:
     sources = mg.indices[eids]
     slot = torch.full((mg.num_src,), -1, dtype=torch.int64)
     slot[rows] = torch.arange(rows.numel())
-    others = torch.unique(sources[slot[sources] < 0])  # sorted: owned before halo
+    is_other = torch.zeros(mg.num_src, dtype=torch.bool)
+    is_other[sources] = True
+    is_other[rows] = False
+    others = is_other.nonzero().view(-1)  # ascending: owned before halo
     slot[others] = torch.arange(rows.numel(), rows.numel() + others.numel())
     src_rows = torch.cat([rows, others])
     weight = mg.edge_weight[eids] if mg.edge_weight is not None else None

@@ -29,6 +29,7 @@ from graphwire.fullgraph.g3_bins import (
     layer_bins,
     priority_order,
 )
+from graphwire.graph.order import stable_order
 from graphwire.nn.base import MessageGraph
 
 __all__ = [
@@ -97,7 +98,7 @@ def setup_messages(
     perms, counts = [], []
     for peer in range(world):
         idx = plan.send_idx[peer]
-        perm = torch.argsort(senders.position[idx], stable=True)
+        perm = stable_order(senders.position[idx])
         ordered = idx[perm]
         per_bin = torch.bincount(
             senders.bin_of_row[ordered], minlength=len(senders.bins)

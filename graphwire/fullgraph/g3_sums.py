@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from graphwire.fullgraph.g3_messages import Messages
+from graphwire.graph.order import stable_order
 from graphwire.nn.base import MessageGraph, sparse_csr
 
 __all__ = ["MessageSums", "plan_sums"]
@@ -122,7 +123,7 @@ def plan_sums(
     o_dst, o_src = dst[owned_edges], src[owned_edges]
     o_weight = weight[owned_edges]
     own = _csr(o_dst, o_src, o_weight, (n, n))
-    perm = _stable_order(o_src)
+    perm = stable_order(o_src)
     own_t = _csr(o_src[perm], o_dst[perm], o_weight[perm], (n, n))
 
     # Each halo position's message and its place among that message's rows.
@@ -134,7 +135,7 @@ def plan_sums(
     halo_dst, halo_weight = dst[halo_edges], weight[halo_edges]
     message = messages.halo_message[halo_pos]
     # Grouped by message; within one, edges keep CSR order (by destination).
-    order = _stable_order(message)
+    order = stable_order(message)
     counts = torch.bincount(message, minlength=len(messages.keys)).tolist()
     pieces: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
     returns: dict[Key, torch.Tensor] = {}
@@ -151,19 +152,11 @@ def plan_sums(
         returned_as[back] = torch.arange(back.numel())
         e_back = returned_as[e_pos]
         keep = (e_back >= 0).nonzero().view(-1)
-        keep = keep[torch.argsort(e_back[keep], stable=True)]
+        keep = keep[stable_order(e_back[keep])]
         size = (back.numel(), n)
         returns[key] = _csr(e_back[keep], e_dst[keep], e_weight[keep], size)
         returned_as[back] = -1
     return MessageSums(n, own, own_t, pieces, returns)
-
-
-def _stable_order(keys: torch.Tensor) -> torch.Tensor:
-    """int64 permutation sorting ``keys`` (int64 >= 0) stably; sorted as
-    int32 where they fit (faster)."""
-    if keys.numel() and int(keys.max()) <= torch.iinfo(torch.int32).max:
-        keys = keys.to(torch.int32)
-    return torch.sort(keys, stable=True).indices
 
 
 def _csr(

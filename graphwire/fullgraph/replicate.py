@@ -24,6 +24,7 @@ from torch import nn
 
 from graphwire.comm.base import Transport
 from graphwire.fullgraph.base import Engine, register
+from graphwire.graph.order import stable_order
 from graphwire.nn.base import MessageGraph
 from graphwire.partition.local import LocalPart
 
@@ -143,7 +144,7 @@ def _by_owner(
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``gids`` grouped by owner (per-owner lists) and the grouping order."""
     owner = part.book.owner(gids) if gids.numel() else gids
-    order = torch.argsort(owner, stable=True)
+    order = stable_order(owner)
     counts = torch.bincount(owner, minlength=part.num_parts).tolist()
     return list(torch.split(gids[order], counts)), order
 

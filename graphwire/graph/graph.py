@@ -35,6 +35,7 @@ from graphwire.graph.checks import (
     node_count,
     node_ids,
 )
+from graphwire.graph.order import stable_order
 
 __all__ = ["Graph", "GraphError", "check_inferred_rows", "node_count", "node_ids"]
 
@@ -389,6 +390,7 @@ def _csr_from_coo(
         # writing into it changed the graph.
         indices = np.array(src, dtype=np.int64, copy=True)
     else:
-        order = np.argsort(dst, kind="stable")
+        keys = torch.from_numpy(np.require(dst, np.int64, "W"))  # from_numpy: writable
+        order = stable_order(keys).numpy()
         indices = src[order].astype(np.int64, copy=False)
     return indptr, indices

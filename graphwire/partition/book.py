@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphwire.graph.order import stable_order
 from graphwire.partition.base import Partition
 
 __all__ = ["PartitionBook"]
@@ -65,7 +66,7 @@ class PartitionBook:
         """Relabel: part by part, original IDs ascending within a part."""
         assignment = partition.assignment
         # One stable sort groups nodes by part, keeping original order within one.
-        orig_from_new = torch.sort(assignment, stable=True).indices
+        orig_from_new = stable_order(assignment)
         new_from_orig = torch.empty_like(orig_from_new)
         new_from_orig[orig_from_new] = torch.arange(
             assignment.numel(), dtype=torch.int64

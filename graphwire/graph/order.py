@@ -1,0 +1,67 @@
+"""`stable_order`: a stable sort of small non-negative integer keys in linear time.
+
+Grouping edges by source (a CSR's transpose), halo rows by owner or nodes by
+part are all the same step: the permutation that sorts integer keys stably.
+``torch.sort(keys, stable=True)`` and ``np.argsort(kind="stable")`` compare
+keys, O(E log E); keys below a bound that is not much larger than their count
+sort by counting instead. scipy's CSR-to-CSC conversion is that counting
+sort, written in C: each position ``i`` is row ``i`` of a matrix with one
+entry, in column ``keys[i]``, and the CSC form lists each column's rows in
+ascending order (scipy marks it ``has_sorted_indices``), that is the
+positions, key by key, in their original order.
+
+Measured on 1,700,000 int32 keys below 100,000, one thread: about 35–42 ms,
+against 60–74 ms for ``torch.sort(stable=True)`` and 179 ms for numpy's
+stable argsort.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["stable_order"]
+
+_INT32_MAX = 2**31 - 1
+# Keys spread wider than this many times their count (plus a constant, for
+# short inputs) sort by comparison: counting would allocate one slot per value.
+_SPREAD = 4
+_SMALL = 1024
+
+
+def stable_order(keys: torch.Tensor) -> torch.Tensor:
+    """int64 [n]: the permutation that sorts ``keys`` stably, equal to
+    ``torch.sort(keys, stable=True).indices``.
+
+    Args:
+        keys: 1-D integer tensor of values >= 0.
+
+    Raises:
+        ValueError: ``keys`` is not a 1-D integer tensor, or holds a negative
+            value.
+    """
+    if keys.dim() != 1 or keys.dtype.is_floating_point or keys.dtype == torch.bool:
+        raise ValueError(
+            f"stable_order: expected 1-D integer keys, got {keys.dtype} "
+            f"{list(keys.shape)}"
+        )
+    n = keys.numel()
+    if n == 0:
+        return torch.empty(0, dtype=torch.int64, device=keys.device)
+    low, high = int(keys.min()), int(keys.max())
+    if low < 0:
+        raise ValueError(f"stable_order: keys must be >= 0, found {low}")
+    if keys.device.type != "cpu" or high > _SPREAD * n + _SMALL:
+        return torch.sort(keys, stable=True).indices
+    import scipy.sparse  # here: 150 ms of import that most commands never need
+
+    dtype = np.int32 if max(n, high + 1) <= _INT32_MAX else np.int64
+    rows = scipy.sparse.csr_matrix(
+        (
+            np.ones(n, dtype=np.int8),
+            keys.numpy().astype(dtype, copy=False),
+            np.arange(n + 1, dtype=dtype),
+        ),
+        shape=(n, high + 1),
+    )
+    return torch.from_numpy(rows.tocsc().indices).to(torch.int64)
