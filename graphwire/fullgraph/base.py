@@ -140,6 +140,12 @@ class Engine(ABC):
         """int64 [rows]: original global node ID of every row of ``x``."""
         return self.part.orig_nid
 
+    def prepare(self, model: nn.Module) -> None:
+        """Called once in set-up with the model, before the first forward:
+        build what depends on its layers and does not change between epochs
+        (default: nothing), so that epoch 0 times training, not planning."""
+        del model  # halo and replicate plan everything from the part alone
+
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
         """Called before every forward pass with the model and its dropout seed."""
         p = float(getattr(model, "input_dropout", 0.0))

@@ -212,6 +212,7 @@ def train_distributed(
     sizes = _split_sizes(part, transport)  # first: it checks no split is empty
     engine = build_engine(part, transport, config, exchange, options)
     model = seeded_model(part.x.shape[1], num_classes, config)
+    engine.prepare(model)  # plans that need the model: set-up, not epoch 0
     optimizer = make_optimizer(model, config)
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []

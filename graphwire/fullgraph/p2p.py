@@ -264,6 +264,21 @@ class P2PEngine(G3Backward):
             self._x_dropped = self._x_halo.new_empty(self._x_halo.shape)
 
     # ---------------------------------------------------------------- runtime
+    def prepare(self, model: nn.Module) -> None:
+        """Build the plans a forward would otherwise build the first time it
+        runs: the summed last layer's split of its sum (:meth:`_summed`) and
+        the input layer's graphs over the table of local rows
+        (:meth:`_table_bins`, as a forward whose input needs no gradient
+        uses them)."""
+        layers = list(cast(GNN, model).layers)
+        if len(layers) != self.num_layers:
+            raise ValueError(
+                f"g3: the model has {len(layers)} layers, the engine was built "
+                f"for {self.num_layers}"
+            )
+        self._table_bins(0, layers[0], (False, False))
+        self._summed(self.num_layers - 1, layers[-1])
+
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
         """Before each forward: learn the model's layers and how it finishes a
         layer's rows (activation, then the next layer's dropout), which the

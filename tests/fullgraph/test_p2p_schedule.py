@@ -14,7 +14,12 @@ from typing import Any
 import torch
 
 from graphwire.comm.local import run_local
-from graphwire.fullgraph.distributed import build_engine, forward_loss, seeded_model
+from graphwire.fullgraph.distributed import (
+    build_engine,
+    forward_loss,
+    seeded_model,
+    train_distributed,
+)
 from graphwire.fullgraph.g3_bins import SumGraph
 from graphwire.fullgraph.p2p import P2PEngine
 from graphwire.partition import load_part
@@ -279,3 +284,76 @@ def test_the_first_g3_step_imports_no_module(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     imported = json.loads(done.stdout.strip().splitlines()[-1])
     assert imported == [], imported[:10]
+
+
+def _prepared_step(transport: Any, folder: str, prepare: bool) -> dict[str, Any]:
+    """One G3 step (GCN, summed last layer), with or without ``prepare``
+    before it; whether the plans ``prepare`` built are the ones the step ran."""
+    # Hidden 16 > 12 features: the input layer aggregates first, in place.
+    config = dataclasses.replace(config_for("gcn"), hidden=16)
+    part = load_part(folder, transport.rank)
+    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
+    assert isinstance(engine, P2PEngine)
+    model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+    model.train()
+    built = None
+    if prepare:
+        engine.prepare(model)
+        built = (engine._sums.get(1), engine._table_mgs)
+        assert built[0] is not None and built[1] is not None
+    logits, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
+    loss.backward()
+    engine.sync_gradients(model)
+    reused = built is not None and (
+        built[0] is engine._sums[1] and built[1] is engine._table_mgs
+    )
+    return {
+        "logits": logits.detach(),
+        "grads": [p.grad.clone() for p in model.parameters()],
+        "reused": reused,
+        "counters": dict(engine.counters),
+    }
+
+
+def test_prepare_builds_the_plans_in_set_up_and_the_step_runs_them(tmp_path) -> None:
+    # The summed layer's split and the input layer's table graphs are built by
+    # prepare (set-up), not by the first forward, which runs them unchanged.
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    prepared = run_local(lambda t: _prepared_step(t, folder, True), 2)
+    lazy = run_local(lambda t: _prepared_step(t, folder, False), 2)
+    for a, b in zip(prepared, lazy, strict=True):
+        assert a["reused"]
+        assert a["counters"]["sums.messages"] > 0 and a["counters"]["bins.in_place"]
+        torch.testing.assert_close(a["logits"], b["logits"], rtol=0, atol=0)
+        for ga, gb in zip(a["grads"], b["grads"], strict=True):
+            torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+
+
+def test_train_distributed_prepares_the_engine_before_epoch_0(
+    tmp_path, monkeypatch
+) -> None:
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    calls: list[tuple[str, int]] = []
+    prepare, begin = P2PEngine.prepare, P2PEngine.begin
+
+    def traced_prepare(self: P2PEngine, model: Any) -> None:
+        calls.append(("prepare", self.transport.rank))
+        prepare(self, model)
+
+    def traced_begin(self: P2PEngine, model: Any, seed: Any) -> None:
+        calls.append(("begin", self.transport.rank))
+        begin(self, model, seed)
+
+    monkeypatch.setattr(P2PEngine, "prepare", traced_prepare)
+    monkeypatch.setattr(P2PEngine, "begin", traced_begin)
+    config = dataclasses.replace(config_for("gcn"), epochs=1)
+
+    def train(transport: Any) -> None:
+        part = load_part(folder, transport.rank)
+        train_distributed(part, transport, config, "g3")
+
+    run_local(train, 2)
+    for rank in range(2):
+        mine = [what for what, r in calls if r == rank]
+        assert mine[0] == "prepare" and mine.count("prepare") == 1
+        assert "begin" in mine
