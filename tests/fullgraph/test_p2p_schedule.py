@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from graphwire.comm.local import run_local
@@ -357,3 +358,18 @@ def test_train_distributed_prepares_the_engine_before_epoch_0(
         mine = [what for what, r in calls if r == rank]
         assert mine[0] == "prepare" and mine.count("prepare") == 1
         assert "begin" in mine
+
+
+def test_prepare_names_a_model_of_another_depth(tmp_path) -> None:
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    config = config_for("gcn")
+
+    def prepare(transport: Any) -> None:
+        part = load_part(folder, transport.rank)
+        engine = build_engine(part, transport, config, "g3", {})
+        deeper = dataclasses.replace(config, num_layers=3, fanouts=None)
+        model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), deeper)
+        with pytest.raises(ValueError, match="the model has 3 layers, the engine was"):
+            engine.prepare(model)
+
+    run_local(prepare, 2)
