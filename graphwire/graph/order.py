@@ -22,7 +22,6 @@ import torch
 
 __all__ = ["stable_order"]
 
-_INT32_MAX = 2**31 - 1
 # Keys spread wider than this many times their count (plus a constant, for
 # short inputs) sort by comparison: counting would allocate one slot per value.
 _SPREAD = 4
@@ -55,7 +54,7 @@ def stable_order(keys: torch.Tensor) -> torch.Tensor:
         return torch.sort(keys, stable=True).indices
     import scipy.sparse  # here: 150 ms of import that most commands never need
 
-    dtype = np.int32 if max(n, high + 1) <= _INT32_MAX else np.int64
+    dtype = np.int32 if max(n, high + 1) <= np.iinfo(np.int32).max else np.int64
     rows = scipy.sparse.csr_matrix(
         (
             np.ones(n, dtype=np.int8),
