@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from graphwire.fullgraph.g3_messages import Messages
-from graphwire.graph.order import stable_order
+from graphwire.graph.order import index_dtype, stable_order
 from graphwire.nn.base import MessageGraph, sparse_csr
 
 __all__ = ["MessageSums", "plan_sums"]
@@ -166,6 +166,6 @@ def _csr(
     they fit, as MessageGraph's products use)."""
     crow = torch.zeros(size[0] + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(row, minlength=size[0]), 0, out=crow[1:])
-    if max(col.numel(), *size) <= torch.iinfo(torch.int32).max:
-        crow, col = crow.to(torch.int32), col.to(torch.int32)
+    dtype = index_dtype(col.numel(), *size)
+    crow, col = crow.to(dtype), col.to(dtype)
     return sparse_csr(crow, col, values, size)

@@ -1,4 +1,5 @@
-"""`stable_order`: a stable sort of small non-negative integer keys in linear time.
+"""`stable_order`: a stable sort of small non-negative integer keys in linear time;
+`index_dtype`: the narrowest index dtype (int32 or int64) that holds given bounds.
 
 Grouping edges by source (a CSR's transpose), halo rows by owner or nodes by
 part are all the same step: the permutation that sorts integer keys stably.
@@ -13,6 +14,11 @@ positions, key by key, in their original order.
 Measured on 1,700,000 int32 keys below 100,000, one thread: about 35–42 ms,
 against 60–74 ms for ``torch.sort(stable=True)`` and 179 ms for numpy's
 stable argsort.
+
+Index arrays (CSR row pointers and columns, positions) are int32 wherever
+their values fit: MKL's sparse kernels run about 10% faster on them, and
+random access into a table of int32 moves half the bytes. `index_dtype` is
+that one decision, made the same way everywhere.
 """
 
 from __future__ import annotations
@@ -20,12 +26,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["stable_order"]
+__all__ = ["index_dtype", "stable_order"]
 
 # Keys spread wider than this many times their count (plus a constant, for
 # short inputs) sort by comparison: counting would allocate one slot per value.
 _SPREAD = 4
 _SMALL = 1024
+_INT32_MAX = int(torch.iinfo(torch.int32).max)
+
+
+def index_dtype(*bounds: int) -> torch.dtype:
+    """``torch.int32`` when every bound (a count, or the largest value an
+    index array will hold) is at most int32's maximum, else ``torch.int64``.
+    """
+    return torch.int32 if max(bounds, default=0) <= _INT32_MAX else torch.int64
 
 
 def stable_order(keys: torch.Tensor) -> torch.Tensor:
@@ -54,7 +68,7 @@ def stable_order(keys: torch.Tensor) -> torch.Tensor:
         return torch.sort(keys, stable=True).indices
     import scipy.sparse  # here: 150 ms of import that most commands never need
 
-    dtype = np.int32 if max(n, high + 1) <= np.iinfo(np.int32).max else np.int64
+    dtype = np.int32 if index_dtype(n, high + 1) == torch.int32 else np.int64
     rows = scipy.sparse.csr_matrix(
         (
             np.ones(n, dtype=np.int8),

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from graphwire.graph.graph import Graph
-from graphwire.graph.order import stable_order
+from graphwire.graph.order import index_dtype, stable_order
 from graphwire.graph.seeds import is_int
 
 __all__ = [
@@ -50,10 +50,6 @@ __all__ = [
     "spmm_mean",
     "spmm_sum",
 ]
-
-# Below this many rows/edges the CSR index arrays are stored as int32, which the
-# MKL sparse kernels run about 10% faster than int64.
-_INT32_LIMIT = 2**31 - 1
 
 
 def check_size(value: Any, name: str) -> int:
@@ -286,8 +282,7 @@ class MessageGraph:
 
     @cached_property
     def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
-        small = max(self.num_edges, self.num_src) <= _INT32_LIMIT
-        dtype = torch.int32 if small else torch.int64
+        dtype = index_dtype(self.num_edges, self.num_src)
         return self.indptr.to(dtype), self.indices.to(dtype)
 
     @cached_property

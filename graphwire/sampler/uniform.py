@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from graphwire.graph.graph import Graph, GraphError, node_ids
+from graphwire.graph.order import index_dtype
 from graphwire.graph.seeds import is_int
 from graphwire.nn.dropout import splitmix64
 from graphwire.sampler.base import Block, SampledBatch, derive_seed
@@ -327,8 +328,7 @@ def slot_table(num_nodes: int, num_edges: int) -> torch.Tensor:
     as random access into this table is the relabelling's cost. The table
     makes a sampler single-threaded: use one table per thread.
     """
-    small = num_nodes < 2**31 - 1 and num_edges < 2**31 - 1
-    return torch.full((num_nodes,), -1, dtype=torch.int32 if small else torch.int64)
+    return torch.full((num_nodes,), -1, dtype=index_dtype(num_nodes, num_edges))
 
 
 def stitch_block(

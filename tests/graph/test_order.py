@@ -1,4 +1,5 @@
-"""`stable_order` is torch's stable sort, by counting where the keys are dense."""
+"""`stable_order` is torch's stable sort, by counting where the keys are dense;
+`index_dtype` is int32 exactly while every bound fits."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from graphwire.graph import order
-from graphwire.graph.order import stable_order
+from graphwire.graph.order import index_dtype, stable_order
 
 
 @pytest.mark.parametrize(
@@ -54,3 +55,12 @@ def test_stable_order_counts_dense_keys(monkeypatch) -> None:
 def test_stable_order_names_bad_keys(keys: torch.Tensor, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         stable_order(keys)
+
+
+def test_index_dtype_is_int32_exactly_while_every_bound_fits() -> None:
+    top = torch.iinfo(torch.int32).max
+    assert index_dtype() == torch.int32
+    assert index_dtype(0, 5) == torch.int32
+    assert index_dtype(top, top) == torch.int32
+    assert index_dtype(top + 1) == torch.int64
+    assert index_dtype(3, top + 1, 7) == torch.int64  # any one bound decides
