@@ -333,11 +333,17 @@ class P2PEngine(G3Backward):
         halo: torch.Tensor | None = None,
     ) -> None:
         """Post the receives of layer ``layer``'s halo rows (once per forward),
-        to land in ``halo`` (default: a new buffer)."""
+        to land in ``halo`` (default: a new buffer). A summed layer reads its
+        messages from their receive buffers (:meth:`_forward_sums`): its halo
+        buffer has no rows, and keeps only the width."""
         if layer in self._halo:
             return
         if halo is None:
-            halo = like.new_empty((self.plan.num_halo, width))
+            summed = layer == self.num_layers - 1 and (
+                self._summed(layer, self._model_layers[layer]) is not None
+            )
+            rows = 0 if summed else self.plan.num_halo
+            halo = like.new_empty((rows, width))
         self._halo[layer] = halo
         tag = f"{self.phase}fwd.L{layer}"
         pending = self._pending_recv[layer] = {}

@@ -126,7 +126,7 @@ def test_bins_run_in_g3_order_and_gradients_leave_before_local_bins(
 ) -> None:
     folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
     steps = run_local(lambda t: _traced_step(t, folder, "bins"), 2)
-    for events, order, returning, _ in steps:
+    for events, order, returning, engine in steps:
         layer0 = [e for e in events if e[:2] == ("forward", 0)]
         layer1 = [e for e in events if e[:2] == ("forward", 1)]
         # Input layer (halo rows cached): many bins, rows peers need first.
@@ -141,6 +141,8 @@ def test_bins_run_in_g3_order_and_gradients_leave_before_local_bins(
         assert tail[1][0] == "bwd.L1"
         assert tail.index(backward[1]) > 1
         _layer0_backward(events, backward[2:], order, returning)
+        # Its bins read layer 1's halo rows from one buffer, a row for each.
+        assert engine._halo[1].shape[0] == engine.plan.num_halo > 0
 
 
 def test_a_summing_last_layer_adds_each_message_and_returns_each_at_once(
@@ -158,6 +160,8 @@ def test_a_summing_last_layer_adds_each_message_and_returns_each_at_once(
         waits = [e for e in events if e[0] == "wait fwd.L1"]
         assert len(waits) == len(keys)
         assert events.index(waits[-1]) < events.index(("forward sums", 1, True))
+        # So its halo buffer, which nothing writes, holds no rows.
+        assert engine._halo[1].shape[0] == 0 < engine.plan.num_halo
         # Backward: every message's gradients leave at once, one per message
         # that returns rows, before any bin of layer 0 runs its backward.
         backward = [e for e in events if e[0].startswith("backward")]
