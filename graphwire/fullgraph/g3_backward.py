@@ -57,16 +57,27 @@ class G3Backward(Engine):
         """Backward of a layer summed message by message: ``finish``'s graph
         gives the sum's gradient, each message's returned rows' gradients
         leave as soon as they are computed (one product each, in reverse send
-        order, tag ``bwd.L{index}``), then the owned source rows' gradient.
-        Returns that gradient (and the destinations' input rows', when
-        ``finish`` read them) and its returning messages."""
-        torch.autograd.backward(summed.out, grad_out)
+        order, tag ``bwd.L{index}``), then the rest of ``finish``'s backward
+        (SAGE's root term and the parameters) runs while they are in flight,
+        then the owned source rows' gradient. Returns that gradient (and the
+        destinations' input rows', when ``finish`` read them) and its
+        returning messages."""
+        # The sum's gradient alone first: the returns need nothing else.
+        torch.autograd.backward(
+            summed.out, grad_out, inputs=[summed.agg], retain_graph=True
+        )
         grad_agg = summed.agg.grad
         assert grad_agg is not None and self._sums[index] is not None
         sums = cast(MessageSums, self._sums[index]).matrices(grad_agg.dtype)
         grad_src = grad_agg.new_zeros((self.part.num_owned, grad_agg.shape[1]))
         mine = self._post_returns(index, grad_src)
         self._send_each_return(index, partial(sums.returned_grad, grad_agg=grad_agg))
+        layer = self._model_layers[index]
+        rest: list[torch.Tensor] = [p for p in layer.parameters() if p.requires_grad]
+        if summed.dst is not None:
+            rest.append(summed.dst)
+        if rest:
+            torch.autograd.backward(summed.out, grad_out, inputs=rest)
         grad_src.add_(sums.owned_grad(grad_agg))
         if summed.dst is None:
             return (grad_src,), mine

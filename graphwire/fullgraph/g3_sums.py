@@ -20,10 +20,11 @@ Forward: ``agg = own @ m_owned`` while the halo rows are in flight, then
 ``agg[d_k] += piece_k @ message_k`` as each message is in, in the order they
 were sent (a fixed order, so every run sums alike), then ``finish(agg,
 h_dst)`` (``h_dst``: the owned input rows, for a layer that reads them).
-Backward: ``grad_agg`` (and ``h_dst``'s gradient) from ``finish``'s graph;
-each message's returned rows' gradient is one product, ``returns_k @
-grad_agg``, sent as soon as it is computed; the owned rows' gradient is
-``own_t @ grad_agg``.
+Backward: ``grad_agg`` alone from ``finish``'s graph; each message's
+returned rows' gradient is one product, ``returns_k @ grad_agg``, sent as
+soon as it is computed; then the rest of ``finish``'s backward (``h_dst``'s
+gradient and the parameters': SAGE's root term) while they are in flight;
+the owned rows' gradient is ``own_t @ grad_agg``.
 
 The sums group the terms of each row differently from one product over
 ``[owned; halo]`` (owned sources first, then message by message), so results

@@ -46,12 +46,13 @@ class _TracedWork:
 
 
 def _traced_step(
-    transport: Any, folder: str, last: str
+    transport: Any, folder: str, last: str, model_name: str = "gcn"
 ) -> tuple[list[Event], list[int], set[int], P2PEngine]:
-    """One G3 training step (16-row bins, GCN, 2 layers, the last layer as
+    """One G3 training step (16-row bins, 2 layers, the last layer as
     ``last`` says): what ran, in order; the forward order of layer 0's bins;
-    the layer-0 bins whose rows peers read at layer 1; the engine."""
-    config = config_for("gcn")
+    the layer-0 bins whose rows peers read at layer 1; the engine. For SAGE,
+    the event ``root grad`` marks its last layer's root-term weight gradient."""
+    config = config_for(model_name)
     part = load_part(folder, transport.rank)
     options = {"bin_rows": 16, "last": last}
     engine = build_engine(part, transport, config, "g3", options)
@@ -67,8 +68,11 @@ def _traced_step(
         out = forward_layer(index, *args)
         if isinstance(out[2], SumGraph):
             events.append(("forward sums", index, True))
+            # Fires when its backward starts (the sum's gradient; the rest of
+            # finish's backward passes through the output again).
+            started = ("backward sums", index, True)
             out[2].out.register_hook(
-                lambda _, i=index: events.append(("backward sums", i, True))
+                lambda _, e=started: None if e in events else events.append(e)
             )
             return out
         for g in out[2]:
@@ -93,6 +97,10 @@ def _traced_step(
     transport.isend = traced_isend  # type: ignore[method-assign]
     transport.irecv = traced_irecv  # type: ignore[method-assign]
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+    if model_name == "sage":
+        model.layers[-1].lin_self.weight.register_hook(
+            lambda _: events.append(("root grad", 1, False))
+        )
     model.train()
     _, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
     loss.backward()
@@ -170,6 +178,21 @@ def test_a_summing_last_layer_adds_each_message_and_returns_each_at_once(
         returned = len(engine._return_pos[1])
         assert returned and [e[0] for e in tail[:returned]] == ["bwd.L1"] * returned
         _layer0_backward(events, backward[1:], order, returning)
+
+
+def test_a_summed_sage_layer_returns_gradients_before_its_root_term(
+    tmp_path,
+) -> None:
+    # SAGE's finish adds the root term h_dst W_self to the neighbour sum: the
+    # returns need only the sum's gradient, so they leave before the root
+    # term's backward runs.
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    steps = run_local(lambda t: _traced_step(t, folder, "sums", "sage"), 2)
+    for events, _, _, engine in steps:
+        assert engine.counters["sums.messages"] > 0
+        returns = [i for i, e in enumerate(events) if e[0] == "bwd.L1"]
+        root = events.index(("root grad", 1, False))
+        assert returns and returns[-1] < root
 
 
 def _synced_step(transport: Any, folder: str, sync: str) -> dict[str, Any]:
