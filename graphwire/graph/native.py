@@ -23,7 +23,9 @@ load a large graph once.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,7 @@ VERSION = 1
 META = "meta.json"
 _ARRAYS = ("indptr", "indices", "x", "y", "train_idx", "val_idx", "test_idx")
 _REQUIRED = ("indptr", "indices")
+_HASH_BLOCK_BYTES = 1 << 22  # rows hashed (and checked finite) at a time
 
 
 def save_graph(
@@ -137,7 +140,8 @@ def load_graph(
     meta = read_meta(folder)
     arrays: dict[str, np.ndarray] = {}
     for name, entry in meta["arrays"].items():
-        arrays[name] = load_array(folder / f"{name}.npy", entry, mmap, verify)
+        path = folder / f"{name}.npy"
+        arrays[name] = load_array(path, entry, mmap, verify, finite=name == "x")
     meta_path = folder / META
     for name in _REQUIRED:  # (their shapes agree with meta.json's, not with 1-D)
         if arrays[name].ndim != 1:
@@ -145,8 +149,6 @@ def load_graph(
                 folder / f"{name}.npy",
                 f"expected a 1-D array, found shape {list(arrays[name].shape)}",
             )
-    if "x" in arrays:  # reads x once, as verify would
-        check_finite_features(arrays["x"], folder / "x.npy")
     for field, found in (
         ("num_nodes", arrays["indptr"].shape[0] - 1),
         ("num_edges", arrays["indices"].shape[0]),
@@ -287,35 +289,44 @@ def is_array_entry(entry: Any) -> bool:
 
 
 def load_array(
-    path: Path, entry: dict[str, Any], mmap: bool, verify: bool
+    path: Path,
+    entry: dict[str, Any],
+    mmap: bool,
+    verify: bool,
+    *,
+    finite: bool = False,
 ) -> np.ndarray:
     """The array of ``path``, as ``entry`` (its ``meta.json`` entry:
     ``dtype``, ``shape``, ``sha256``) describes it; the checksum is read only
     with ``verify``. Graph and partitioned folders store arrays alike.
 
+    With ``finite``, a float array [N, F] holding nan or inf is refused
+    (:func:`~graphwire.graph.features.check_finite_features`); with
+    ``verify`` too, in the same read of the file as the checksum.
+
     Raises:
         DatasetError: naming ``path``: missing, changed (``verify``), cut
-            short or corrupt, or other than ``entry`` says.
+            short or corrupt, other than ``entry`` says, or not finite.
     """
     if not path.is_file():
         raise DatasetError(path, "missing (listed in meta.json)")
-    if verify:
-        digest = sha256_file(path)
-        if digest != entry["sha256"]:
-            raise DatasetError(
-                path,
-                f"checksum mismatch: sha256 is {digest}, meta.json says "
-                f"{entry['sha256']} (the file changed after it was written)",
-            )
     try:
         # Copy-on-write ("c", MAP_PRIVATE): pages stay shared until written, and
         # a write (g.x.sub_(...)) lands in a private copy. A read-only map
         # ("r") made any in-place op on the tensors a segfault.
         array = load_npy(path, mmap_mode="c" if mmap else None)
     except (ValueError, OSError, EOFError) as error:
+        if verify:  # a file cut short changed after it was written: say so
+            _check_digest(path, sha256_file(path), entry)
         raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
     if not isinstance(array, np.ndarray):
+        if verify:
+            _check_digest(path, sha256_file(path), entry)
         raise DatasetError(path, "expected one array, found an archive")
+    finite_seen = False
+    if verify:
+        digest, finite_seen = _digest_as_loaded(path, array, finite)
+        _check_digest(path, digest, entry)
     if array.dtype.name != entry["dtype"] or list(array.shape) != entry["shape"]:
         raise DatasetError(
             path,
@@ -329,7 +340,49 @@ def load_array(
             f"{order}-endian, not in this machine's byte order (convert it: "
             "a.astype(a.dtype.newbyteorder('=')))",
         )
+    if finite and not finite_seen:  # (on a failure, for the first bad entry)
+        check_finite_features(array, path)
     return array
+
+
+def _check_digest(path: Path, digest: str, entry: dict[str, Any]) -> None:
+    if digest != entry["sha256"]:
+        raise DatasetError(
+            path,
+            f"checksum mismatch: sha256 is {digest}, meta.json says "
+            f"{entry['sha256']} (the file changed after it was written)",
+        )
+
+
+def _digest_as_loaded(path: Path, array: np.ndarray, finite: bool) -> tuple[str, bool]:
+    """The SHA-256 of ``path`` from its header's bytes and ``array``'s, the
+    file's data as loaded (memory-mapped or read): one read of the file, not
+    one for the checksum and another for the data. With ``finite``, also
+    whether a float [N, F] ``array`` is all finite, block by block as it is
+    hashed (True: checked and finite).
+
+    An ``.npy`` file is its header and then the data to its end, so the
+    header is the file's first ``size - nbytes`` bytes; any other file (bytes
+    after the data) hashes differently from the file written. An array not
+    in C order is hashed from the file instead.
+    """
+    size = path.stat().st_size
+    if not array.flags.c_contiguous or array.nbytes > size:
+        return sha256_file(path), False
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        digest.update(handle.read(size - array.nbytes))
+    check = finite and array.ndim == 2 and np.issubdtype(array.dtype, np.floating)
+    rows = array.reshape(-1, 1) if array.ndim < 2 else array
+    row_bytes = max(1, rows.itemsize * math.prod(rows.shape[1:]))
+    step = max(1, _HASH_BLOCK_BYTES // row_bytes)
+    clean = True
+    for start in range(0, rows.shape[0], step):
+        block = rows[start : start + step]
+        digest.update(block.data)
+        if check and clean:
+            clean = bool(np.isfinite(block).all())
+    return digest.hexdigest(), check and clean
 
 
 def _as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import pickle
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import torch
 
 import graphwire.graph.features as features
 from graphwire.cli import main
+from graphwire.fsutil import sha256_file
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.features import check_finite_features
 from graphwire.graph.files import load_npz
@@ -44,13 +46,18 @@ def test_npz(tmp_path: Path, bad: float) -> None:
         load_npz(path)
 
 
+@pytest.mark.parametrize("verify", [False, True])
 @pytest.mark.parametrize("bad", BAD)
-def test_native_folder(tmp_path: Path, bad: float) -> None:
+def test_native_folder(tmp_path: Path, bad: float, verify: bool) -> None:
     ring = Graph.from_edge_index(np.arange(4), np.roll(np.arange(4), 1), x=ring_x(0))
     folder = save_graph(ring, tmp_path / "g")
     np.save(folder / "x.npy", ring_x(bad))  # same dtype and shape as meta.json says
+    if verify:  # the checksum agrees: the values are what is refused
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["arrays"]["x"]["sha256"] = sha256_file(folder / "x.npy")
+        (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DatasetError, match=f"x.npy: x: {message(bad)}"):
-        load_graph(folder)
+        load_graph(folder, verify=verify)
 
 
 @pytest.mark.parametrize("bad", BAD)

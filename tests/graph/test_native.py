@@ -328,6 +328,37 @@ def test_checksum_is_checked_only_when_asked(saved: Path) -> None:
     assert info.value.path == str(saved / "x.npy")
 
 
+@pytest.mark.parametrize("mmap", [True, False])
+def test_verify_reads_each_file_once(saved: Path, monkeypatch, mmap: bool) -> None:
+    # The checksum is taken from the arrays as loaded, x's finiteness in the
+    # same pass (one row a block here): neither a read of the file for the
+    # checksum alone nor a second pass over x for its values.
+    checked: list[object] = []
+    monkeypatch.setattr(native, "sha256_file", None)  # calling it fails
+    monkeypatch.setattr(native, "check_finite_features", checked.append)
+    monkeypatch.setattr(native, "_HASH_BLOCK_BYTES", 8)
+    loaded = load_graph(saved, mmap=mmap, verify=True)
+    assert torch.equal(loaded.x, small_graph().x) and not checked
+    flip_last_byte("x.npy")(saved)  # the last entry of the last block
+    with pytest.raises(DatasetError, match="checksum mismatch") as info:
+        load_graph(saved, mmap=mmap, verify=True)
+    assert info.value.path == str(saved / "x.npy")
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda path: path.write_bytes(path.read_bytes() + b"\0"),  # bytes after
+        lambda path: path.write_bytes(path.read_bytes()[:-3]),  # cut short
+    ],
+    ids=["appended", "truncated"],
+)
+def test_verify_finds_a_file_changed_outside_its_data(saved: Path, spoil) -> None:
+    spoil(saved / "y.npy")
+    with pytest.raises(DatasetError, match="y.npy: checksum mismatch"):
+        load_graph(saved, verify=True)
+
+
 def test_arrays_that_are_no_graph_are_named(saved: Path) -> None:
     resave("indices", np.array([0, 1, 2, 3, 9, 0, 2]))(saved)
     edit_meta(lambda m: m["arrays"]["indices"].update(sha256="?"))(saved)
