@@ -339,9 +339,7 @@ class P2PEngine(G3Backward):
         if layer in self._halo:
             return
         if halo is None:
-            summed = layer == self.num_layers - 1 and (
-                self._summed(layer, self._model_layers[layer]) is not None
-            )
+            summed = self._summed(layer, self._model_layers[layer]) is not None
             rows = 0 if summed else self.plan.num_halo
             halo = like.new_empty((rows, width))
         self._halo[layer] = halo
@@ -572,7 +570,7 @@ class P2PEngine(G3Backward):
                 self._send_all(index, source)
             if not eager:
                 self._wait(index, None)
-        sums = self._summed(index, layer) if last else None
+        sums = self._summed(index, layer)
         if sums is not None:
             out, summed = self._forward_sums(
                 index, sums, layer, source, dst_rows, track
@@ -643,7 +641,8 @@ class P2PEngine(G3Backward):
 
     def _summed(self, index: int, layer: nn.Module) -> MessageSums | None:
         """Layer ``index``'s sum split message by message
-        (:mod:`~graphwire.fullgraph.g3_sums`) when it computes eagerly, lies
+        (:mod:`~graphwire.fullgraph.g3_sums`) when it is the last layer (the
+        ones below hand their rows on bin by bin), computes eagerly, lies
         above the input layer (whose halo rows may be cached, and whose
         backward :meth:`_backward_stack` finishes itself), exchanges projected
         rows, and sums them (:func:`~graphwire.nn.models.sums_sources`); else
@@ -654,6 +653,7 @@ class P2PEngine(G3Backward):
             if (
                 summing is not None
                 and self.last == "sums"
+                and index == self.num_layers - 1
                 and index > 0
                 and self.mode in ("full", "intra")
                 and self.exchanged_projection(index, layer) is not None
