@@ -39,7 +39,7 @@ import torch
 
 from graphwire.fullgraph.g3_messages import Messages
 from graphwire.graph.order import index_dtype, stable_order
-from graphwire.nn.base import MessageGraph, sparse_csr
+from graphwire.nn.base import MessageGraph, sparse_csr, spmm
 
 __all__ = ["MessageSums", "plan_sums"]
 
@@ -79,26 +79,26 @@ class MessageSums:
         """float [n, w]: the sum over the owned source rows ``m_owned`` [n, w]."""
         if not self.num_owned:
             return m_owned.new_zeros((0, m_owned.shape[1]))
-        return torch.sparse.mm(self.own, m_owned)
+        return spmm(self.own, m_owned)
 
     def add_message(self, agg: torch.Tensor, key: Key, rows: torch.Tensor) -> None:
         """Add to ``agg`` [n, w] the terms of message ``key``'s ``rows``."""
         piece = self.pieces.get(key)
         if piece is not None:
             dst, matrix = piece
-            agg.index_add_(0, dst, torch.sparse.mm(matrix, rows))
+            agg.index_add_(0, dst, spmm(matrix, rows))
 
     def returned_grad(self, key: Key, grad_agg: torch.Tensor) -> torch.Tensor | None:
         """float [r_k, w]: the gradients of message ``key``'s returned rows
         (None when it returns none)."""
         matrix = self.returns.get(key)
-        return None if matrix is None else torch.sparse.mm(matrix, grad_agg)
+        return None if matrix is None else spmm(matrix, grad_agg)
 
     def owned_grad(self, grad_agg: torch.Tensor) -> torch.Tensor:
         """float [n, w]: the gradients of the owned source rows."""
         if not self.num_owned:
             return grad_agg.new_zeros((0, grad_agg.shape[1]))
-        return torch.sparse.mm(self.own_t, grad_agg)
+        return spmm(self.own_t, grad_agg)
 
 
 def plan_sums(

@@ -9,7 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graphwire.graph.graph import Graph
-from graphwire.nn.base import MessageGraph, edge_softmax, spmm_mean, spmm_sum
+from graphwire.nn.base import (
+    MessageGraph,
+    edge_softmax,
+    sparse_csr,
+    spmm,
+    spmm_mean,
+    spmm_sum,
+)
 
 
 def _bipartite(num_src: int, num_dst: int, num_edges: int, seed: int) -> MessageGraph:
@@ -46,6 +53,56 @@ def test_sum_and_mean_match_dense_products(num_src, extra, num_edges, seed) -> N
     torch.testing.assert_close(spmm_sum(mg, h, weight), _dense(mg, weight) @ h)
     mean = dense / dense.sum(1, keepdim=True).clamp(min=1)
     torch.testing.assert_close(spmm_mean(mg, h), mean @ h)
+
+
+def _csr(num_dst: int, num_src: int, num_edges: int, index, dtype) -> torch.Tensor:
+    """A random sparse CSR [num_dst, num_src] (some rows without entries)."""
+    rng = np.random.default_rng(3)
+    dst = np.sort(rng.integers(0, max(num_dst, 1), num_edges))
+    indptr = np.zeros(num_dst + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_dst), out=indptr[1:])
+    src = rng.integers(0, max(num_src, 1), num_edges)
+    return sparse_csr(
+        torch.from_numpy(indptr).to(index),
+        torch.from_numpy(src).to(index),
+        torch.rand(num_edges, dtype=dtype),
+        (num_dst, num_src),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    ("num_dst", "num_src", "num_edges", "width"),
+    [(40, 30, 200, 5), (40, 30, 3, 5), (40, 30, 0, 5), (0, 30, 0, 5), (40, 0, 0, 5)],
+)
+def test_spmm_writes_what_sparse_mm_gives_without_calling_it(
+    monkeypatch, dtype, index, num_dst, num_src, num_edges, width
+) -> None:
+    """Bit for bit torch.sparse.mm's values, rows without entries too (the
+    result starts uninitialised: NaN here), for contiguous and strided rows."""
+    a = _csr(num_dst, num_src, num_edges, index, dtype)
+    rows = torch.randn(num_src, 3, width, dtype=dtype)
+    cases = [rows[:, 0].contiguous(), rows[:, 1]]
+    expected = [torch.sparse.mm(a, h) for h in cases]
+    new_empty = torch.Tensor.new_empty
+
+    def nan_filled(self, *args, **kwargs):
+        return new_empty(self, *args, **kwargs).fill_(float("nan"))
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled)
+    monkeypatch.setattr(torch.sparse, "mm", None)
+    for h, want in zip(cases, expected, strict=True):
+        assert torch.equal(spmm(a, h), want)
+
+
+def test_spmm_is_differentiable_where_autograd_records_it() -> None:
+    mg = _bipartite(9, 6, 30, seed=2)
+    a = sparse_csr(mg.indptr, mg.indices, torch.rand(30, dtype=torch.float64), (6, 9))
+    h = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda h: spmm(a, h), (h,))
+    with torch.no_grad():
+        assert not spmm(a, h).requires_grad
 
 
 def test_gradcheck_sum_mean_and_edge_weights() -> None:
