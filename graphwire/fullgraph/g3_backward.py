@@ -30,7 +30,7 @@ from graphwire.fullgraph.base import (
     sum_gradients,
 )
 from graphwire.fullgraph.g3_bins import StackGraph, SumGraph
-from graphwire.fullgraph.g3_messages import Messages, Returns
+from graphwire.fullgraph.g3_messages import Messages, PendingReturns, Returns
 from graphwire.fullgraph.g3_sums import MessageSums
 
 __all__ = ["G3Backward"]
@@ -62,15 +62,14 @@ class G3Backward(Engine):
         then the owned source rows' gradient. Returns that gradient (and the
         destinations' input rows', when ``finish`` read them) and its
         returning messages."""
-        # The sum's gradient alone first: the returns need nothing else.
-        torch.autograd.backward(
-            summed.out, grad_out, inputs=[summed.agg], retain_graph=True
+        # The sum's gradient alone first: the returns need nothing else. As
+        # a result, not accumulated into agg.grad (a copy of grad_out for GCN).
+        (grad_agg,) = torch.autograd.grad(
+            summed.out, summed.agg, grad_out, retain_graph=True
         )
-        grad_agg = summed.agg.grad
-        assert grad_agg is not None and self._sums[index] is not None
+        assert self._sums[index] is not None
         sums = cast(MessageSums, self._sums[index]).matrices(grad_agg.dtype)
-        grad_src = grad_agg.new_zeros((self.part.num_owned, grad_agg.shape[1]))
-        mine = self._post_returns(index, grad_src)
+        pending = self._post_returns(index, grad_agg)
         self._send_each_return(index, partial(sums.returned_grad, grad_agg=grad_agg))
         layer = self._model_layers[index]
         rest: list[torch.Tensor] = [p for p in layer.parameters() if p.requires_grad]
@@ -78,7 +77,9 @@ class G3Backward(Engine):
             rest.append(summed.dst)
         if rest:
             torch.autograd.backward(summed.out, grad_out, inputs=rest)
-        grad_src.add_(sums.owned_grad(grad_agg))
+        # The returned rows' gradients are added into it as they are waited for.
+        mine = Returns(sums.owned_grad(grad_agg), pending)
+        grad_src = mine.grad
         if summed.dst is None:
             return (grad_src,), mine
         assert summed.dst.grad is not None
@@ -163,7 +164,7 @@ class G3Backward(Engine):
             if grad_src is None:
                 grad_src = graph.h0.new_zeros((n, width))
             grad_halo = grad_src.new_zeros((self.plan.num_halo, width))
-            mine = self._post_returns(index, grad_src)
+            mine = Returns(grad_src, self._post_returns(index, grad_src))
         waiting = self._returning[index] if returns is not None else set()
         early = [g for g in reversed(bins) if g.index not in waiting]
         late = [g for g in reversed(bins) if g.index in waiting]
@@ -211,18 +212,19 @@ class G3Backward(Engine):
             return int((projection if projection is not None else graph.h0).shape[1])
         return self._halo[index].shape[1] if index in self._halo else 0
 
-    def _post_returns(self, index: int, grad: torch.Tensor) -> Returns:
+    def _post_returns(self, index: int, like: torch.Tensor) -> PendingReturns:
         """Post the receives of the gradients of the rows this rank sent at
-        layer ``index`` (each peer's in reverse send order); they are added
-        into ``grad``, the owned source rows' gradient."""
+        layer ``index`` (each peer's in reverse send order), into buffers of
+        ``like``'s width and dtype; :class:`Returns` adds them into the owned
+        source rows' gradient."""
         tag = f"{self.phase}bwd.L{index}"
-        pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]] = {}
+        pending: PendingReturns = {}
         for peer, chunks in enumerate(self._return_rows[index]):
             for b in reversed(list(chunks)):
                 rows = chunks[b]
-                buf = grad.new_empty((rows.numel(), grad.shape[1]))
+                buf = like.new_empty((rows.numel(), like.shape[1]))
                 pending[(peer, b)] = (self.transport.irecv(buf, peer, tag), buf, rows)
-        return Returns(grad, pending)
+        return pending
 
     def _send_returns(self, index: int, grad_halo: torch.Tensor) -> None:
         """Send the halo rows' gradients of layer ``index`` (``grad_halo``,

@@ -34,6 +34,7 @@ from graphwire.nn.base import MessageGraph
 
 __all__ = [
     "Messages",
+    "PendingReturns",
     "Returns",
     "plan_layers",
     "plan_returns",
@@ -65,6 +66,11 @@ class Messages:
     halo_message: torch.Tensor
 
 
+# Per returning message (peer, sender bin): its receive, its buffer, and the
+# owned rows its gradients add into.
+PendingReturns = dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]]
+
+
 @dataclass(eq=False)
 class Returns:
     """The gradients of one layer's source rows coming back from the peers
@@ -73,7 +79,7 @@ class Returns:
     bin as the backward needs them."""
 
     grad: torch.Tensor
-    pending: dict[tuple[int, int], tuple[Work, torch.Tensor, torch.Tensor]]
+    pending: PendingReturns
 
     def wait_bin(self, b: int | None) -> None:
         """Wait for the messages of sender bin ``b`` (all when None), peers

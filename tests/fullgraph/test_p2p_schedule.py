@@ -195,6 +195,41 @@ def test_a_summed_sage_layer_returns_gradients_before_its_root_term(
         assert returns and returns[-1] < root
 
 
+def _summed_step(transport: Any, folder: str) -> tuple[torch.Tensor, list[Any]]:
+    """One G3 step with a summed last layer: the logits ``forward_loss``
+    hands back, and the summed layer's sum leaf after its backward."""
+    config = config_for("gcn")
+    part = load_part(folder, transport.rank)
+    options = {"bin_rows": 16, "last": "sums"}
+    engine = build_engine(part, transport, config, "g3", options)
+    assert isinstance(engine, P2PEngine)
+    walked: list[Any] = []
+    walk_sums = engine._walk_sums
+
+    def traced(index: int, summed: SumGraph, grad_out: torch.Tensor) -> Any:
+        out = walk_sums(index, summed, grad_out)
+        walked.append(summed.agg)
+        return out
+
+    engine._walk_sums = traced  # type: ignore[method-assign]
+    model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+    model.train()
+    logits, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
+    loss.backward()
+    return logits, walked
+
+
+def test_no_copy_of_the_logits_gradient_or_the_summed_layers(tmp_path) -> None:
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    for logits, walked in run_local(lambda t: _summed_step(t, folder), 2):
+        # The engine hands on the owned rows only: forward_loss takes them as
+        # they are (a slice of all of them backwards into a zero-filled copy).
+        assert type(logits.grad_fn).__name__ == "G3StackBackward"
+        # The sum's gradient is taken as a result, not accumulated into .grad
+        # (for GCN, a copy of the logits' gradient).
+        assert len(walked) == 1 and walked[0].grad is None
+
+
 def _synced_step(transport: Any, folder: str, sync: str) -> dict[str, Any]:
     """One 3-layer G3 step with ``sync``: events in order, grads, ledger."""
     config = dataclasses.replace(config_for("gcn"), num_layers=3, fanouts=None)
