@@ -77,9 +77,9 @@ class G3Backward(Engine):
             rest.append(summed.dst)
         if rest:
             torch.autograd.backward(summed.out, grad_out, inputs=rest)
+        grad_src = sums.owned_grad(grad_agg)
         # The returned rows' gradients are added into it as they are waited for.
-        mine = Returns(sums.owned_grad(grad_agg), pending)
-        grad_src = mine.grad
+        mine = Returns(grad_src, pending)
         if summed.dst is None:
             return (grad_src,), mine
         assert summed.dst.grad is not None
