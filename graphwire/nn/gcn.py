@@ -103,7 +103,11 @@ class GCNConv(ProjectsToOutput, nn.Module):
         if self.projects_first:
             return self.propagate(mg, self.project(h_src), mg.dst_rows(h_src))
         agg = spmm_sum(mg, h_src, self.edge_weights(mg))
-        return self.finish(agg @ self.weight, None)
+        if self.bias is None:
+            return agg @ self.weight
+        # One BLAS call adds the bias as it writes the product: no second
+        # pass over the [num_dst, out_dim] result (finish's ``+ bias``).
+        return torch.addmm(self.bias, agg, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.in_dim}, {self.out_dim}, bias={self.bias is not None}"

@@ -98,8 +98,13 @@ class SAGEConv(ProjectsToOutput, nn.Module):
         return self._combine(mg.dst_rows(h_src), neigh)
 
     def _combine(self, h_dst: torch.Tensor, neigh: torch.Tensor) -> torch.Tensor:
-        out = self.lin_self(h_dst) + neigh
-        return out + self.bias if self.bias is not None else out
+        """``lin_self(h_dst) + neigh + bias`` with one new [num_dst, out_dim]
+        tensor: addmm writes the root term's product onto a copy of ``neigh``,
+        and the bias is added to that in place (addmm's backward needs its
+        inputs, not its result; ``neigh`` itself, which may be a leaf that
+        needs a gradient, is only read)."""
+        out = torch.addmm(neigh, h_dst, self.lin_self.weight.t())
+        return out.add_(self.bias) if self.bias is not None else out
 
     def extra_repr(self) -> str:
         return f"{self.in_dim}, {self.out_dim}, aggregator=mean"
