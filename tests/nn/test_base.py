@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from graphwire.graph.graph import Graph
 from graphwire.nn.base import (
     MessageGraph,
+    edge_dots,
     edge_softmax,
     sparse_csr,
     spmm,
@@ -103,6 +104,64 @@ def test_spmm_is_differentiable_where_autograd_records_it() -> None:
     assert torch.autograd.gradcheck(lambda h: spmm(a, h), (h,))
     with torch.no_grad():
         assert not spmm(a, h).requires_grad
+
+
+def _gathered_dots(mg: MessageGraph, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The reference: both ends' rows of every edge gathered at once."""
+    return (a[mg.dst_of_edges] * b[mg.indices]).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("heads", [None, 1, 3])
+@pytest.mark.parametrize("num_edges", [0, 1, 57])
+def test_edge_dots_match_the_gathered_products(dtype, heads, num_edges) -> None:
+    """Duplicate edges and destinations without edges included (_bipartite);
+    the rows are strided views, as GAT's heads are."""
+    mg = _bipartite(11, 7, num_edges, seed=num_edges)
+    shape = (4,) if heads is None else (heads, 4)
+    # Rows laid out column-major: views whose rows are not contiguous.
+    a = torch.randn(*reversed(shape), 7, dtype=dtype).transpose(0, -1)
+    b = torch.randn(*reversed(shape), 11, dtype=dtype).transpose(0, -1)
+    got = edge_dots(mg, a, b)
+    assert got.shape == ((num_edges,) if heads is None else (num_edges, heads))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, _gathered_dots(mg, a, b))
+
+
+def test_edge_dots_take_the_sampled_product_without_gathering_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """float32 on CPU: one sampled_addmm per head and no [E, H, F] gather
+    (before, a[dst] and b[src] held 4 GB for GAT on a million edges)."""
+    mg = _bipartite(30, 20, 200, seed=3)
+    a, b = torch.randn(20, 2, 5), torch.randn(30, 2, 5)
+    want = _gathered_dots(mg, a, b)
+    calls = []
+    sampled = torch.sparse.sampled_addmm
+
+    def counted(*args, **kwargs):
+        calls.append(args[1].shape)
+        return sampled(*args, **kwargs)
+
+    monkeypatch.setattr(torch.sparse, "sampled_addmm", counted)
+    got = edge_dots(mg, a, b)
+    assert calls == [(20, 5), (20, 5)]
+    torch.testing.assert_close(got, want)
+
+
+def test_edge_dots_elsewhere_gather_a_block_of_edges_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bfloat16 (no sampled kernel): the gathered path, in blocks smaller
+    than the edges, gives the one-shot gather's values."""
+    import graphwire.nn.base as base
+
+    monkeypatch.setattr(base, "_DOTS_BLOCK", 16)
+    mg = _bipartite(30, 20, 200, seed=4)
+    a = torch.randn(20, 3, 5).to(torch.bfloat16)
+    b = torch.randn(30, 3, 5).to(torch.bfloat16)
+    torch.testing.assert_close(edge_dots(mg, a, b), _gathered_dots(mg, a, b))
+    assert edge_dots(_bipartite(30, 20, 0, seed=4), a, b).shape == (0, 3)
 
 
 def test_gradcheck_sum_mean_and_edge_weights() -> None:
