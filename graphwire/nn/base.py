@@ -121,16 +121,16 @@ def edge_dots(mg: MessageGraph, a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     Returns:
         float [E] for 2-D rows, [E, H] for 3-D.
     """
-    heads = a.shape[1] if a.dim() == 3 else 0
+    if a.dim() == 2:  # one head
+        return edge_dots(mg, a.unsqueeze(1), b.unsqueeze(1)).squeeze(1)
     num_edges = mg.indices.shape[0]
-    out = a.new_empty((num_edges, heads) if heads else (num_edges,))
+    out = a.new_empty((num_edges, a.shape[1]))
     sampled = a.dtype in (torch.float32, torch.float64) and a.device.type == "cpu"
     if sampled and num_edges:
         pattern = mg.adjacency(a.new_zeros(num_edges))
-        for k in range(max(1, heads)):
-            a_k, b_k = (a[:, k], b[:, k]) if heads else (a, b)
-            dots = torch.sparse.sampled_addmm(pattern, a_k, b_k.t(), beta=0.0)
-            (out[:, k] if heads else out).copy_(dots.values())
+        for k in range(a.shape[1]):
+            dots = torch.sparse.sampled_addmm(pattern, a[:, k], b[:, k].t(), beta=0.0)
+            out[:, k].copy_(dots.values())
         return out
     dst, src = mg.dst_of_edges, mg.indices
     for start in range(0, num_edges, _DOTS_BLOCK):
