@@ -11,6 +11,7 @@ import math
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from graphwire.comm.launch import WorkerFailed, free_port, launch_local
+from graphwire.comm.launch import LOOPBACK, WorkerFailed, free_port, launch_local
 from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
 from graphwire.testing.probes import (
@@ -61,9 +62,15 @@ def test_ranks_that_cannot_join_are_named_in_a_line_without_traceback(
     torch's C++ log of the same failure (c10d's ``[E ...] [c10d]`` lines and
     their C++ frames) stays out of the children's stderr."""
     monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
-    port = free_port()  # nothing listens there
-    with pytest.raises(WorkerFailed) as caught:
-        launch_local(join_nowhere, 2, port, 0.5, timeout_s=60)
+    # A port this test holds bound but never listens on: connecting to it is
+    # refused, and no other process can take it meanwhile (a port that was
+    # merely free a moment ago could be taken by a store of a test running
+    # beside this one, under pytest-xdist).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind((LOOPBACK, 0))
+        port = held.getsockname()[1]
+        with pytest.raises(WorkerFailed) as caught:
+            launch_local(join_nowhere, 2, port, 0.5, timeout_s=60)
     err = capfd.readouterr().err
     assert "[c10d]" not in err and "frame #" not in err, err
     assert "TORCH_CPP_LOG_LEVEL" not in os.environ  # the parent's is as it was
