@@ -153,8 +153,14 @@ class G3Backward(Engine):
             return self._walk_sums(index, bins, out_grads[0])
         n = self.part.num_owned
         sends = self._returns(index, graph)
-        grad_src = grad_dst = grad_halo = None
-        if bins and bins[0].src.requires_grad:
+        grad_src = grad_dst = grad_halo = grad_table = None
+        if index == 0 and graph.projects_halo:
+            # The bins read rows of one projected table: their gradients add
+            # up in one, for the projection's backward (_backward_stack).
+            assert graph.projection is not None
+            grad_table = graph.projection.new_zeros(graph.projection.shape)
+            grad_src, grad_halo = grad_table[:n], grad_table[n:]
+        elif bins and bins[0].src.requires_grad:
             grad_src = bins[0].src.new_zeros((n, bins[0].src.shape[1]))
         if bins and bins[0].dst is not None:
             grad_dst = bins[0].dst.new_zeros((n, bins[0].dst.shape[1]))
@@ -174,9 +180,15 @@ class G3Backward(Engine):
             + late
         )
         halo_left = sum(1 for g in bins if g.bin.src_halo.numel())
-        if grad_halo is not None and not halo_left:
+        if grad_halo is not None and sends and not halo_left:
             self._send_returns(index, grad_halo)
-        for g in order:
+        # Each bin's rows and their gradient are let go of as soon as its
+        # backward has run: ``order`` holds the only references left.
+        del early, late
+        bins.clear()
+        order.reverse()
+        while order:
+            g = order.pop()
             if returns is not None and g.index in waiting:
                 self.timed(partial(returns.wait_bin, g.index))
             rows = g.bin.rows
@@ -192,9 +204,15 @@ class G3Backward(Engine):
                     grad_halo.index_add_(0, g.bin.src_halo, g.src.grad[num_owned:])
             if g.bin.src_halo.numel():
                 halo_left -= 1
-                if grad_halo is not None and not halo_left:
+                if grad_halo is not None and sends and not halo_left:
                     self._send_returns(index, grad_halo)
-        if self.exchanged_projection(index, self._model_layers[index]) is None:
+            del g
+        if index == 0:
+            projected = graph.projection is not None
+        else:
+            layer = self._model_layers[index]
+            projected = self.exchanged_projection(index, layer) is not None
+        if not projected:  # else complete once the projection's backward ran
             self._layer_done(index)
         following = index + 1
         if following < self.num_layers and self.exchanged_projection(
@@ -202,7 +220,8 @@ class G3Backward(Engine):
         ):
             # The projection of the layer above ran in this layer's bins.
             self._layer_done(following)
-        grads = tuple(t for t in (grad_src, grad_dst) if t is not None)
+        grad_rows = grad_table if grad_table is not None else grad_src
+        grads = tuple(t for t in (grad_rows, grad_dst) if t is not None)
         return grads, mine
 
     def _source_width(self, index: int, graph: StackGraph) -> int:

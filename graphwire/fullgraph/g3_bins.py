@@ -157,12 +157,15 @@ class SumGraph:
 @dataclass(frozen=True, slots=True, eq=False)
 class StackGraph:
     """One forward's graphs: every layer's bins (forward order) or its sum,
-    the input rows' leaf and, when layer 0 exchanges projected rows, their
-    projection."""
+    the input rows' leaf and, when layer 0 reads projected rows, their
+    projection: of the owned rows when layer 0 exchanges projected rows, of
+    the whole table ``[owned; halo]`` when ``projects_halo`` (the cached
+    input layer's rows projected here, once per forward)."""
 
     layers: list[list[BinGraph] | SumGraph]
     h0: torch.Tensor
     projection: torch.Tensor | None
+    projects_halo: bool = False
 
 
 # ------------------------------------------------------------------- order

@@ -115,7 +115,7 @@ from graphwire.fullgraph.g3_sums import MessageSums, plan_sums
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
-from graphwire.nn.models import GNN, SumsSources, sums_sources
+from graphwire.nn.models import GNN, Projecting, SumsSources, sums_sources
 
 __all__ = ["LASTS", "MODES", "P2PEngine", "SYNCS"]
 
@@ -194,6 +194,7 @@ class P2PEngine(G3Backward):
             self.counters[f"bins.L{index}"] = len(layer.bins)
         self.counters["bins.in_place"] = 0  # bins run on the table (_table_bins)
         self.counters["sums.messages"] = 0  # messages summed as they came (_summed)
+        self.counters["proj.table"] = 0  # tables projected once (_projected_table)
         self._sums: dict[int, MessageSums | None] = {}  # see _summed
         self._pending_recv: dict[int, dict[tuple[int, int], tuple[Work, Any]]] = {}
         self._sends: list[Work] = []
@@ -511,21 +512,49 @@ class P2PEngine(G3Backward):
         h0 = h0.detach().requires_grad_(needs_grad)
         source, dst_rows, projection = h0.detach(), None, None
         first = self.exchanged_projection(0, self._model_layers[0])
+        here = self._projected_table(0, self._model_layers[0])
         if first is not None:
             with torch.set_grad_enabled(track):
                 projection = first.project(h0)
             source = projection.detach()
             dst_rows = h0.detach() if first.reads_dst_rows else None
+        elif here is not None:
+            # The owned and the cached halo rows, projected once; the bins
+            # gather their rows of it (_forward_layer).
+            table = torch.cat([h0.detach(), self.cached_input_halo()])
+            with torch.set_grad_enabled(track):
+                projection = here.project(table)
+            source = projection.detach()
+            dst_rows = h0.detach() if here.reads_dst_rows else None
+            self.counters["proj.table"] += 1
         layers: list[list[BinGraph] | SumGraph] = []
         for index in range(self.num_layers):
             grads = (track and index > 0, track and index > 0)
             if index == 0:
-                grads = (needs_grad or first is not None, needs_grad)
+                projected = first is not None or here is not None
+                grads = (needs_grad or projected, needs_grad)
             source, dst_rows, graphs = self._forward_layer(
                 index, source, dst_rows, track, grads
             )
             layers.append(graphs)
-        return source, StackGraph(layers, h0, projection) if track else None
+        if not track:
+            return source, None
+        return source, StackGraph(layers, h0, projection, here is not None)
+
+    def _projected_table(self, index: int, layer: nn.Module) -> Projecting | None:
+        """``layer`` when layer ``index`` is the cached input layer and
+        transforms every source row it reads with a row-wise projection
+        (GAT's ``lin``; GCN and GraphSAGE projecting first): the owned and
+        halo rows are then projected once per forward, and each bin gathers
+        its rows of that table and runs ``propagate``, instead of projecting
+        its own source rows, which repeat from bin to bin. Else None."""
+        if index or not self.cache_input:
+            return None
+        if not getattr(layer, "transforms_sources", False):
+            return None  # aggregates first: _table_bins
+        if not (hasattr(layer, "project") and hasattr(layer, "propagate")):
+            return None
+        return cast(Projecting, layer)
 
     def _forward_layer(
         self,
@@ -555,6 +584,10 @@ class P2PEngine(G3Backward):
         projected = self.exchanged_projection(index, layer)
         cached = index == 0 and self.cache_input
         n = self.part.num_owned
+        here = self._projected_table(index, layer)
+        if here is not None:  # source: the projected table (_forward_stack)
+            projected = here
+            self._halo[index] = source[n:]
         table_mgs = self._table_bins(index, layer, grads)
         table = None
         if table_mgs is not None:  # the bins read [owned; halo] in place
@@ -592,7 +625,7 @@ class P2PEngine(G3Backward):
                 h_src, mg, src_ids = table, table_mgs[b], self._table_ids
                 self.counters["bins.in_place"] += 1
             else:
-                h_src = self._gather(index, b, bin_, source, cached)
+                h_src = self._gather(index, b, bin_, source, here is None and cached)
             with torch.set_grad_enabled(track):
                 h_src = h_src.requires_grad_(track and grads[0])
                 h_dst = None

@@ -435,3 +435,49 @@ def test_prepare_names_a_model_of_another_depth(tmp_path) -> None:
             engine.prepare(model)
 
     run_local(prepare, 2)
+
+
+def _projections(transport: Any, folder: str, model_name: str) -> dict[str, Any]:
+    """One G3 step (16-row bins, cached input): the rows of every call of the
+    input layer's ``project``, and how many rows the table has."""
+    config = config_for(model_name)
+    part = load_part(folder, transport.rank)
+    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
+    assert isinstance(engine, P2PEngine) and engine.cache_input
+    model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+    model.train()
+    layer = model.layers[0]
+    calls: list[int] = []
+    project = layer.project
+
+    def counted(h: torch.Tensor) -> torch.Tensor:
+        calls.append(h.shape[0])
+        return project(h)
+
+    layer.project = counted
+    _, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
+    loss.backward()
+    engine.sync_gradients(model)
+    return {
+        "calls": calls,
+        "table": part.num_owned + engine.plan.num_halo,
+        "bins": engine.counters["bins.L0"],
+        "grad": layer.lin.weight.grad if model_name == "gat" else None,
+    }
+
+
+@pytest.mark.parametrize("model_name", ["gat", "gcn", "sage"])
+def test_the_cached_input_layer_projects_its_table_once(tmp_path, model_name) -> None:
+    """GAT widens its rows (12 features to 2 heads of 8) and so never
+    exchanges projected rows, and the cached input layer's halo rows are here
+    already; its bins used to project their own source rows, so rows read by
+    several bins were projected again by each (with its weight gradient
+    again in the backward). Now the owned and halo rows are projected once
+    per forward, and the bins run ``propagate`` on their rows of that."""
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    ranks = run_local(lambda t: _projections(t, folder, model_name), 2)
+    for rank in ranks:
+        assert rank["bins"] > 1
+        assert rank["calls"] == [rank["table"]]
+        if rank["grad"] is not None:
+            assert rank["grad"].abs().sum() > 0
