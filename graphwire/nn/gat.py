@@ -21,6 +21,8 @@ and O((num_src + num_dst) * heads * out_dim) for projections.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,7 +36,41 @@ from graphwire.nn.base import (
 )
 from graphwire.nn.dropout import check_dropout, hashed_edge_dropout
 
-__all__ = ["GATConv"]
+__all__ = ["GATConv", "head_dots"]
+
+
+class _HeadDots(torch.autograd.Function):
+    """``(z * att).sum(-1)`` without the [N, H, F] product: forward as a
+    batched product (einsum), backward writing ``z``'s gradient in one pass
+    and ``att``'s as another batched product."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, z: torch.Tensor, att: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.save_for_backward(z, att)
+        return torch.einsum("nhf,hf->nh", z, att)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        z, att = ctx.saved_tensors
+        grad_z = grad_att = None
+        if ctx.needs_input_grad[0]:
+            grad_z = grad.unsqueeze(-1) * att
+        if ctx.needs_input_grad[1]:
+            grad_att = torch.einsum("nh,nhf->hf", grad, z)
+        return grad_z, grad_att
+
+
+def head_dots(z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+    """Per row and head, the dot product of ``z``'s row with ``att``'s:
+    float [N, H, F] and [H, F] -> [N, H], ``(z * att).sum(-1)`` up to the
+    order of the additions. One thread, N = 50,000 rows of 8 heads of 128:
+    about half the time of the product and sum, forward and backward."""
+    out: torch.Tensor = _HeadDots.apply(z, att)
+    return out
 
 
 class GATConv(ProjectsToOutput, nn.Module):
@@ -154,8 +190,8 @@ class GATConv(ProjectsToOutput, nn.Module):
                 "global node ID of every source row"
             )
         z = m_src.view(-1, self.heads, self.out_dim)  # [S, H, F]
-        score_src = (z * self.att_src).sum(-1)  # [S, H]
-        score_dst = (mg.dst_rows(z) * self.att_dst).sum(-1)  # [D, H]
+        score_src = head_dots(z, self.att_src)  # [S, H]
+        score_dst = head_dots(mg.dst_rows(z), self.att_dst)  # [D, H]
         scores = score_src[mg.indices] + score_dst[mg.dst_of_edges]  # [E, H]
         scores = F.leaky_relu(scores, self.negative_slope)
         alpha = edge_softmax(mg, scores)

@@ -304,3 +304,32 @@ def test_a_layer_that_sums_its_sources_is_finish_of_a_weighted_sum(layer, sums) 
     split = mg.indices < 11  # sources 0-10, then the rest
     agg = spmm_sum(mg, m, weight * split) + spmm_sum(mg, m, weight * ~split)
     torch.testing.assert_close(layer.finish(agg, h_dst), layer(mg, h))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_head_dots_equal_the_product_summed_with_their_gradients(dtype) -> None:
+    """GAT's attention scores: head_dots equals (z * att).sum(-1), and so do
+    the gradients of z and att, on a strided z (a slice of rows, as
+    mg.dst_rows gives) and with either input alone needing a gradient."""
+    from graphwire.nn.gat import head_dots
+
+    torch.manual_seed(0)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    full = torch.randn(40, 3, 5, dtype=dtype)
+    att = torch.randn(3, 5, dtype=dtype)
+    grad = torch.randn(25, 3, dtype=dtype)
+    for needs in [(True, True), (True, False), (False, True)]:
+        results = []
+        for fn in (head_dots, lambda z, a: (z * a).sum(-1)):
+            z = full.clone().requires_grad_(needs[0])
+            a = att.clone().requires_grad_(needs[1])
+            out = fn(z[5:30], a)
+            out.backward(grad)
+            results.append((out.detach(), z.grad, a.grad))
+        (out, gz, ga), (ref, ref_gz, ref_ga) = results
+        assert out.shape == (25, 3)
+        torch.testing.assert_close(out, ref, **tol)
+        for got, want in ((gz, ref_gz), (ga, ref_ga)):
+            assert (got is None) == (want is None)
+            if got is not None:
+                torch.testing.assert_close(got, want, **tol)
