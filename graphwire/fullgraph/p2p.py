@@ -31,7 +31,11 @@ the transfer behind computation:
   again by each. When the input layer only aggregates its rows before
   transforming them (GCN or GraphSAGE widening the input) and they need no
   gradient, its bins read the whole ``[owned; halo]`` table in place instead
-  (counter ``bins.in_place``).
+  (counter ``bins.in_place``). When the cached input layer transforms every
+  row it reads (GAT; GCN or GraphSAGE projecting first), the table is
+  projected once per forward and the bins gather their rows of the
+  projection (counter ``proj.table``), whose backward runs once on the sum
+  of the bins' gradients.
 - **Backward in reverse bins, pipelined across layers.** Layer by layer, top
   down: the bins that read halo rows first, after which each halo row's
   gradient is complete and goes back to its owner (``isend``, tag
