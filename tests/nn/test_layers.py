@@ -307,29 +307,51 @@ def test_a_layer_that_sums_its_sources_is_finish_of_a_weighted_sum(layer, sums) 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_head_dots_equal_the_product_summed_with_their_gradients(dtype) -> None:
-    """GAT's attention scores: head_dots equals (z * att).sum(-1), and so do
-    the gradients of z and att, on a strided z (a slice of rows, as
-    mg.dst_rows gives) and with either input alone needing a gradient."""
-    from graphwire.nn.gat import head_dots
+@pytest.mark.parametrize("num_dst", [0, 7, 25])
+@pytest.mark.parametrize("dst_index", [False, True])
+def test_attention_scores_equal_the_products_summed_with_their_gradients(
+    dtype, num_dst, dst_index
+) -> None:
+    """GAT's attention scores: attention_scores equals (z * att_src).sum(-1)
+    and (mg.dst_rows(z) * att_dst).sum(-1), and so do the gradients of z and
+    both att vectors, on a strided z (a slice of rows), with the destinations
+    the first rows or named by dst_index, and with any one input alone
+    needing a gradient."""
+    from graphwire.nn.gat import attention_scores
 
     torch.manual_seed(0)
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    num_src = 25
+    index = torch.randperm(num_src)[:num_dst] if dst_index else None
+    mg = MessageGraph(
+        indptr=torch.zeros(num_dst + 1, dtype=torch.int64),
+        indices=torch.zeros(0, dtype=torch.int64),
+        num_src=num_src,
+        num_dst=num_dst,
+        dst_index=index,
+    )
     full = torch.randn(40, 3, 5, dtype=dtype)
-    att = torch.randn(3, 5, dtype=dtype)
-    grad = torch.randn(25, 3, dtype=dtype)
-    for needs in [(True, True), (True, False), (False, True)]:
+    atts = torch.randn(2, 3, 5, dtype=dtype)
+    grads = torch.randn(num_src, 3, dtype=dtype), torch.randn(num_dst, 3, dtype=dtype)
+
+    def reference(mg, z, a_src, a_dst):
+        return (z * a_src).sum(-1), (mg.dst_rows(z) * a_dst).sum(-1)
+
+    for needs in [(True, True, True), (True, False, False), (False, True, False)]:
         results = []
-        for fn in (head_dots, lambda z, a: (z * a).sum(-1)):
+        for fn in (attention_scores, reference):
             z = full.clone().requires_grad_(needs[0])
-            a = att.clone().requires_grad_(needs[1])
-            out = fn(z[5:30], a)
-            out.backward(grad)
-            results.append((out.detach(), z.grad, a.grad))
-        (out, gz, ga), (ref, ref_gz, ref_ga) = results
-        assert out.shape == (25, 3)
-        torch.testing.assert_close(out, ref, **tol)
-        for got, want in ((gz, ref_gz), (ga, ref_ga)):
-            assert (got is None) == (want is None)
-            if got is not None:
-                torch.testing.assert_close(got, want, **tol)
+            a_src = atts[0].clone().requires_grad_(needs[1])
+            a_dst = atts[1].clone().requires_grad_(needs[2] or not any(needs[:2]))
+            src, dst = fn(mg, z[5:30], a_src, a_dst)
+            kept = [i for i, t in enumerate((src, dst)) if t.requires_grad]
+            torch.autograd.backward(
+                [(src, dst)[i] for i in kept], [grads[i] for i in kept]
+            )
+            results.append((src.detach(), dst.detach(), z.grad, a_src.grad, a_dst.grad))
+        got, want = results
+        assert got[0].shape == (num_src, 3) and got[1].shape == (num_dst, 3)
+        for a, b in zip(got, want, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b, **tol)
