@@ -82,8 +82,9 @@ def attention_scores(
     """GAT's per-head scores of the source rows and of the destinations'
     rows: float [S, H, F] with [H, F] each -> [S, H] and [D, H], equal to
     ``(z * att_src).sum(-1)`` and ``(mg.dst_rows(z) * att_dst).sum(-1)`` up
-    to the order of the additions. One thread, 50,000 rows of 8 heads of 128:
-    about half the time of the products and sums, forward and backward."""
+    to the order of the additions. One thread, 8 heads of 128, 50,000 source
+    and 9,000 destination rows: about a third of the time of the products
+    and sums, forward and backward."""
     if mg.dst_index is None:
         src, dst = _Scores.apply(z, att_src, att_dst, mg.num_dst)
         return src, dst
