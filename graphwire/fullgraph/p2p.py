@@ -515,28 +515,27 @@ class P2PEngine(G3Backward):
         :meth:`_backward_stack`."""
         h0 = h0.detach().requires_grad_(needs_grad)
         source, dst_rows, projection = h0.detach(), None, None
-        first = self.exchanged_projection(0, self._model_layers[0])
+        # Layer 0 reads projected rows when it exchanges them (the owned rows
+        # projected here) or when it projects its table here (the owned and
+        # the cached halo rows, once; the bins gather their rows of it).
         here = self._projected_table(0, self._model_layers[0])
+        first = self.exchanged_projection(0, self._model_layers[0])
+        if first is None:
+            first = here
         if first is not None:
+            rows = h0
+            if here is not None:
+                rows = torch.cat([h0, self.cached_input_halo()])
+                self.counters["proj.table"] += 1
             with torch.set_grad_enabled(track):
-                projection = first.project(h0)
+                projection = first.project(rows)
             source = projection.detach()
             dst_rows = h0.detach() if first.reads_dst_rows else None
-        elif here is not None:
-            # The owned and the cached halo rows, projected once; the bins
-            # gather their rows of it (_forward_layer).
-            table = torch.cat([h0.detach(), self.cached_input_halo()])
-            with torch.set_grad_enabled(track):
-                projection = here.project(table)
-            source = projection.detach()
-            dst_rows = h0.detach() if here.reads_dst_rows else None
-            self.counters["proj.table"] += 1
         layers: list[list[BinGraph] | SumGraph] = []
         for index in range(self.num_layers):
             grads = (track and index > 0, track and index > 0)
             if index == 0:
-                projected = first is not None or here is not None
-                grads = (needs_grad or projected, needs_grad)
+                grads = (needs_grad or first is not None, needs_grad)
             source, dst_rows, graphs = self._forward_layer(
                 index, source, dst_rows, track, grads
             )
