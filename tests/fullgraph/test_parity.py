@@ -12,11 +12,24 @@ happen in a different order than in one process; nothing else differs.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+import torch.nn.functional as F
 
-from graphwire.partition import Partition, get_partitioner, write_partitioned
+from graphwire.comm.local import run_local
+from graphwire.fullgraph.distributed import build_engine, forward_loss
+from graphwire.nn.base import spmm_sum
+from graphwire.nn.models import GNN, LAYER_KINDS
+from graphwire.partition import (
+    Partition,
+    get_partitioner,
+    load_part,
+    write_partitioned,
+)
 from tests.fullgraph.dist_helpers import (
+    DROPOUT_SEED,
     config_for,
     run_dist_steps,
     single_step,
@@ -355,3 +368,86 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path) -> None:
     assert (again, first) == (ran, len(ran))
     longer, _ = run_local(lambda t: train(t, resume, patience=40), 2)[0]
     assert len(longer) > len(ran)
+
+
+class _RowwiseSum(torch.nn.Module):
+    """A user's layer that is not one of graphwire's: it transforms every
+    source row (``lin``, then tanh) and sums them into each destination, with
+    no ``project``/``propagate`` for an engine to split it by."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(in_dim, out_dim)
+
+    def forward(self, mg, h_src):
+        return spmm_sum(mg, torch.tanh(self.lin(h_src)))
+
+
+def _rowwise_model(num_features: int, num_classes: int) -> GNN:
+    layers = [_RowwiseSum(num_features, 8), _RowwiseSum(8, num_classes)]
+    return GNN(layers, torch.relu, dropout=0.5, input_dropout=0.3)
+
+
+def _rowwise_step(transport, folder: str, config, weights: dict) -> dict:
+    part = load_part(folder, transport.rank)
+    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
+    assert part.x is not None
+    # The ranks are threads: each loads the oracle's weights (drawing its own
+    # would interleave the draws of one generator).
+    model = _rowwise_model(part.x.shape[1], int(part.meta["num_classes"]))
+    model.load_state_dict(weights)
+    model.train()
+    num_train = int(
+        transport.all_reduce_sum(
+            torch.tensor([float(part.train_local.numel())]), "sync.metrics"
+        )
+    )
+    logits, loss = forward_loss(engine, model, num_train, DROPOUT_SEED)
+    loss.backward()
+    engine.sync_gradients(model)
+    return {
+        "orig_nid": part.orig_nid.clone(),
+        "logits": logits.detach(),
+        "loss": float(loss.detach()),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "counters": dict(engine.counters),
+    }
+
+
+@pytest.mark.parametrize("num_parts", [2, 3])
+def test_g3_runs_a_layer_of_the_users_own_that_it_cannot_split(
+    graph, tmp_path, num_parts
+):
+    """A layer with neither ``project`` nor ``propagate`` runs whole in every
+    bin: G3's cached input layer gathers each bin's source rows, its halo rows
+    dropped out once per forward by the first bin that reads them, and the
+    result equals the single process's."""
+    torch.manual_seed(11)
+    model = _rowwise_model(graph.num_features, graph.num_classes)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    mg = LAYER_KINDS["gcn"].full_graph(graph)
+    logits = model(
+        [mg, mg],
+        graph.x,
+        row_ids=torch.arange(graph.num_nodes),
+        dropout_seed=DROPOUT_SEED,
+    )
+    loss = F.cross_entropy(logits[graph.train_idx], graph.y[graph.train_idx])
+    loss.backward()
+    oracle = {
+        "logits": logits.detach(),
+        "loss": float(loss.detach()),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+    }
+    method = "random" if num_parts == 3 else "metis"
+    folder = write_parts(graph, num_parts, tmp_path, method)
+    step = functools.partial(
+        _rowwise_step, folder=str(folder), config=config_for("gcn"), weights=weights
+    )
+    ranks = run_local(step, num_parts)
+    _assert_matches(ranks, oracle)
+    for rank in ranks:
+        assert rank["counters"]["bins.L0"] > 1  # many bins, each gathering
+        assert rank["counters"]["bins.in_place"] == 0
+        assert rank["counters"]["proj.table"] == 0
