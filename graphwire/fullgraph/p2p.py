@@ -266,7 +266,10 @@ class P2PEngine(G3Backward):
                 self._first_span[b] = (start, start + fresh.numel())
                 start += fresh.numel()
             self._first_order = torch.cat([*order, (~seen).nonzero().view(-1)])
-            self._x_dropped = self._x_halo.new_empty(self._x_halo.shape)
+        # The dropped-out halo inputs of a cached input layer whose bins gather
+        # their source rows (_input_halo), made the first time one does: the
+        # layers that read the table in place or project it here never do.
+        self._x_dropped: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- runtime
     def prepare(self, model: nn.Module) -> None:
@@ -436,6 +439,8 @@ class P2PEngine(G3Backward):
         if not training:
             self.cached_input_halo(bin_.src_halo, out)
             return
+        if self._x_dropped is None:
+            self._x_dropped = self._x_halo.new_empty(self._x_halo.shape)
         self._fill_input_halo(b, self._x_dropped)
         torch.index_select(self._x_dropped, 0, bin_.src_halo, out=out)
 
