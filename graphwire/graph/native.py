@@ -319,7 +319,8 @@ def load_array(
         if verify:  # a file cut short changed after it was written: say so
             _check_digest(path, sha256_file(path), entry)
         raise DatasetError(path, f"truncated or corrupt .npy ({error})") from error
-    if not isinstance(array, np.ndarray):
+    if not isinstance(array, np.ndarray):  # an .npz archive, open
+        array.close()
         if verify:
             _check_digest(path, sha256_file(path), entry)
         raise DatasetError(path, "expected one array, found an archive")

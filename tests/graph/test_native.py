@@ -152,6 +152,17 @@ def resave(name: str, array: np.ndarray) -> Callable[[Path], object]:
     return lambda folder: np.save(folder / f"{name}.npy", array)
 
 
+def archive(name: str) -> Callable[[Path], object]:
+    """Write an ``.npz`` archive (a zip, which ``np.load`` opens as one)
+    where ``name`` was."""
+
+    def apply(folder: Path) -> None:
+        with (folder / name).open("wb") as handle:
+            np.savez(handle, a=np.arange(5))
+
+    return apply
+
+
 def flip_last_byte(name: str) -> Callable[[Path], object]:
     def apply(folder: Path) -> None:
         data = bytearray((folder / name).read_bytes())
@@ -244,6 +255,7 @@ BAD_FOLDERS: list[tuple[str, Callable[[Path], object], str, str]] = [
     ("missing array", lambda f: (f / "y.npy").unlink(), "y.npy", "missing"),
     ("truncated", truncate("indices.npy"), "indices.npy", "truncated or corrupt"),
     ("truncated x", truncate("x.npy"), "x.npy", "truncated or corrupt"),
+    ("archive", archive("y.npy"), "y.npy", "expected one array, found an archive"),
     (
         "header",
         lambda f: (f / "y.npy").write_bytes(b"not an npy file at all"),
@@ -350,13 +362,31 @@ def test_verify_reads_each_file_once(saved: Path, monkeypatch, mmap: bool) -> No
     [
         lambda path: path.write_bytes(path.read_bytes() + b"\0"),  # bytes after
         lambda path: path.write_bytes(path.read_bytes()[:-3]),  # cut short
+        lambda path: archive(path.name)(path.parent),  # np.load: an archive
     ],
-    ids=["appended", "truncated"],
+    ids=["appended", "truncated", "archive"],
 )
 def test_verify_finds_a_file_changed_outside_its_data(saved: Path, spoil) -> None:
     spoil(saved / "y.npy")
     with pytest.raises(DatasetError, match="y.npy: checksum mismatch"):
         load_graph(saved, verify=True)
+
+
+def test_an_archive_in_place_of_an_array_is_closed(saved: Path, monkeypatch) -> None:
+    # np.load opens an .npz and leaves it open: refused, it is closed at
+    # once, not when the error's traceback lets go of it.
+    opened: list[Any] = []
+
+    def load(path, mmap_mode=None):
+        opened.append(np.load(path, mmap_mode=mmap_mode, allow_pickle=False))
+        return opened[-1]
+
+    monkeypatch.setattr(native, "load_npy", load)
+    archive("y.npy")(saved)
+    with pytest.raises(DatasetError, match="found an archive"):
+        load_graph(saved)
+    archives = [a for a in opened if isinstance(a, np.lib.npyio.NpzFile)]
+    assert len(archives) == 1 and archives[0].fid is None
 
 
 def test_arrays_that_are_no_graph_are_named(saved: Path) -> None:
