@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from graphwire.fullgraph.distributed import (
 )
 from graphwire.graph.graph import Graph
 from graphwire.graph.synthetic import ProductsConfig, products_graph
-from graphwire.nn.models import LAYER_KINDS
+from graphwire.nn.models import GNN, LAYER_KINDS
 from graphwire.partition import (
     Partition,
     get_partitioner,
@@ -91,6 +92,7 @@ def run_dist_steps(
     config: TrainConfig,
     exchange: str,
     options: dict[str, Any] | None = None,
+    model: Callable[[int, int], GNN] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`dist_step` on ``num_parts`` in-process ranks."""
     step = functools.partial(
@@ -99,6 +101,7 @@ def run_dist_steps(
         config=config,
         exchange=exchange,
         options=options,
+        model=model,
     )
     return run_local(step, num_parts)
 
@@ -109,26 +112,32 @@ def dist_step(
     config: TrainConfig,
     exchange: str,
     options: dict[str, Any] | None = None,
+    model: Callable[[int, int], GNN] | None = None,
 ) -> dict[str, Any]:
-    """One rank's logits (with their original IDs), loss share and synced grads."""
+    """One rank's logits (with their original IDs), loss share and synced grads.
+
+    ``model(num_features, num_classes)`` builds the rank's model, with the
+    oracle's weights (default: ``config``'s model, :func:`seeded_model`).
+    """
     part = load_part(folder, transport.rank)
     engine = build_engine(part, transport, config, exchange, options)
     assert part.x is not None
-    model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
-    model.train()
+    sizes = (part.x.shape[1], int(part.meta["num_classes"]))
+    gnn = seeded_model(*sizes, config) if model is None else model(*sizes)
+    gnn.train()
     num_train = int(
         transport.all_reduce_sum(
             torch.tensor([float(part.train_local.numel())]), "sync.metrics"
         )
     )
-    logits, loss = forward_loss(engine, model, num_train, DROPOUT_SEED)
+    logits, loss = forward_loss(engine, gnn, num_train, DROPOUT_SEED)
     loss.backward()
-    engine.sync_gradients(model)
+    engine.sync_gradients(gnn)
     return {
         "orig_nid": part.orig_nid.clone(),
         "logits": logits.detach(),
         "loss": float(loss.detach()),
-        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "grads": {n: p.grad.clone() for n, p in gnn.named_parameters()},
         "ledger": transport.ledger.snapshot(),
         "counters": dict(engine.counters),
     }

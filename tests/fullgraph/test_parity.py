@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.comm.local import run_local
-from graphwire.fullgraph.distributed import build_engine, forward_loss
 from graphwire.nn.base import spmm_sum
 from graphwire.nn.models import GNN, LAYER_KINDS
 from graphwire.partition import (
@@ -224,10 +223,8 @@ def test_eval_every_matches_single_process_and_skips_the_eval_traffic(
     still summed over the ranks."""
     from dataclasses import replace
 
-    from graphwire.comm.local import run_local
     from graphwire.fullgraph.distributed import train_distributed
     from graphwire.fullgraph.trainer import train_fullgraph
-    from graphwire.partition import load_part
 
     graph = small_graph()
     folder = write_parts(graph, 2, tmp_path, "metis")
@@ -260,10 +257,8 @@ def test_a_run_resumed_after_an_epoch_without_evaluation_goes_on(tmp_path) -> No
     uninterrupted run does."""
     from dataclasses import replace
 
-    from graphwire.comm.local import run_local
     from graphwire.fullgraph.checkpoint import CheckpointConfig
     from graphwire.fullgraph.distributed import train_distributed
-    from graphwire.partition import load_part
 
     folder = write_parts(small_graph(), 2, tmp_path, "metis")
     config = replace(config_for("gcn"), epochs=3, eval_every=2)
@@ -345,10 +340,8 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path) -> None:
     from there. It trains nothing now, and a larger patience goes on."""
     from dataclasses import replace
 
-    from graphwire.comm.local import run_local
     from graphwire.fullgraph.checkpoint import CheckpointConfig
     from graphwire.fullgraph.distributed import train_distributed
-    from graphwire.partition import load_part
 
     folder = write_parts(small_graph(), 2, tmp_path, "metis")
     config = replace(config_for("gcn"), epochs=40, patience=1)
@@ -388,30 +381,12 @@ def _rowwise_model(num_features: int, num_classes: int) -> GNN:
     return GNN(layers, torch.relu, dropout=0.5, input_dropout=0.3)
 
 
-def _rowwise_step(transport, folder: str, config, weights: dict) -> dict:
-    part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
-    assert part.x is not None
+def _rowwise_copy(weights: dict, num_features: int, num_classes: int) -> GNN:
     # The ranks are threads: each loads the oracle's weights (drawing its own
     # would interleave the draws of one generator).
-    model = _rowwise_model(part.x.shape[1], int(part.meta["num_classes"]))
+    model = _rowwise_model(num_features, num_classes)
     model.load_state_dict(weights)
-    model.train()
-    num_train = int(
-        transport.all_reduce_sum(
-            torch.tensor([float(part.train_local.numel())]), "sync.metrics"
-        )
-    )
-    logits, loss = forward_loss(engine, model, num_train, DROPOUT_SEED)
-    loss.backward()
-    engine.sync_gradients(model)
-    return {
-        "orig_nid": part.orig_nid.clone(),
-        "logits": logits.detach(),
-        "loss": float(loss.detach()),
-        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-        "counters": dict(engine.counters),
-    }
+    return model
 
 
 @pytest.mark.parametrize("num_parts", [2, 3])
@@ -442,10 +417,9 @@ def test_g3_runs_a_layer_of_the_users_own_that_it_cannot_split(
     }
     method = "random" if num_parts == 3 else "metis"
     folder = write_parts(graph, num_parts, tmp_path, method)
-    step = functools.partial(
-        _rowwise_step, folder=str(folder), config=config_for("gcn"), weights=weights
-    )
-    ranks = run_local(step, num_parts)
+    copy = functools.partial(_rowwise_copy, weights)
+    options = {"bin_rows": 16}
+    ranks = run_dist_steps(folder, num_parts, config_for("gcn"), "g3", options, copy)
     _assert_matches(ranks, oracle)
     for rank in ranks:
         assert rank["counters"]["bins.L0"] > 1  # many bins, each gathering
