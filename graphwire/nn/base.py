@@ -108,7 +108,8 @@ def edge_dots(mg: MessageGraph, a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     float32 and float64 on CPU go through ``torch.sparse.sampled_addmm`` on
     ``mg``'s pattern, one head at a time, on strided views (no copy of the
     rows); anything else (another dtype or device, where that kernel is
-    untested here) gathers both ends' rows a block of edges at a time.
+    untested here, or more edges than ``num_dst * num_src``, repeated edges
+    the kernel refuses) gathers both ends' rows a block of edges at a time.
     Gathering every edge's rows at once, as before, held two [E, H, F]
     tensors: 4 GB for 8 heads of 64 over a million edges, whose product then
     took 14-16 s against 0.7 s here (one thread).
@@ -126,6 +127,10 @@ def edge_dots(mg: MessageGraph, a: torch.Tensor, b: torch.Tensor) -> torch.Tenso
     num_edges = mg.indices.shape[0]
     out = a.new_empty((num_edges, a.shape[1]))
     sampled = a.dtype in (torch.float32, torch.float64) and a.device.type == "cpu"
+    # sampled_addmm refuses a pattern with more entries than its shape has
+    # places ("only sparse compressed tensors with the same number of
+    # specified elements"): a multigraph's repeated edges can make one.
+    sampled = sampled and num_edges <= mg.num_dst * mg.num_src
     if sampled and num_edges:
         pattern = mg.adjacency(a.new_zeros(num_edges))
         for k in range(a.shape[1]):

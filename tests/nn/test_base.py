@@ -128,6 +128,19 @@ def test_edge_dots_match_the_gathered_products(dtype, heads, num_edges) -> None:
     torch.testing.assert_close(got, _gathered_dots(mg, a, b))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_edge_dots_of_more_edges_than_the_graph_has_places(dtype) -> None:
+    """A multigraph with more edges than num_dst * num_src (repeated edges):
+    torch's sampled product refuses its pattern, so the dots are gathered
+    (it raised "only sparse compressed tensors with the same number of
+    specified elements")."""
+    for num_src, num_dst, num_edges in [(13, 9, 120), (4, 1, 5), (2, 1, 3)]:
+        mg = _bipartite(num_src, num_dst, num_edges, seed=num_edges)
+        a = torch.randn(num_dst, 2, 5, dtype=dtype)
+        b = torch.randn(num_src, 2, 5, dtype=dtype)
+        torch.testing.assert_close(edge_dots(mg, a, b), _gathered_dots(mg, a, b))
+
+
 def test_edge_dots_take_the_sampled_product_without_gathering_rows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
