@@ -226,6 +226,46 @@ def test_a_shared_weight_applies_to_every_head_of_3d_rows() -> None:
         spmm_sum(mg, h[:, 0], torch.rand(30, 2, dtype=torch.float64))
 
 
+@pytest.mark.parametrize(("num_edges", "heads"), [(0, 3), (1, 1), (45, 3), (200, 8)])
+def test_per_head_weights_use_one_product_over_every_head(num_edges, heads) -> None:
+    """GAT's per-head weights [E, H]: one sparse product of the heads' blocks
+    (row d * H + k, column s * H + k) over the rows viewed as [S * H, F]. Its
+    values and both gradients equal each head's own product, it keeps the
+    in-edge order of every row (float32: the same sums, bit for bit, as one
+    head's product alone), and its index is built once per head count and
+    direction."""
+    mg = _bipartite(13, 9, num_edges, seed=num_edges)
+    h = torch.randn(13, heads, 5, requires_grad=True)
+    w = torch.rand(num_edges, heads, requires_grad=True)
+    out = spmm_sum(mg, h, w)
+    for k in range(heads):  # each head alone: the [E] weight path
+        torch.testing.assert_close(
+            out[:, k], spmm_sum(mg, h[:, k], w[:, k]), rtol=0, atol=0
+        )
+    grad = torch.randn_like(out)
+    grad_h, grad_w = torch.autograd.grad(out, (h, w), grad)
+    dense = torch.stack([_dense(mg, w[:, k].double()) for k in range(heads)])
+    expected_h = torch.einsum("kds,dkf->skf", dense, grad.double())
+    torch.testing.assert_close(grad_h.double(), expected_h, rtol=1e-5, atol=1e-5)
+    src, dst = mg.indices, mg.dst_of_edges
+    expected_w = (grad[dst] * h[src]).sum(-1)
+    torch.testing.assert_close(grad_w, expected_w.detach(), rtol=1e-5, atol=1e-5)
+    if heads == 1:  # the adjacency itself: no index of its own
+        assert not mg._heads_index
+    else:
+        index = mg._heads_index[(heads, False)]
+        spmm_sum(mg, h, w)  # again: the same index, not a new one
+        assert mg._heads_index[(heads, False)] is index
+        assert set(mg._heads_index) == {(heads, False), (heads, True)}
+    strided = torch.randn(13, 5, heads).transpose(1, 2)  # not contiguous
+    torch.testing.assert_close(
+        spmm_sum(mg, strided, w.detach()),
+        spmm_sum(mg, strided.contiguous(), w.detach()),
+        rtol=0,
+        atol=0,
+    )
+
+
 def test_a_graph_weight_that_requires_grad_backpropagates_every_step() -> None:
     """An edge_weight parameter is not cached: a second backward neither crashes
     ("backward through the graph a second time") nor reuses the first's values."""
