@@ -64,10 +64,14 @@ def config_for(model: str, attn_dropout: float = 0.0) -> TrainConfig:
     )
 
 
-def single_step(graph: Graph, config: TrainConfig) -> dict[str, Any]:
-    """The oracle: logits, loss and gradients of one training forward/backward."""
-    torch.manual_seed(config.seed)
-    model = make_model(graph, config)
+def single_step(
+    graph: Graph, config: TrainConfig, model: GNN | None = None
+) -> dict[str, Any]:
+    """The oracle: logits, loss and gradients of one training forward/backward
+    of ``model`` (default: ``config``'s, seeded), on ``config.model``'s graph."""
+    if model is None:
+        torch.manual_seed(config.seed)
+        model = make_model(graph, config)
     model.train()
     mg = LAYER_KINDS[config.model].full_graph(graph)
     logits = model(

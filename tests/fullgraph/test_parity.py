@@ -16,11 +16,10 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from graphwire.comm.local import run_local
 from graphwire.nn.base import spmm_sum
-from graphwire.nn.models import GNN, LAYER_KINDS
+from graphwire.nn.models import GNN
 from graphwire.partition import (
     Partition,
     get_partitioner,
@@ -28,7 +27,6 @@ from graphwire.partition import (
     write_partitioned,
 )
 from tests.fullgraph.dist_helpers import (
-    DROPOUT_SEED,
     config_for,
     run_dist_steps,
     single_step,
@@ -400,21 +398,7 @@ def test_g3_runs_a_layer_of_the_users_own_that_it_cannot_split(
     torch.manual_seed(11)
     model = _rowwise_model(graph.num_features, graph.num_classes)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    model.train()
-    mg = LAYER_KINDS["gcn"].full_graph(graph)
-    logits = model(
-        [mg, mg],
-        graph.x,
-        row_ids=torch.arange(graph.num_nodes),
-        dropout_seed=DROPOUT_SEED,
-    )
-    loss = F.cross_entropy(logits[graph.train_idx], graph.y[graph.train_idx])
-    loss.backward()
-    oracle = {
-        "logits": logits.detach(),
-        "loss": float(loss.detach()),
-        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-    }
+    oracle = single_step(graph, config_for("gcn"), model)
     method = "random" if num_parts == 3 else "metis"
     folder = write_parts(graph, num_parts, tmp_path, method)
     copy = functools.partial(_rowwise_copy, weights)
