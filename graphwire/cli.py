@@ -485,13 +485,21 @@ def _fanouts_joined(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``graphwire`` command on ``argv`` (None: this process's command
-    line, which then also ends on SIGTERM or SIGHUP as on Ctrl-C: clean-ups
-    run, one line, exit 130); its exit status."""
+    line, which then also ends on SIGTERM or SIGHUP as on Ctrl-C while it
+    runs: clean-ups run, one line, exit 130); its exit status."""
     if argv is None:
-        from graphwire.sigterm import interrupt_on_stop_signals
+        from graphwire.sigterm import interrupt_on_stop_signals, restore_stop_signals
 
         interrupt_on_stop_signals()
-    argv = _fanouts_joined(list(sys.argv[1:] if argv is None else argv))
+        try:
+            return _main(sys.argv[1:])
+        finally:
+            restore_stop_signals()
+    return _main(argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    argv = _fanouts_joined(list(argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

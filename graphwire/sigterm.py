@@ -15,7 +15,7 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "interrupt_on_stop_signals"]
+__all__ = ["STOP_SIGNALS", "interrupt_on_stop_signals", "restore_stop_signals"]
 
 # Signals whose default ends the process with no clean-up, taken as Ctrl-C.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -29,10 +29,25 @@ def interrupt_on_stop_signals() -> None:
     it)."""
     if threading.current_thread() is not threading.main_thread():
         return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
     for signum in STOP_SIGNALS:
         if signal.getsignal(signum) is signal.SIG_DFL:
-            signal.signal(signum, interrupt)
+            signal.signal(signum, _interrupt)
+
+
+def restore_stop_signals() -> None:
+    """Put back the default of each of :data:`STOP_SIGNALS` that
+    :func:`interrupt_on_stop_signals` took over, once the command is done
+    and nothing is left to clean up: a signal that comes while the process
+    exits (``torchrun`` stops the workers still up once one has failed,
+    maybe just after it ended its run) then ends it as it would have,
+    where a ``KeyboardInterrupt`` raised outside the command printed a
+    traceback after its one-line error."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is _interrupt:
+            signal.signal(signum, signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

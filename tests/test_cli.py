@@ -331,6 +331,37 @@ def test_sigterm_or_sighup_ends_a_command_as_ctrl_c_does(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_stop_signals_are_back_at_their_defaults_once_the_command_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``main()`` takes SIGTERM and SIGHUP as Ctrl-C while its command runs,
+    and gives them back their defaults when it returns: ``torchrun`` sends
+    SIGTERM to the workers still up once one has failed, and one that came
+    after the command had printed its one-line error raised
+    ``KeyboardInterrupt`` outside it, a traceback. A handler main() did not
+    install stays."""
+    seen: list[object] = []
+
+    def command(argv: list[str]) -> int:
+        seen.extend(signal.getsignal(s) for s in STOP_SIGNALS)
+        return 3
+
+    monkeypatch.setattr("graphwire.cli._main", command)
+    try:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        assert main() == 3
+        assert seen and signal.SIG_DFL not in seen  # taken over while it ran
+        assert [signal.getsignal(s) for s in STOP_SIGNALS] == [signal.SIG_DFL] * 2
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        assert main() == 3
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+
+
 def test_under_a_launcher_a_failed_join_is_one_line(tmp_path) -> None:
     """A rank whose master never comes up: torch's C++ log (a page of
     ``frame #`` lines before the error) is off under a launcher unless the
