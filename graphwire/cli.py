@@ -184,8 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--g3-last",
         choices=["sums", "bins"],
-        help="G3 last layer: summed message by message as its halo rows arrive "
-        "(default sums; layers that sum their sources: GCN, GraphSAGE), or in bins",
+        help="G3 last layer: summed message by message as its halo rows arrive, "
+        "or in bins (default: sums where they apply: the last of two or more "
+        "layers, summing its sources (GCN, GraphSAGE) into fewer columns, "
+        "under --g3-mode full or intra; sums where they do not is an error)",
     )
     train.add_argument(
         "--bin-rows",

@@ -21,6 +21,8 @@ Parses, builds, runs, tears down:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import os
 import statistics
 import sys
@@ -110,7 +112,9 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         checkpoint = checkpoint.on_parts(folder)
         if resuming:
             check_resume(checkpoint, world)  # the same parts as the run's
-    log = RunLog(str(out), _header(args, config, world, backend))
+    header = _header(args, config, world, backend)
+    header |= _settings(args, folder, options, leader)
+    log = RunLog(str(out), header)
     job: Any
     if minibatch:
         from graphwire.minibatch.job import MinibatchJob
@@ -194,6 +198,32 @@ def _header(
         **config.as_dict(),
         "keep_freed_mb": args.keep_freed_mb,
     }
+
+
+def _settings(
+    args: argparse.Namespace, folder: Path, options: Any, leader: bool
+) -> dict[str, Any]:
+    """What else the ``config`` record holds (written by rank 0, the leader,
+    whose parts are written by now): how the graph was split, and every
+    setting of the exchange engine (the defaults it takes for those the
+    flags leave unset) or of the feature fetching, so that runs of G3's
+    ablation, say, can be told apart from their records."""
+    from graphwire.partition.format import load_partition_meta
+
+    settings: dict[str, Any] = {"parts": str(folder)}
+    if leader:
+        settings["partition"] = load_partition_meta(folder)["method"]
+    if args.mode == "minibatch":
+        return settings | {"fetch_options": dataclasses.asdict(options)}
+    from graphwire.fullgraph.base import get_engine
+
+    own = inspect.signature(get_engine(args.exchange).__init__).parameters.values()
+    defaults = {
+        p.name: p.default
+        for p in own
+        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and p.name != "widths"
+    }
+    return settings | {"exchange_options": defaults | options}
 
 
 def _fetch_options(args: argparse.Namespace) -> Any:

@@ -147,10 +147,14 @@ class P2PEngine(G3Backward):
         sync: parameter synchronisation, one of :data:`SYNCS`: ``layer`` (each
             layer's gradients all-reduced as soon as its backward is done, the
             default) or ``epoch`` (one flat all-reduce after the backward).
-        last: how the last layer computes, one of :data:`LASTS`: ``sums``
-            (the default: summed message by message as its halo rows arrive,
-            where it sums its sources and computes eagerly;
-            :mod:`~graphwire.fullgraph.g3_sums`) or ``bins`` (always bins).
+        last: how the last layer computes: ``sums`` (summed message by
+            message as its halo rows arrive; :mod:`~graphwire.fullgraph.g3_sums`),
+            ``bins``, or None (the default: sums where they apply, else
+            bins). Sums apply to the last of two or more layers when it sums
+            its sources (GCN, GraphSAGE; not GAT's softmax), exchanges
+            projected rows, and ``mode`` computes eagerly (``full``,
+            ``intra``); ``sums`` where they do not is a ValueError naming
+            why, at :meth:`prepare` (or the first forward).
     """
 
     takes_widths = True
@@ -164,7 +168,7 @@ class P2PEngine(G3Backward):
         order: str = "bfs",
         widths: Sequence[tuple[int, int]] | None = None,
         sync: str = "layer",
-        last: str = "sums",
+        last: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -172,7 +176,7 @@ class P2PEngine(G3Backward):
             raise ValueError(f"g3 mode: expected one of {MODES}, got {mode!r}")
         if sync not in SYNCS:
             raise ValueError(f"g3 sync: expected one of {SYNCS}, got {sync!r}")
-        if last not in LASTS:
+        if last is not None and last not in LASTS:
             raise ValueError(f"g3 last: expected one of {LASTS}, got {last!r}")
         if order not in ORDERS:
             raise ValueError(f"g3 order: expected one of {ORDERS}, got {order!r}")
@@ -683,28 +687,53 @@ class P2PEngine(G3Backward):
     def _summed(self, index: int, layer: nn.Module) -> MessageSums | None:
         """Layer ``index``'s sum split message by message
         (:mod:`~graphwire.fullgraph.g3_sums`) when it is the last layer (the
-        ones below hand their rows on bin by bin), computes eagerly, lies
-        above the input layer (whose halo rows may be cached, and whose
-        backward :meth:`_backward_stack` finishes itself), exchanges projected
-        rows, and sums them (:func:`~graphwire.nn.models.sums_sources`); else
-        None (bins)."""
+        ones below hand their rows on bin by bin) and sums apply to it
+        (:meth:`_sums_left_out`) unless ``last`` is ``bins``; else None
+        (bins).
+
+        Raises:
+            ValueError: ``last`` is ``sums`` and they do not apply.
+        """
         if index not in self._sums:
-            summing = sums_sources(layer)
             plan = None
-            if (
-                summing is not None
-                and self.last == "sums"
-                and index == self.num_layers - 1
-                and index > 0
-                and self.mode in ("full", "intra")
-                and self.exchanged_projection(index, layer) is not None
-            ):
-                mg = self._mgs[index]
-                weight = summing.edge_weights(mg)
-                messages = self.messages[index]
-                plan = plan_sums(mg, weight, messages, self._return_pos[index])
+            if index == self.num_layers - 1 and self.last != "bins":
+                why = self._sums_left_out(index, layer)
+                if why and self.last == "sums":
+                    raise ValueError(
+                        f"g3 last='sums' (--g3-last sums): {why}; leave it "
+                        "unset for sums where they apply, or ask for bins"
+                    )
+                summing = sums_sources(layer)
+                if not why and summing is not None:
+                    mg = self._mgs[index]
+                    weight = summing.edge_weights(mg)
+                    messages = self.messages[index]
+                    plan = plan_sums(mg, weight, messages, self._return_pos[index])
             self._sums[index] = plan
         return self._sums[index]
+
+    def _sums_left_out(self, index: int, layer: nn.Module) -> str | None:
+        """Why the last layer ``index`` cannot be summed message by message,
+        or None when it can: it must lie above the input layer (whose halo
+        rows may be cached, and whose backward :meth:`_backward_stack`
+        finishes itself), sum its sources and exchange them projected
+        (:func:`~graphwire.nn.models.sums_sources`), and compute eagerly."""
+        name = type(layer).__name__
+        if index == 0:
+            return "a one-layer model's last layer is its input layer"
+        if not getattr(layer, "sums_sources", False):
+            return (
+                f"the last layer ({name}) does not sum its sources (GCN and "
+                "GraphSAGE do; GAT's softmax needs every source row first)"
+            )
+        if sums_sources(layer) is None or not self.exchanged_projection(index, layer):
+            return (
+                f"the last layer ({name}) does not exchange projected rows "
+                "(its output is no narrower than its input)"
+            )
+        if self.mode not in ("full", "intra"):
+            return f"mode {self.mode!r} computes no layer eagerly"
+        return None
 
     def _forward_sums(
         self,

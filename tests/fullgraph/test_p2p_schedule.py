@@ -230,6 +230,55 @@ def test_no_copy_of_the_logits_gradient_or_the_summed_layers(tmp_path) -> None:
         assert len(walked) == 1 and walked[0].grad is None
 
 
+def _prepared(
+    transport: Any, folder: str, config: Any, options: dict[str, Any]
+) -> tuple[str, int]:
+    """Build G3 with ``options`` and prepare it for ``config``'s model: the
+    error it raised ('' for none), and whether its last layer sums."""
+    part = load_part(folder, transport.rank)
+    engine = build_engine(part, transport, config, "g3", options)
+    assert isinstance(engine, P2PEngine)
+    model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+    try:
+        engine.prepare(model)
+    except ValueError as error:
+        return str(error), 0
+    return "", int(engine._summed(config.num_layers - 1, model.layers[-1]) is not None)
+
+
+@pytest.mark.parametrize(
+    ("model", "changes", "options", "why"),
+    [
+        ("gat", {}, {}, "the last layer (GATConv) does not sum its sources"),
+        ("gcn", {"num_layers": 1}, {}, "a one-layer model's last layer is its input"),
+        ("gcn", {}, {"mode": "inter"}, "mode 'inter' computes no layer eagerly"),
+        ("sage", {}, {"mode": "sequential"}, "mode 'sequential' computes no"),
+        # 4 hidden columns into 5 classes: the rows cross unprojected.
+        ("gcn", {"hidden": 4}, {}, "(GCNConv) does not exchange projected rows"),
+    ],
+)
+def test_sums_asked_for_where_they_cannot_apply_are_refused(
+    tmp_path, model: str, changes: dict[str, Any], options: dict[str, Any], why: str
+) -> None:
+    """``last='sums'`` (``--g3-last sums``) where the last layer cannot be
+    summed message by message names why; it ran in bins without a word.
+    Unset, the same run takes bins; where sums apply, it takes them."""
+    folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
+    config = dataclasses.replace(config_for(model), fanouts=None, **changes)
+    for error, _ in run_local(
+        lambda t: _prepared(t, folder, config, {**options, "last": "sums"}), 2
+    ):
+        assert error.startswith("g3 last='sums' (--g3-last sums): ")
+        assert why in error
+    assert (
+        run_local(lambda t: _prepared(t, folder, config, options), 2) == [("", 0)] * 2
+    )
+    fits = config_for("gcn")
+    for last in ({}, {"last": "sums"}):
+        summed = run_local(lambda t: _prepared(t, folder, fits, last), 2)
+        assert summed == [("", 1)] * 2
+
+
 def _synced_step(transport: Any, folder: str, sync: str) -> dict[str, Any]:
     """One 3-layer G3 step with ``sync``: events in order, grads, ledger."""
     config = dataclasses.replace(config_for("gcn"), num_layers=3, fanouts=None)

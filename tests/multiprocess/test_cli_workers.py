@@ -54,7 +54,7 @@ def _spawned_g3(
 
 def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
     torchrun = _torchrun()
-    common, spawned = _spawned_g3(tmp_path, 2)
+    common, spawned = _spawned_g3(tmp_path, 2, "--g3-order", "priority")
     launched = _run(
         [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
         + ["--master-port", str(free_port()), "-m", "graphwire", *common]
@@ -73,6 +73,18 @@ def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
     assert not (tmp_path / "torchrun" / "metrics.jsonl.partial").exists()
     assert records[0]["kind"] == "config" and records[0]["workers"] == 2
     assert records[0]["backend"] == default_backend(2)  # one GPU each, or gloo
+    # How the graph was split, and every G3 setting, given or default (the
+    # ablation's runs were told apart by their folder names only).
+    assert records[0]["partition"] == "metis"
+    assert records[0]["parts"] == str(tmp_path / "parts")
+    assert records[0]["exchange_options"] == {
+        "mode": "full",
+        "bin_mb": 256.0,
+        "bin_rows": 64,  # TRAIN's
+        "order": "priority",
+        "sync": "layer",
+        "last": None,
+    }
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert sorted((r["epoch"], r["rank"]) for r in epochs) == [
         (e, r) for e in range(4) for r in range(2)
