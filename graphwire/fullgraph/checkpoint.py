@@ -29,6 +29,7 @@ import pickle
 import re
 import shutil
 import sys
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -262,8 +263,9 @@ def load_checkpoint(
 
     Raises:
         ValueError: as :func:`check_resume`, or ``latest.json`` names an
-            epoch whose file is missing, unreadable (truncated, not written
-            by torch, or holding more than tensors and plain values), or
+            epoch whose file is missing, unreadable (truncated, damaged: a
+            record failing its CRC-32, not written by torch, or holding more
+            than tensors and plain values), or
             written for another epoch, rank or run (a file copied in, or
             written by another run started into the same folder).
     """
@@ -274,6 +276,12 @@ def load_checkpoint(
     path = _epoch_dir(Path(config.folder), epoch) / f"rank{rank}.pt"
     if not path.exists():
         raise ValueError(f"{path}: missing (latest.json names epoch {epoch})")
+    damaged = _failing_crc(path)
+    if damaged is not None:
+        raise ValueError(
+            f"{path}: not a readable checkpoint (damaged: its record {damaged} "
+            "fails its CRC-32 check)"
+        )
     try:
         state = torch.load(path, weights_only=True)
     except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as e:
@@ -305,6 +313,19 @@ def load_checkpoint(
 
 # What every training loop's state holds (:func:`save_checkpoint` adds the rank).
 _STATE_KEYS = {"epoch", "model", "optimizer", "rng", "best", "records"}
+
+
+def _failing_crc(path: Path) -> str | None:
+    """The first record of the ``torch.save`` archive ``path`` whose bytes
+    fail the CRC-32 the archive holds for them, or None (also for a file that
+    is no archive, which ``torch.load`` then reports). ``torch.load`` checks
+    no CRC: a checkpoint with damaged tensor bytes loaded, and the ranks
+    resumed with models that differ."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, EOFError, OSError):
+        return None
 
 
 def _unreadable(path: Path, error: BaseException) -> str:

@@ -4,6 +4,7 @@ the checkpoints had other settings or another number of ranks."""
 from __future__ import annotations
 
 import json
+import zipfile
 
 import pytest
 
@@ -254,6 +255,24 @@ def test_a_damaged_or_swapped_checkpoint_file_is_refused_naming_it(tmp_path) -> 
     torch.save([1, 2], latest / "rank1.pt")
     with pytest.raises(ValueError, match=r"rank1.pt: not a checkpoint"):
         load_checkpoint(resume, 1, 2)
+    # Bytes damaged inside a tensor's record: torch.load read the file (it
+    # checks no CRC), and the ranks resumed with models that differ.
+    state = _state(3) | {"rank": 1, "model": {"w": torch.arange(4096.0)}}
+    torch.save(state, latest / "rank1.pt")
+    whole = bytearray((latest / "rank1.pt").read_bytes())
+    with zipfile.ZipFile(latest / "rank1.pt") as archive:
+        record = max(archive.infolist(), key=lambda info: info.file_size)
+    start = record.header_offset + 30 + len(record.filename) + len(record.extra)
+    middle = start + record.file_size // 2
+    whole[middle : middle + 64] = bytes(64)
+    (latest / "rank1.pt").write_bytes(whole)
+    assert torch.load(latest / "rank1.pt", weights_only=True)["epoch"] == 3
+    with pytest.raises(ValueError) as caught:
+        load_checkpoint(resume, 1, 2)
+    assert str(caught.value) == (
+        f"{latest / 'rank1.pt'}: not a readable checkpoint (damaged: its record "
+        f"{record.filename} fails its CRC-32 check)"
+    )
 
 
 def test_a_rank_file_another_run_wrote_is_refused_naming_it(tmp_path) -> None:
