@@ -57,7 +57,8 @@ class CheckpointConfig:
 
     Attributes:
         folder: checkpoint folder (created if missing).
-        every: checkpoint after every ``every``-th epoch.
+        every: checkpoint after every ``every``-th epoch (and the last,
+            :meth:`due`).
         resume: start from the latest complete checkpoint in ``folder``.
         run: the settings a resumed run must share with the one that wrote
             the checkpoints (JSON values by name: model, learning rate, ...;
@@ -79,6 +80,13 @@ class CheckpointConfig:
             raise ValueError(f"checkpoint every: expected >= 1, got {self.every}")
         if self.keep < 0:
             raise ValueError(f"checkpoints to keep: expected >= 0, got {self.keep}")
+
+    def due(self, epoch: int, epochs: int, stopped: bool) -> bool:
+        """Whether the run checkpoints after ``epoch`` (of ``epochs``):
+        every ``every``-th epoch, and its last, the run's end or an early
+        stop (``stopped``), so that a resume of a run that ended trains
+        nothing again and one that stopped early stays stopped."""
+        return (epoch + 1) % self.every == 0 or epoch + 1 >= epochs or stopped
 
     def on_parts(self, folder: str | os.PathLike[str]) -> CheckpointConfig:
         """This config with ``parts`` the digest of the partitioned ``folder``

@@ -291,7 +291,7 @@ def train_distributed(
         if on_epoch is not None:
             on_epoch(record)
         stopped = bool(metrics) and best.update(epoch, metrics, model)
-        if checkpoint is not None and (epoch + 1) % checkpoint.every == 0:
+        if checkpoint is not None and checkpoint.due(epoch, config.epochs, stopped):
             _save(checkpoint, epoch, transport, model, optimizer, best, records)
     ledger = transport.ledger.snapshot()
     phases["teardown"] = phase_record(windows.cut(ledger), ended)

@@ -163,7 +163,7 @@ def train_minibatch_distributed(
             records.append(record)
             if on_epoch is not None:
                 on_epoch(record)
-            if checkpoint is not None and (epoch + 1) % checkpoint.every == 0:
+            if checkpoint is not None and checkpoint.due(epoch, config.epochs, stopped):
                 _save(checkpoint, epoch, loop, best, records)
             if stopped:
                 break

@@ -275,7 +275,7 @@ def test_sums_asked_for_where_they_cannot_apply_are_refused(
     )
     fits = config_for("gcn")
     for last in ({}, {"last": "sums"}):
-        summed = run_local(lambda t: _prepared(t, folder, fits, last), 2)
+        summed = run_local(lambda t, last=last: _prepared(t, folder, fits, last), 2)
         assert summed == [("", 1)] * 2
 
 

@@ -82,7 +82,8 @@ def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no checkpoint in" in done.stderr
     assert json.loads(meta.read_text())["num_nodes"] == 1500
-    _run([*argv, "--dataset", other, "--checkpoint-every", "1"])
+    # Every 5 epochs, of 2: the last epoch is checkpointed as the run ends.
+    _run([*argv, "--dataset", other, "--checkpoint-every", "5"])
     again = subprocess.run(
         [*argv, "--dataset", other, "--resume"], capture_output=True, text=True
     )
@@ -186,7 +187,8 @@ def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
     argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
     argv += ["--mode", "minibatch", "--model", "sage", "--workers", "2"]
     argv += ["--batch-size", "40", "--fanouts", "4,6", "--seed", "1", "--quiet"]
-    argv += ["--timeout", "120", "--checkpoint-every", "1"]
+    # Every 3 epochs, of 2: the last epoch is checkpointed as the run ends.
+    argv += ["--timeout", "120", "--checkpoint-every", "3"]
     argv += ["--out", str(tmp_path / "run")]
     metrics = tmp_path / "run" / "metrics.jsonl"
     first = _run([*argv, "--epochs", "2"])
