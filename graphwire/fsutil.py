@@ -269,6 +269,15 @@ def check_creatable(
         raise ValueError(f"{name}: {where} a file, not a folder")
     if not os.access(above, os.W_OK | os.X_OK):
         raise ValueError(f"{name}: {above} cannot be written")
+    # Permission bits do not say it all (root may write anywhere they allow;
+    # /proc or a read-only mount refuse anyway): make a folder there, at once
+    # removed, rather than find out after the work.
+    try:
+        probe = tempfile.mkdtemp(prefix=".graphwire-probe-", dir=above)
+    except OSError as error:
+        why = error.strerror or type(error).__name__
+        raise ValueError(f"{name}: no folder can be made in {above} ({why})") from None
+    os.rmdir(probe)
 
 
 def _graphwire_entries(folder: Path) -> set[str] | None:

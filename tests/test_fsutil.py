@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from graphwire.fsutil import atomic_dir, atomic_file, check_replaceable, write_json
+from graphwire.fsutil import (
+    atomic_dir,
+    atomic_file,
+    check_creatable,
+    check_replaceable,
+    write_json,
+)
 
 
 def graphwire_folder(path: Path) -> Path:
@@ -265,3 +271,18 @@ def test_overwrite_keeps_what_was_put_into_a_graphwire_folder(tmp_path: Path) ->
     (parts / "part_1").mkdir()  # not in meta.json
     with pytest.raises(ValueError, match=r"p: holds part_1, which graphwire did not"):
         check_replaceable(parts, overwrite=True)
+
+
+def test_a_folder_that_cannot_be_made_is_named_before_any_work(tmp_path) -> None:
+    """Permission bits do not say it all: root may write where they allow,
+    and /proc (or a read-only mount) still refuses a new folder. Such an
+    ``--out`` failed only after loading and partitioning, with ENOENT and no
+    flag named; now it is named at once, and the probe leaves nothing."""
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
+    said = r"^--out /proc/gw: (/proc cannot be written|no folder can be made in /proc)"
+    with pytest.raises(ValueError, match=said) as caught:
+        check_creatable("/proc/gw/run", "--out /proc/gw")
+    assert "\n" not in str(caught.value)
+    check_creatable(tmp_path / "a" / "b", "--out x")
+    assert list(tmp_path.iterdir()) == []
