@@ -703,8 +703,9 @@ class P2PEngine(G3Backward):
                         f"g3 last='sums' (--g3-last sums): {why}; leave it "
                         "unset for sums where they apply, or ask for bins"
                     )
-                summing = sums_sources(layer)
-                if not why and summing is not None:
+                if why is None:
+                    summing = sums_sources(layer)
+                    assert summing is not None  # (_sums_left_out)
                     mg = self._mgs[index]
                     weight = summing.edge_weights(mg)
                     messages = self.messages[index]
@@ -726,7 +727,7 @@ class P2PEngine(G3Backward):
                 f"the last layer ({name}) does not sum its sources (GCN and "
                 "GraphSAGE do; GAT's softmax needs every source row first)"
             )
-        if sums_sources(layer) is None or not self.exchanged_projection(index, layer):
+        if self.exchanged_projection(index, layer) is None:
             return (
                 f"the last layer ({name}) does not exchange projected rows "
                 "(its output is no narrower than its input)"
