@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     _dataset_flag(train)
     train.add_argument("--config", help="YAML file whose keys stand in for flags")
     train.add_argument(
+        "--verify",
+        action="store_true",
+        help="check the files --dataset names (a graph folder, or each "
+        "worker's part of a partitioned one) against their SHA-256 in "
+        "meta.json as they load: reads them once more",
+    )
+    train.add_argument(
         "--model",
         default="sage",
         choices=["gcn", "sage", "gat"],

@@ -362,3 +362,49 @@ def test_empty_fanouts_are_refused_not_the_default(tmp_path, capsys, source) -> 
     err = capsys.readouterr().err
     assert "--fanouts: expected comma-separated integers, got ''" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_verify_is_refused_for_a_dataset_without_checksums(tmp_path, capsys) -> None:
+    """Only a folder graphwire wrote stores its files' SHA-256; a generated
+    graph has none to check, which is said before any work."""
+    for workers in ("1", "2"):
+        argv = ["train", "--dataset", TINY, "--verify", "--workers", workers]
+        assert main([*argv, "--quiet", "--out", str(tmp_path / "run")]) == 2
+        said = capsys.readouterr().err
+        assert f"--verify: --dataset {TINY} is read by the synthetic loader" in said
+        assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "how",
+    [["--workers", "1"], ["--workers", "2"], ["--workers", "2", "--mode", "minibatch"]],
+    ids=" ".join,
+)
+def test_verify_refuses_a_file_that_changed_after_it_was_written(
+    tmp_path, capsys, how
+) -> None:
+    """A feature changed in place (size, dtype and shape kept) trained
+    without a word; with --verify the run stops before training, naming the
+    file (one process: the graph folder's; workers: rank 1's part)."""
+    import numpy as np
+
+    graph, parts = tmp_path / "g", tmp_path / "p"
+    assert main(["data", "generate", "--dataset", TINY, "--out", str(graph)]) == 0
+    argv = ["partition", "--dataset", str(graph), "--parts", "2", "--out", str(parts)]
+    assert main(argv) == 0
+    distributed = how[1] == "2"
+    spoiled = (parts / "part_1" if distributed else graph) / "x.npy"
+    data = bytearray(spoiled.read_bytes())
+    data[-4:] = np.float32(0.5).tobytes()
+    spoiled.write_bytes(bytes(data))
+    capsys.readouterr()
+    dataset = str(parts if distributed else graph)
+    argv = ["train", "--dataset", dataset, "--epochs", "1", "--quiet", *how]
+    assert main([*argv, "--verify", "--out", str(tmp_path / "run")]) == 2
+    said = capsys.readouterr().err
+    assert f"{spoiled}: checksum mismatch" in said, said
+    if distributed:
+        assert "the parts could not be loaded on rank 1: " in said
+    else:  # unverified, it trains (the parts: test_agreed_parts)
+        assert main([*argv, "--out", str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

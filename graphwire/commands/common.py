@@ -117,9 +117,9 @@ def check_not_input(folder: str | Path, dataset: str, what: str) -> None:
                 )
 
 
-def load_with_status(spec: str, quiet: bool = False) -> Graph:
-    with step(f"loading {spec}", quiet):
-        return load_dataset(spec)
+def load_with_status(spec: str, quiet: bool = False, verify: bool = False) -> Graph:
+    with step(f"{'verifying' if verify else 'loading'} {spec}", quiet):
+        return load_dataset(spec, verify=verify)
 
 
 def graph_rows(graph: Graph) -> list[tuple[str, Any]]:

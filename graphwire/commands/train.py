@@ -28,6 +28,7 @@ from graphwire.commands.common import (
     load_with_status,
     print_table,
 )
+from graphwire.graph.datasets import check_verifiable
 from graphwire.runlog import MetricsLog, format_summary, peak_rss_mb
 from graphwire.training import EpochRecord, TrainConfig, TrainResult, format_acc
 
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(int(args.threads))
-    graph = load_with_status(args.dataset, args.quiet)
+    graph = load_with_status(args.dataset, args.quiet, args.verify)
     check_trainable_dataset(graph, args.dataset)
     parts = args.parts or 4  # with --partition: the split it reports
     if args.partition:
@@ -306,6 +307,8 @@ def _check_run_flags(args: argparse.Namespace) -> None:
     if args.model != "gat":
         _refuse(args, GAT_FLAGS, "only with --model gat")
     check_partition_method(args.partition)
+    if args.verify:
+        check_verifiable(args.dataset)
 
 
 def _train(

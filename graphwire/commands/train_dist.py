@@ -127,6 +127,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
             checkpoint=checkpoint,
             progress=not args.quiet,
             log=log,
+            verify=args.verify,
         )
         target: Any = run_minibatch_rank
     else:
@@ -138,6 +139,7 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
             checkpoint=checkpoint,
             progress=not args.quiet,
             log=log,
+            verify=args.verify,
         )
         target = run_rank
     if ctx is not None:
@@ -275,7 +277,7 @@ def _partitioned_folder(
         return folder  # rank 0 writes it; run_rank waits at the rendezvous
     from graphwire.commands.partition import write_parts
 
-    graph = load_with_status(args.dataset, args.quiet)
+    graph = load_with_status(args.dataset, args.quiet, args.verify)
     check_trainable_dataset(graph, args.dataset)
     if world > graph.num_nodes:
         raise ValueError(

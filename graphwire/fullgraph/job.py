@@ -72,6 +72,8 @@ class FullGraphJob:
         checkpoint: where and how often to checkpoint, and whether to resume.
         progress: rank 0 prints each epoch (:func:`epoch_lines`).
         log: where rank 0 streams its epoch records (None: nowhere).
+        verify: each rank checks its part's files against their SHA-256 in
+            ``meta.json`` as it loads them (``--verify``).
     """
 
     folder: str
@@ -81,6 +83,7 @@ class FullGraphJob:
     checkpoint: CheckpointConfig | None = None
     progress: bool = True
     log: RunLog | None = None
+    verify: bool = False
 
 
 @dataclass(kw_only=True)
@@ -132,6 +135,9 @@ class RankJob(Protocol):
     @property
     def progress(self) -> bool: ...
 
+    @property
+    def verify(self) -> bool: ...
+
 
 def serve_rank(
     ctx: WorkerContext,
@@ -149,7 +155,7 @@ def serve_rank(
     lead = ctx.rank == 0
     transport = TorchTransport.open(ctx)
     try:
-        part = load_agreed_part(job.folder, transport)
+        part = load_agreed_part(job.folder, transport, job.verify)
         log = job.log
         with MetricsLog(log.out if lead and log else None, final=False) as stream:
             on_epoch = EpochStream(
@@ -165,10 +171,14 @@ def serve_rank(
         transport.close()
 
 
-def load_agreed_part(folder: str, transport: Transport) -> LocalPart:
+def load_agreed_part(
+    folder: str, transport: Transport, verify: bool = False
+) -> LocalPart:
     """This rank's part of ``folder``, once every rank has loaded its own
     part of the same parts (an ``all_gather_object`` of what each found:
     ``meta.json``'s SHA-256, or why it could not load; tag ``meta.parts``).
+    With ``verify``, each rank also checks its part's files against their
+    SHA-256 (:func:`~graphwire.partition.format.load_part`).
 
     Raises:
         ValueError: on every rank alike, naming the ranks that could not load
@@ -178,7 +188,7 @@ def load_agreed_part(folder: str, transport: Transport) -> LocalPart:
     """
     part: LocalPart | None = None
     try:
-        part = load_part(folder, transport.rank)
+        part = load_part(folder, transport.rank, verify=verify)
         seen = ("parts", parts_digest(folder))
     except (ValueError, OSError) as error:  # a DatasetError is a ValueError
         seen = ("error", str(error))

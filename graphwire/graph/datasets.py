@@ -33,7 +33,14 @@ from graphwire.graph.synthetic import (
     rmat_graph,
 )
 
-__all__ = ["DEFAULT_SPEC", "load_dataset", "parse_flag", "parse_spec", "spec_paths"]
+__all__ = [
+    "DEFAULT_SPEC",
+    "check_verifiable",
+    "load_dataset",
+    "parse_flag",
+    "parse_spec",
+    "spec_paths",
+]
 
 DEFAULT_SPEC = (
     "synthetic:products?nodes=100000&degree=20&features=100&classes=47&seed=0"
@@ -76,9 +83,19 @@ def spec_paths(spec: str) -> list[Path]:
     return [Path(target)]
 
 
-def load_dataset(spec: str | os.PathLike[str]) -> Graph:
+def load_dataset(spec: str | os.PathLike[str], verify: bool = False) -> Graph:
     """Load or generate the graph a spec names (see module doc); a path object
-    reads as its string does (a folder in graphwire's format)."""
+    reads as its string does (a folder in graphwire's format).
+
+    Args:
+        spec: The dataset spec.
+        verify: Check a graphwire folder's files against their SHA-256 in
+            ``meta.json`` (:func:`~graphwire.graph.native.load_graph`).
+
+    Raises:
+        ValueError: with ``verify``, ``spec`` names no graphwire folder (no
+            checksums are stored for another scheme's files).
+    """
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if not isinstance(spec, str):
@@ -86,7 +103,26 @@ def load_dataset(spec: str | os.PathLike[str]) -> Graph:
             f"dataset: expected a spec string or a path, found {type(spec).__name__}"
         )
     scheme, target, options = parse_spec(spec)
+    if verify:
+        check_verifiable(spec)
+        return _folder(target, options, verify=True)
     return _LOADERS[scheme](target, options)
+
+
+def check_verifiable(spec: str) -> None:
+    """Refuse ``--verify`` of a ``spec`` that names no graphwire folder (a
+    graph or a partitioned one): only those store their files' SHA-256.
+
+    Raises:
+        ValueError: naming the spec's scheme.
+    """
+    scheme, _, _ = parse_spec(spec)
+    if scheme != "folder":
+        raise ValueError(
+            f"--verify: --dataset {spec} is read by the {scheme} loader, which "
+            "has no checksums to check; --verify checks a folder graphwire "
+            "wrote (graphwire data generate, graphwire partition)"
+        )
 
 
 def parse_flag(value: bool | str, name: str) -> bool:
@@ -211,7 +247,7 @@ def _edgelist(target: str, options: dict[str, str]) -> Graph:
     return load_edgelist(target, num_nodes=num_nodes)
 
 
-def _folder(target: str, options: dict[str, str]) -> Graph:
+def _folder(target: str, options: dict[str, str], verify: bool = False) -> Graph:
     path = Path(target)
     hint = _spec_hint(path)
     if not path.is_dir() or hint:
@@ -226,7 +262,7 @@ def _folder(target: str, options: dict[str, str]) -> Graph:
         )
     from graphwire.graph.native import load_graph
 
-    return load_graph(target)
+    return load_graph(target, verify=verify)
 
 
 def _spec_hint(path: Path) -> str | None:

@@ -35,6 +35,7 @@ class MinibatchJob:
     checkpoint: CheckpointConfig | None = None
     progress: bool = True
     log: RunLog | None = None
+    verify: bool = False
 
 
 def run_rank(ctx: WorkerContext, job: MinibatchJob) -> list[RankReport] | None:

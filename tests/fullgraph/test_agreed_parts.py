@@ -71,3 +71,35 @@ def test_a_part_cut_short_is_named_with_its_rank(tmp_path: Path) -> None:
     labels.write_bytes(labels.read_bytes()[:-8])
     with pytest.raises(ValueError, match=r"could not be loaded on rank 1: .*y\.npy"):
         _load([folder, folder])
+
+
+def _spoil_features(folder: Path, part: int) -> Path:
+    """Another finite value in the last feature of ``part``, its size, shape
+    and dtype kept: only its SHA-256 tells it from the one written."""
+    import numpy as np
+
+    path = folder / f"part_{part}" / "x.npy"
+    data = bytearray(path.read_bytes())
+    data[-4:] = np.float32(0.5).tobytes()
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_part_that_fails_its_checksum_is_named_only_when_verified(
+    tmp_path: Path,
+) -> None:
+    """Without ``verify`` the damaged part loads (its checksum is not read),
+    as DistDGL's does; with it, every rank refuses, naming rank and file."""
+    folder = write_parts(small_graph(), 2, tmp_path, "metis")
+    spoiled = _spoil_features(folder, 1)
+    assert sum(_load([folder, folder])) == 600
+
+    def verified(transport) -> int:
+        return load_agreed_part(str(folder), transport, verify=True).num_owned
+
+    with pytest.raises(ValueError) as caught:
+        run_local(verified, 2)
+    said = str(caught.value)
+    assert said.startswith(
+        f"the parts could not be loaded on rank 1: {spoiled}: checksum mismatch"
+    )
