@@ -151,13 +151,22 @@ class TorchTransport(Transport):
                     f"{torch.cuda.device_count()} CUDA device(s); use 'gloo' on CPU"
                 )
             torch.cuda.set_device(ctx.device)
+        timeout = timedelta(seconds=ctx.timeout_s)
         try:
+            store, _, _ = next(
+                dist.rendezvous(
+                    ctx.init_method,
+                    rank=ctx.rank,
+                    world_size=ctx.world_size,
+                    timeout=timeout,
+                )
+            )
             dist.init_process_group(
                 backend=ctx.backend,
-                init_method=ctx.init_method,
+                store=dist.PrefixStore(_attempt_prefix(), store),
                 rank=ctx.rank,
                 world_size=ctx.world_size,
-                timeout=timedelta(seconds=ctx.timeout_s),
+                timeout=timeout,
             )
         except RuntimeError as error:
             said = str(error).strip().splitlines()
@@ -379,6 +388,18 @@ class TorchTransport(Transport):
         raise TransportError(
             f"rank {self.rank} ({tag}): {op} failed: {error}"
         ) from error
+
+
+def _attempt_prefix() -> str:
+    """The keys of this attempt of the run in its rendezvous store.
+
+    torchrun's agent keeps one store for all its attempts (``--max-restarts``):
+    the ranks of a restarted group found the addresses their predecessors
+    had published there, and gloo's full-mesh connect was refused (torch
+    2.13, pytorch/pytorch#167288 for NCCL). A prefix per attempt
+    (``TORCHELASTIC_RESTART_COUNT``) starts each on clean keys.
+    """
+    return f"graphwire/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 class _Heartbeat:

@@ -10,18 +10,20 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from graphwire.comm.launch import free_port
 from tests.multiprocess.cli_runs import SPEC, _epoch_lines, _torchrun
 
 
 def _start(
-    out: Path, *flags: str, env: dict[str, str] | None = None
+    out: Path, *flags: str, env: dict[str, str] | None = None, restarts: int = 0
 ) -> subprocess.Popen:
-    """``torchrun --nproc-per-node 2 -m graphwire train`` on :data:`SPEC`
-    into ``out``, in a session of its own."""
+    """``torchrun --nproc-per-node 2 [--max-restarts N] -m graphwire train``
+    on :data:`SPEC` into ``out``, in a session of its own."""
     return subprocess.Popen(
         [_torchrun(), "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+        + ["--max-restarts", str(restarts)]
         + ["--master-port", str(free_port()), "-m", "graphwire", "train"]
         + ["--dataset", SPEC, "--quiet", "--timeout", "60", "--out", str(out)]
         + list(flags),
@@ -33,10 +35,12 @@ def _start(
     )
 
 
-def _workers_once_training(agent: subprocess.Popen, out: Path) -> list[psutil.Process]:
-    """The agent's two workers, once rank 0 has streamed two epochs."""
+def _workers_once_training(
+    agent: subprocess.Popen, out: Path, epochs: int = 2
+) -> list[psutil.Process]:
+    """The agent's two workers, once rank 0 has streamed ``epochs`` epochs."""
     deadline = time.monotonic() + 120
-    while _epoch_lines(out / "metrics.jsonl.partial") < 2:
+    while _epoch_lines(out / "metrics.jsonl.partial") < epochs:
         assert agent.poll() is None, "torchrun ended before training"
         assert time.monotonic() < deadline, "no epochs streamed in 120 s"
         time.sleep(0.2)
@@ -93,6 +97,49 @@ def test_a_worker_torchrun_stops_cleans_up_as_on_ctrl_c(tmp_path: Path) -> None:
     assert agent.returncode != 0
     assert "graphwire: interrupted" in stderr, stderr[-3000:]
     assert list(scratch.glob("graphwire-presample-*")) == []
+
+
+def test_a_worker_killed_under_max_restarts_resumes_to_the_same_run(
+    tmp_path: Path,
+) -> None:
+    """``torchrun --max-restarts 1``: a worker killed mid-run, torchrun
+    restarts both, and with ``--resume`` (which a job script may always
+    pass) they go on from the last checkpoint and end as the uninterrupted
+    run did, epoch by epoch. The restarted workers could not join: gloo
+    found the addresses of the killed attempt in the agent's store."""
+    import json
+
+    flags = ["--model", "gcn", "--epochs", "200", "--checkpoint-every", "20"]
+    flags.append("--resume")  # with no checkpoint yet: from epoch 0
+    runs = {}
+    for name, kill in (("straight", False), ("restarted", True)):
+        out = tmp_path / name
+        agent = _start(out, *flags, restarts=1)
+        workers: list[psutil.Process] = []
+        try:
+            if kill:
+                workers = _workers_once_training(agent, out, epochs=30)
+                workers[1].kill()
+            _, stderr = agent.communicate(timeout=300)
+        finally:
+            _stop_all(agent, workers)
+        assert agent.returncode == 0, stderr[-3000:]
+        runs[name] = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    straight, restarted = runs["straight"], runs["restarted"]
+    summary = restarted[-1]
+    assert summary["kind"] == "summary" and summary["resumed_at"] >= 20
+    for key in ("test_acc", "val_acc", "best_epoch", "epochs"):
+        assert summary[key] == straight[-1][key], key
+
+    def losses(records: list[dict]) -> dict[tuple[int, int], float]:
+        return {
+            (r["epoch"], r["rank"]): r["loss"] for r in records if r["kind"] == "epoch"
+        }
+
+    before, after = losses(straight), losses(restarted)
+    assert before.keys() == after.keys() and len(before) == 400
+    for key, loss in before.items():
+        assert after[key] == pytest.approx(loss, rel=1e-5, abs=1e-6), key
 
 
 def test_nodes_without_a_shared_out_refuse_alike(tmp_path: Path) -> None:
