@@ -47,8 +47,10 @@ import atexit
 import contextlib
 import ctypes
 import math
+import multiprocessing
 import os
 import pickle
+import select
 import signal
 import socket
 import sys
@@ -59,7 +61,8 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from multiprocessing import connection, get_context
+from multiprocessing import connection, get_context, reduction
+from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
@@ -242,7 +245,7 @@ def launch_local(
     scratch = Scratch.create()
     env = {**_loopback_env(), "TMPDIR": str(scratch.path)}
     env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # join it, do not host it
-    mp = get_context("spawn")
+    mp = _start_context()
     run_bound = run_timeout_s or math.inf
     deadline = time.monotonic() + run_bound
     processes: list[BaseProcess] = []
@@ -256,7 +259,15 @@ def launch_local(
             reader, writer = mp.Pipe(duplex=False)
             child = mp.Process(
                 target=_child_main,
-                args=(ctx, env, (threads, keep_freed_mb), os.getpid(), job, writer),
+                args=(
+                    ctx,
+                    {**os.environ, **env},
+                    (threads, keep_freed_mb),
+                    os.getpid(),
+                    job,
+                    writer,
+                    [_InheritedFd(fd) for fd in _STDIO if _is_open(fd)],
+                ),
                 name=f"graphwire-rank{rank}",
             )
             with _quiet_torch_log():
@@ -321,6 +332,56 @@ def _terminate(before: Any, signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+# Modules the fork server imports once, so that its children start with
+# them: torch (2-3 s a process) and torch._dynamo, which torch.optim imports
+# at its first optimizer (as long again).
+_PRELOAD = ["torch", "torch._dynamo", "graphwire.comm.dist"]
+
+_STDIO = (1, 2)
+
+
+def _start_context() -> ForkServerContext | SpawnContext:
+    """How children start: forked from multiprocessing's fork server, which
+    has imported :data:`_PRELOAD` (one per launching process, started at its
+    first launch, single-threaded but for torch's idle one, no CUDA, no
+    process group); "spawn" where there is none. A spawned child imported
+    torch itself, and a run of 2 ranks cost 3-5 s before its first line.
+    Either way a child starts with no state of the launcher's but what
+    :func:`_child_main` is given: its environment, its standard output and
+    error, its working folder and ``sys.path``."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return get_context("spawn")
+    context = get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
+    return context
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+class _InheritedFd:
+    """A file descriptor of the launcher that a child puts in place of its
+    own of the same number (its standard output and error): a child of the
+    fork server has the server's, set when the server started."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # DupFd works only while the child is being started (its Popen
+        # sends the descriptor along).
+        return (_received_fd, (reduction.DupFd(self.fd), self.fd))
+
+
+def _received_fd(dup: Any, fd: int) -> tuple[int, int]:
+    return dup.detach(), fd
+
+
 # ---------------------------------------------------------------- the child
 def _child_main(
     ctx: WorkerContext,
@@ -329,8 +390,14 @@ def _child_main(
     parent_pid: int,
     job: bytes,
     pipe: connection.Connection,
+    stdio: list[tuple[int, int]],
 ) -> None:
-    die_with_parent(parent_pid)
+    die_with_parent(parent_pid, forked_by_server=True)
+    for received, fd in stdio:  # the launcher's, as a spawned child has them
+        _flush_stdio()
+        os.dup2(received, fd)
+        os.close(received)
+    os.environ.clear()  # the launcher's environment, not the fork server's
     os.environ.update(env)
     tempfile.tempdir = env["TMPDIR"]  # the run's scratch, removed by the parent
     os.environ.update(ctx.to_env())
@@ -389,11 +456,18 @@ def _flush_stdio() -> None:
             pass
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int, forked_by_server: bool = False) -> None:
     """Ask Linux to SIGKILL this process when its parent, ``parent_pid``,
     dies (``PR_SET_PDEATHSIG``; elsewhere, nothing); exit at once if it
     already has. A worker whose launcher was killed would otherwise go on
-    alone, a stray process its peers keep waiting for."""
+    alone, a stray process its peers keep waiting for.
+
+    With ``forked_by_server``, ``parent_pid`` is the launcher, and the
+    parent multiprocessing's fork server (:func:`_start_context`), which
+    lives on while any of its children does: a daemon thread waits for the
+    launcher's end (on a pidfd; where there is none, it checks every
+    second) and then SIGKILLs this process, as the parent's death would.
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -401,8 +475,43 @@ def die_with_parent(parent_pid: int) -> None:
         libc.prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent_pid:  # the parent died before prctl
+    if forked_by_server:
+        _die_with(parent_pid)
+    elif os.getppid() != parent_pid:  # the parent died before prctl
         os._exit(1)
+
+
+def _die_with(pid: int) -> None:
+    """SIGKILL this process when process ``pid`` ends (see
+    :func:`die_with_parent`); exit at once if it has."""
+    handle: int | None = None
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (OSError, AttributeError):  # before Linux 5.3, or not Linux
+        if not _alive(pid):
+            os._exit(1)
+
+    def watch() -> None:
+        if handle is not None:
+            select.select([handle], [], [])  # readable once it has ended
+        else:
+            while _alive(pid):
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="graphwire-launcher", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @contextlib.contextmanager

@@ -24,17 +24,29 @@ _SLEEPING = (
 
 
 def worker_children(pid: int | None = None) -> list[psutil.Process]:
-    """Worker processes spawned by ``pid`` (default: this process) still
-    alive (not multiprocessing's resource tracker, which outlives them by
-    design)."""
+    """Worker processes started by ``pid`` (default: this process) still
+    alive, in the order they were started: spawned, or forked by its fork
+    server (not the server, nor multiprocessing's resource tracker, which
+    outlive them by design)."""
     alive = []
     for child in psutil.Process(pid).children(recursive=True):
         try:
-            if any("spawn_main" in part for part in child.cmdline()):
+            if _is_worker(child):
                 alive.append(child)
         except psutil.NoSuchProcess:
             pass
-    return alive
+    return sorted(alive, key=lambda p: (p.create_time(), p.pid))
+
+
+def _is_worker(process: psutil.Process) -> bool:
+    if any("spawn_main" in part for part in process.cmdline()):
+        return True
+    parent = process.parent()  # a fork server's children share its cmdline
+    return parent is not None and _is_fork_server(parent)
+
+
+def _is_fork_server(process: psutil.Process) -> bool:
+    return "multiprocessing.forkserver" in " ".join(process.cmdline())
 
 
 @contextmanager

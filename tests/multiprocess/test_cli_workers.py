@@ -146,11 +146,7 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
             assert time.monotonic() < deadline, "no epochs streamed in 120 s"
             time.sleep(0.2)
         # The worker not writing the file: rank 1.
-        workers = [
-            child
-            for child in psutil.Process(run.pid).children(recursive=True)
-            if any("spawn_main" in part for part in child.cmdline())
-        ]
+        workers = worker_children(run.pid)
         writing = [w for w in workers if str(partial) in _open_paths(w)]
         assert len(workers) == 2 and len(writing) == 1
         next(w for w in workers if w not in writing).kill()

@@ -51,6 +51,7 @@ from graphwire.testing.fullgraph_probes import (
     train_state,
 )
 from graphwire.training import TrainConfig
+from tests.comm.launchers import worker_children
 from tests.fullgraph.dist_helpers import (
     DROPOUT_SEED,
     config_for,
@@ -211,17 +212,9 @@ def _alive_pid(pid: int) -> bool:
 
 
 def _workers(parent: psutil.Process) -> list[psutil.Process]:
-    """Children of ``parent`` other than multiprocessing's resource tracker
-    (which lives as long as its parent once anything was spawned), in the
-    order they were started."""
-    found = []
-    for child in parent.children():
-        try:
-            if "resource_tracker" not in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return sorted(found, key=lambda p: (p.create_time(), p.pid))
+    """The worker processes ``parent`` started, in the order it started them
+    (not its fork server or resource tracker, which live as long as it)."""
+    return worker_children(parent.pid)
 
 
 def _no_workers_left() -> None:
