@@ -3,8 +3,9 @@
 The parent hosts the run's rendezvous store on a fresh loopback port, as
 torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``: every rank joins it
 as a client, so it outlives any of them and a survivor can still ask it whose
-heartbeat stopped), spawns ``world_size`` processes (multiprocessing "spawn"
-context: no forked CUDA or thread state), and gives each the ``torchrun``
+heartbeat stopped), starts ``world_size`` processes (forked by
+multiprocessing's fork server, which has imported torch once, under gloo;
+spawned under NCCL: see :func:`_start_context`), and gives each the ``torchrun``
 variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``,
 ``MASTER_PORT``). Each child builds its
 :class:`WorkerContext` from them and calls ``fn(ctx, *args)``; its return value
@@ -23,7 +24,8 @@ the whole run only by ``run_timeout_s``, when given (a training run may take
 hours). SIGTERM or SIGHUP ends the launcher as Ctrl-C does: under the
 command line (whose handler raises ``KeyboardInterrupt``) with ``graphwire:
 interrupted`` and exit 130, elsewhere with ``SystemExit(128 + signal)``.
-Children also die with the parent (Linux ``PR_SET_PDEATHSIG``).
+Children also die with the parent (Linux ``PR_SET_PDEATHSIG``, or a
+thread that waits for the launcher's end: :func:`die_with_parent`).
 
 Each run gets a scratch folder (``graphwire-run-*`` in the system's temporary
 folder) that the children use as theirs (``TMPDIR``, ``tempfile.tempdir``);
@@ -245,7 +247,7 @@ def launch_local(
     scratch = Scratch.create()
     env = {**_loopback_env(), "TMPDIR": str(scratch.path)}
     env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # join it, do not host it
-    mp = _start_context()
+    mp = _start_context(backend)
     run_bound = run_timeout_s or math.inf
     deadline = time.monotonic() + run_bound
     processes: list[BaseProcess] = []
@@ -340,16 +342,20 @@ _PRELOAD = ["torch", "torch._dynamo", "graphwire.comm.dist"]
 _STDIO = (1, 2)
 
 
-def _start_context() -> ForkServerContext | SpawnContext:
-    """How children start: forked from multiprocessing's fork server, which
-    has imported :data:`_PRELOAD` (one per launching process, started at its
-    first launch, single-threaded but for torch's idle one, no CUDA, no
-    process group); "spawn" where there is none. A spawned child imported
-    torch itself, and a run of 2 ranks cost 3-5 s before its first line.
-    Either way a child starts with no state of the launcher's but what
-    :func:`_child_main` is given: its environment, its standard output and
-    error, its working folder and ``sys.path``."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+def _start_context(backend: str) -> ForkServerContext | SpawnContext:
+    """How children start: under gloo, forked from multiprocessing's fork
+    server, which has imported :data:`_PRELOAD` (one per launching process,
+    started at its first launch; single-threaded but for torch's idle
+    thread, no process group); under NCCL, or where there is no fork
+    server, spawned. A spawned child imports torch itself: a run of 2 ranks
+    took 3-5 s before its first line, where a forked one takes a fraction
+    of a second. NCCL runs are spawned so that no CUDA state can be forked
+    (the server initialises none, but a fork after CUDA's initialisation
+    leaves the child unable to use it); their start-up is small beside
+    them. Either way a child starts with no state of the launcher's but
+    what :func:`_child_main` is given: its environment, its standard output
+    and error, its working folder and ``sys.path``."""
+    if backend == "nccl" or "forkserver" not in multiprocessing.get_all_start_methods():
         return get_context("spawn")
     context = get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)

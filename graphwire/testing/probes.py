@@ -15,6 +15,7 @@ import ctypes
 import os
 import resource
 import signal
+import sys
 import tempfile
 import time
 from typing import Any
@@ -238,6 +239,14 @@ def hang_on_rank(transport: Transport, bad_rank: int) -> None:
 def backend_of(ctx: WorkerContext) -> str:
     """The backend a launched worker was given (it joins no group)."""
     return ctx.backend
+
+
+def what_a_child_sees(ctx: WorkerContext, name: str) -> tuple[str | None, str]:
+    """Print a line naming the rank, and return the variable ``name`` of
+    the environment and the working folder, as this child has them."""
+    print(f"rank {ctx.rank} on its standard output", flush=True)
+    print(f"rank {ctx.rank} on its standard error", file=sys.stderr, flush=True)
+    return os.environ.get(name), os.getcwd()
 
 
 def sleep_forever(ctx: WorkerContext) -> None:

@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -232,3 +234,52 @@ def test_ranks_beyond_the_gpus_default_to_gloo(monkeypatch: pytest.MonkeyPatch) 
 
 def test_free_port_is_a_loopback_port() -> None:
     assert 0 < free_port() < 65536
+
+
+# The launcher's first launch starts its fork server with another
+# environment, folder and standard output and error than its second has.
+_TWO_LAUNCHES = """
+import os, sys
+from graphwire.comm.launch import launch_local
+from graphwire.testing.probes import what_a_child_sees
+
+name, first, later = sys.argv[1:]
+saved = os.dup(1), os.dup(2)
+with open(os.path.join(first, "output"), "w") as elsewhere:
+    os.dup2(elsewhere.fileno(), 1)
+    os.dup2(elsewhere.fileno(), 2)
+    os.chdir(first)
+    launch_local(what_a_child_sees, 1, name)
+    os.dup2(saved[0], 1)
+    os.dup2(saved[1], 2)
+os.environ[name] = "set after the first launch"
+os.chdir(later)
+print("seen", launch_local(what_a_child_sees, 2, name), flush=True)
+"""
+
+
+def test_a_child_has_the_launchers_environment_folder_and_output(
+    tmp_path: Path,
+) -> None:
+    """As a spawned child had them at its start, though the fork server its
+    child is forked from started at the launcher's first launch, with
+    another environment, folder and standard output and error."""
+    name = "GRAPHWIRE_TEST_LAUNCH_VARIABLE"
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir()
+    later.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != name}
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_LAUNCHES, name, str(first), str(later)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = [("set after the first launch", str(later))] * 2
+    assert f"seen {seen}" in done.stdout, done.stdout
+    for rank in range(2):
+        assert f"rank {rank} on its standard output" in done.stdout
+        assert f"rank {rank} on its standard error" in done.stderr
+    assert "rank 1" not in (first / "output").read_text()
