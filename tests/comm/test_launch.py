@@ -2,7 +2,8 @@
 rank named, a SIGKILLed worker ends the run promptly, nothing is left running.
 
 Times are asserted only as generous bounds (correctness: no hang), never as
-speed; each run spawns real processes (~3 s of imports per rank).
+speed; each run starts real processes (forked by the fork server, which
+imported torch once).
 """
 
 from __future__ import annotations
