@@ -63,7 +63,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from multiprocessing import connection, get_context, reduction
+from multiprocessing import connection, forkserver, get_context, reduction
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
@@ -92,6 +92,7 @@ __all__ = [
     "free_port",
     "interrupt_on_stop_signals",
     "launch_local",
+    "start_fork_server",
 ]
 
 T = TypeVar("T")
@@ -360,6 +361,16 @@ def _start_context(backend: str) -> ForkServerContext | SpawnContext:
     context = get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
     return context
+
+
+def start_fork_server(backend: str) -> None:
+    """Start now the fork server that :func:`launch_local`'s children of a
+    ``backend`` run will be forked by (:func:`_start_context`; nothing if
+    they will be spawned), so that its imports go on while the caller reads
+    and splits its graph: it is started at the first launch otherwise, and
+    the launch waits for them."""
+    if isinstance(_start_context(backend), ForkServerContext):
+        forkserver.ensure_running()
 
 
 def _is_open(fd: int) -> bool:

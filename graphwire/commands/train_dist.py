@@ -75,11 +75,12 @@ def run_distributed(args: argparse.Namespace, config: TrainConfig, out: Path) ->
         keep_freed_memory(int(args.keep_freed_mb))
         world, backend = ctx.world_size, ctx.backend
     else:  # a GPU per worker for nccl, checked before the graph is read
-        from graphwire.comm.launch import check_local_backend
+        from graphwire.comm.launch import check_local_backend, start_fork_server
 
         world = int(args.workers)
         backend = args.backend or default_backend(world)
         check_local_backend(backend, world)
+        start_fork_server(backend)  # its imports overlap the graph's loading
     leader = ctx is None or ctx.rank == 0
     _check_not_input(args, out)
     checkpoint = _checkpoint(args, out, config)
