@@ -92,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--verify",
         action="store_true",
-        help="check the files --dataset names (a graph folder, or each "
-        "worker's part of a partitioned one) against their SHA-256 in "
-        "meta.json as they load: reads them once more",
+        help="check the graphwire files a run reads against their SHA-256 in "
+        "meta.json as they load (a graph folder --dataset names, and each "
+        "worker's part: of --dataset or of OUT/partitions): reads them once more",
     )
     train.add_argument(
         "--model",

@@ -163,7 +163,7 @@ class TorchTransport(Transport):
             )
             dist.init_process_group(
                 backend=ctx.backend,
-                store=dist.PrefixStore(_attempt_prefix(), store),
+                store=dist.PrefixStore(_attempt_prefix(ctx.world_size), store),
                 rank=ctx.rank,
                 world_size=ctx.world_size,
                 timeout=timeout,
@@ -390,16 +390,20 @@ class TorchTransport(Transport):
         ) from error
 
 
-def _attempt_prefix() -> str:
+def _attempt_prefix(world_size: int) -> str:
     """The keys of this attempt of the run in its rendezvous store.
 
     torchrun's agent keeps one store for all its attempts (``--max-restarts``):
     the ranks of a restarted group found the addresses their predecessors
     had published there, and gloo's full-mesh connect was refused (torch
     2.13, pytorch/pytorch#167288 for NCCL). A prefix per attempt
-    (``TORCHELASTIC_RESTART_COUNT``) starts each on clean keys.
+    (``TORCHELASTIC_RESTART_COUNT``) starts each on clean keys. A restart
+    for nodes that join (``--nnodes MIN:MAX``) keeps the count but changes
+    the world size, which the prefix holds too (graphwire's parts are for
+    one world size, so such a run is refused as its parts load).
     """
-    return f"graphwire/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"graphwire/attempt_{restart}/world_{world_size}"
 
 
 class _Heartbeat:

@@ -249,6 +249,9 @@ def launch_local(
     env = {**_loopback_env(), "TMPDIR": str(scratch.path)}
     env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # join it, do not host it
     mp = _start_context(backend)
+    # A spawned child has the launcher's standard output and error already.
+    forked = isinstance(mp, ForkServerContext)
+    stdio = [_InheritedFd(fd) for fd in _STDIO if forked and _is_open(fd)]
     run_bound = run_timeout_s or math.inf
     deadline = time.monotonic() + run_bound
     processes: list[BaseProcess] = []
@@ -269,12 +272,19 @@ def launch_local(
                     os.getpid(),
                     job,
                     writer,
-                    [_InheritedFd(fd) for fd in _STDIO if _is_open(fd)],
+                    stdio,
                 ),
                 name=f"graphwire-rank{rank}",
             )
             with _quiet_torch_log():
-                child.start()
+                try:
+                    child.start()
+                except (OSError, EOFError) as error:  # the fork server failed
+                    raise WorkerFailed(
+                        f"rank {rank} could not be started: multiprocessing's "
+                        f"fork server failed ({type(error).__name__}: {error})",
+                        rank,
+                    ) from error
             writer.close()  # the parent keeps only the read end: EOF on death
             processes.append(child)
             pipes.append(reader)
@@ -353,9 +363,13 @@ def _start_context(backend: str) -> ForkServerContext | SpawnContext:
     of a second. NCCL runs are spawned so that no CUDA state can be forked
     (the server initialises none, but a fork after CUDA's initialisation
     leaves the child unable to use it); their start-up is small beside
-    them. Either way a child starts with no state of the launcher's but
-    what :func:`_child_main` is given: its environment, its standard output
-    and error, its working folder and ``sys.path``."""
+    them. Either way a child starts with the launcher's environment,
+    standard output and error, working folder and ``sys.path``
+    (:func:`_child_main`). What is read as torch and its libraries load
+    (``TORCH_CPP_LOG_LEVEL``, which :func:`_quiet_torch_log` sets for the
+    server, the OpenMP and MKL variables) is read once, by the server, as
+    it starts: a process's later changes to them do not reach its forked
+    children. (Their threads are set by ``torch.set_num_threads``.)"""
     if backend == "nccl" or "forkserver" not in multiprocessing.get_all_start_methods():
         return get_context("spawn")
     context = get_context("forkserver")
@@ -370,7 +384,8 @@ def start_fork_server(backend: str) -> None:
     and splits its graph: it is started at the first launch otherwise, and
     the launch waits for them."""
     if isinstance(_start_context(backend), ForkServerContext):
-        forkserver.ensure_running()
+        with _quiet_torch_log():  # the server's torch reads it as it loads
+            forkserver.ensure_running()
 
 
 def _is_open(fd: int) -> bool:
@@ -413,7 +428,8 @@ def _child_main(
     for received, fd in stdio:  # the launcher's, as a spawned child has them
         _flush_stdio()
         os.dup2(received, fd)
-        os.close(received)
+        if received != fd:
+            os.close(received)
     os.environ.clear()  # the launcher's environment, not the fork server's
     os.environ.update(env)
     tempfile.tempdir = env["TMPDIR"]  # the run's scratch, removed by the parent
@@ -512,7 +528,9 @@ def _die_with(pid: int) -> None:
 
     def watch() -> None:
         if handle is not None:
-            select.select([handle], [], [])  # readable once it has ended
+            watcher = select.poll()
+            watcher.register(handle, select.POLLIN)
+            watcher.poll()  # readable once it has ended
         else:
             while _alive(pid):
                 time.sleep(1.0)
@@ -538,7 +556,8 @@ def _quiet_torch_log() -> Iterator[None]:
     ``[E ... socket.cpp] [c10d] ...`` with a page of C++ frames, then raises
     the same message, which the child reports (one line, naming the rank).
     The level is read when torch is imported, before the child's code runs,
-    so it goes in the environment the child starts with."""
+    so it goes in the environment the child (or the fork server it is
+    forked from, :func:`_start_context`) starts with."""
     if "TORCH_CPP_LOG_LEVEL" in os.environ:
         yield
         return

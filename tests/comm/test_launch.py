@@ -240,11 +240,15 @@ def test_free_port_is_a_loopback_port() -> None:
 # The launcher's first launch starts its fork server with another
 # environment, folder and standard output and error than its second has.
 _TWO_LAUNCHES = """
-import os, sys
+import multiprocessing, os, sys
+import graphwire.comm.launch
 from graphwire.comm.launch import launch_local
 from graphwire.testing.probes import what_a_child_sees
 
-name, first, later = sys.argv[1:]
+name, first, later, how = sys.argv[1:]
+if how == "spawn":  # as under NCCL
+    spawn = multiprocessing.get_context("spawn")
+    graphwire.comm.launch._start_context = lambda backend: spawn
 saved = os.dup(1), os.dup(2)
 with open(os.path.join(first, "output"), "w") as elsewhere:
     os.dup2(elsewhere.fileno(), 1)
@@ -259,19 +263,22 @@ print("seen", launch_local(what_a_child_sees, 2, name), flush=True)
 """
 
 
+@pytest.mark.parametrize("how", ["forkserver", "spawn"])
 def test_a_child_has_the_launchers_environment_folder_and_output(
-    tmp_path: Path,
+    tmp_path: Path, how: str
 ) -> None:
     """As a spawned child had them at its start, though the fork server its
     child is forked from started at the launcher's first launch, with
-    another environment, folder and standard output and error."""
+    another environment, folder and standard output and error. (A spawned
+    child closed its standard output and error: they were 'passed along'
+    onto themselves.)"""
     name = "GRAPHWIRE_TEST_LAUNCH_VARIABLE"
     first, later = tmp_path / "first", tmp_path / "later"
     first.mkdir()
     later.mkdir()
     env = {k: v for k, v in os.environ.items() if k != name}
     done = subprocess.run(
-        [sys.executable, "-c", _TWO_LAUNCHES, name, str(first), str(later)],
+        [sys.executable, "-c", _TWO_LAUNCHES, name, str(first), str(later), how],
         capture_output=True,
         text=True,
         env=env,
