@@ -523,7 +523,7 @@ def _die_with(pid: int) -> None:
     except ProcessLookupError:
         os._exit(1)
     except (OSError, AttributeError):  # before Linux 5.3, or not Linux
-        if not _alive(pid):
+        if not psutil.pid_exists(pid):
             os._exit(1)
 
     def watch() -> None:
@@ -532,21 +532,11 @@ def _die_with(pid: int) -> None:
             watcher.register(handle, select.POLLIN)
             watcher.poll()  # readable once it has ended
         else:
-            while _alive(pid):
+            while psutil.pid_exists(pid):
                 time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="graphwire-launcher", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextlib.contextmanager
