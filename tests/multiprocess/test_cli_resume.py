@@ -6,30 +6,28 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.cli_runs import SPEC, _epoch_times, _run, _summary
+from tests.multiprocess.cli_runs import SPEC, _epoch_times, _summary, graphwire
+
+Capture = pytest.CaptureFixture[str]
 
 
 def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
-    tmp_path: Path,
+    tmp_path: Path, capfd: Capture
 ) -> None:
     """``--resume`` trains on the parts the run was split into (locality
     here, though the flag is left out), and its byte tables and summary say
     that they count the epochs from the checkpoint on."""
     out = str(tmp_path / "run")
-    common = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    common = ["train", "--dataset", SPEC]
     common += ["--model", "gcn", "--workers", "2", "--seed", "1", "--quiet"]
     common += ["--timeout", "120", "--checkpoint-every", "1", "--out", out]
 
-    def train(*flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*common, *flags], capture_output=True, text=True, timeout=300
-        )
+    def train(*flags: str):
+        return graphwire(capfd, *common, *flags)
 
     first = train("--epochs", "2", "--partition", "locality")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -62,47 +60,40 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
 
 
 def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
-    tmp_path: Path,
+    tmp_path: Path, capfd: Capture
 ) -> None:
     """``--resume`` with no checkpoint yet is a fresh start: the dataset is
     split again, not trained on another dataset's parts left in ``OUT``; one
     with nothing left to train says so; with a checkpoint, the parts it
     trained on must still be there."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
+    argv = ["train", "--model", "gcn"]
     argv += ["--workers", "2", "--epochs", "2", "--seed", "1", "--quiet"]
     argv += ["--timeout", "120", "--partition", "random", "--out", str(out)]
     meta = out / "partitions" / "meta.json"
-    _run([*argv, "--dataset", SPEC])
+    graphwire(capfd, *argv, "--dataset", SPEC).summary()
     assert json.loads(meta.read_text())["num_nodes"] == 2000
     other = SPEC.replace("nodes=2000", "nodes=1500")
-    done = subprocess.run(
-        [*argv, "--dataset", other, "--resume"], capture_output=True, text=True
-    )
+    done = graphwire(capfd, *argv, "--dataset", other, "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no checkpoint in" in done.stderr
     assert json.loads(meta.read_text())["num_nodes"] == 1500
     # Every 5 epochs, of 2: the last epoch is checkpointed as the run ends.
-    _run([*argv, "--dataset", other, "--checkpoint-every", "5"])
-    again = subprocess.run(
-        [*argv, "--dataset", other, "--resume"], capture_output=True, text=True
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
+    graphwire(capfd, *argv, "--dataset", other, "--checkpoint-every", "5").summary()
+    again = graphwire(capfd, *argv, "--dataset", other, "--resume")
     said = "the checkpoint is of epoch 1, so --epochs 2 leaves nothing to train"
     assert said in " ".join(again.stderr.split())
-    assert _summary(again.stdout)["epochs"] == "2"
+    assert again.summary()["epochs"] == "2"
     shutil.rmtree(out / "partitions")
-    gone = subprocess.run(
-        [*argv, "--dataset", other, "--resume", "--epochs", "3"],
-        capture_output=True,
-        text=True,
-    )
+    gone = graphwire(capfd, *argv, "--dataset", other, "--resume", "--epochs", "3")
     assert gone.returncode == 2, gone.stderr[-3000:]
     assert "partitions is gone; the checkpoints hold state" in gone.stderr
     assert "Traceback" not in gone.stderr
 
 
-def test_a_resume_on_parts_split_again_is_refused(tmp_path: Path) -> None:
+def test_a_resume_on_parts_split_again_is_refused(
+    tmp_path: Path, capfd: Capture
+) -> None:
     """A partitioned ``--dataset`` split again (here randomly, where the run
     trained on METIS parts) has the same shapes, so the checkpoint would
     load and train on other nodes than the run's: refused before any worker
@@ -110,24 +101,20 @@ def test_a_resume_on_parts_split_again_is_refused(tmp_path: Path) -> None:
     parts, out = tmp_path / "parts", tmp_path / "run"
 
     def partition(method: str) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
-            + ["--method", method, "--parts", "2", "--out", str(parts)]
-            + ["--overwrite"],
-            check=True,
-            capture_output=True,
-        )
+        split = graphwire(
+            capfd, "partition", "--dataset", SPEC, "--method", method,
+            "--parts", "2", "--out", str(parts), "--overwrite",
+        )  # fmt: skip
+        assert split.returncode == 0, split.stderr[-3000:]
 
-    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
+    argv = ["train", "--model", "gcn"]
     argv += ["--dataset", str(parts), "--workers", "2", "--seed", "1", "--quiet"]
     argv += ["--timeout", "120", "--out", str(out)]
     partition("metis")
-    _run([*argv, "--epochs", "2", "--checkpoint-every", "1"])
+    graphwire(capfd, *argv, "--epochs", "2", "--checkpoint-every", "1").summary()
     before = sorted(p.name for p in out.iterdir())
     partition("random")
-    done = subprocess.run(
-        [*argv, "--epochs", "3", "--resume"], capture_output=True, text=True
-    )
+    done = graphwire(capfd, *argv, "--epochs", "3", "--resume")
     assert done.returncode == 2, done.stderr[-3000:]
     assert "the run trained on other parts than these" in done.stderr
     assert "Traceback" not in done.stderr
@@ -135,73 +122,65 @@ def test_a_resume_on_parts_split_again_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_run_that_fails_before_its_first_epoch_leaves_the_output_as_it_was(
-    tmp_path: Path,
+    tmp_path: Path, capfd: Capture
 ) -> None:
     """A bad part file, or a checkpoint file truncated under a resume, is
     named; the run writes no ``metrics.jsonl.partial``, so the one an earlier
     killed attempt left (its epochs past the checkpoint included) stays."""
     parts, out = tmp_path / "parts", tmp_path / "run"
-    subprocess.run(
-        [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
-        + ["--method", "metis", "--parts", "2", "--out", str(parts)],
-        check=True,
-        capture_output=True,
-    )
-    argv = [sys.executable, "-m", "graphwire", "train", "--model", "gcn"]
+    split = graphwire(
+        capfd, "partition", "--dataset", SPEC, "--method", "metis",
+        "--parts", "2", "--out", str(parts),
+    )  # fmt: skip
+    assert split.returncode == 0, split.stderr[-3000:]
+    argv = ["train", "--model", "gcn"]
     argv += ["--workers", "2", "--seed", "1", "--quiet", "--timeout", "120"]
-    _run(
-        [*argv, "--dataset", str(parts), "--epochs", "2", "--out", str(out)]
-        + ["--checkpoint-every", "1"]
-    )
+    graphwire(
+        capfd, *argv, "--dataset", str(parts), "--epochs", "2", "--out", str(out),
+        "--checkpoint-every", "1",
+    ).summary()  # fmt: skip
     partial, finished = out / "metrics.jsonl.partial", out / "metrics.jsonl"
     earlier, records = b'{"kind": "config"}\n', finished.read_bytes()
     partial.write_bytes(earlier)
     rank_file = out / "checkpoints" / "epoch000001" / "rank1.pt"
     rank_file.write_bytes(rank_file.read_bytes()[:1000])
-    done = subprocess.run(
-        [*argv, "--dataset", str(parts), "--epochs", "4", "--out", str(out)]
-        + ["--resume"],
-        capture_output=True,
-        text=True,
-    )
+    done = graphwire(
+        capfd, *argv, "--dataset", str(parts), "--epochs", "4", "--out", str(out),
+        "--resume",
+    )  # fmt: skip
     assert done.returncode != 0 and f"{rank_file}: not a readable" in done.stderr
     assert partial.read_bytes() == earlier and finished.read_bytes() == records
     halo = parts / "part_1" / "halo_nid.npy"
     halo.write_bytes(halo.read_bytes()[:200])
     fresh = tmp_path / "fresh"
-    done = subprocess.run(
-        [*argv, "--dataset", str(parts), "--epochs", "2", "--out", str(fresh)],
-        capture_output=True,
-        text=True,
+    done = graphwire(
+        capfd, *argv, "--dataset", str(parts), "--epochs", "2", "--out", str(fresh)
     )
     assert done.returncode == 2 and f"{halo}: truncated" in done.stderr
     assert not list(fresh.glob("metrics.jsonl*"))
 
 
 def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
-    tmp_path: Path,
+    tmp_path: Path, capfd: Capture
 ) -> None:
     """``--mode minibatch --resume``: the traffic table and the summary
     (``resumed_at=``) say that the rows and bytes count the epochs from the
     checkpoint on, as the full-graph report does."""
-    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    argv = ["train", "--dataset", SPEC]
     argv += ["--mode", "minibatch", "--model", "sage", "--workers", "2"]
     argv += ["--batch-size", "40", "--fanouts", "4,6", "--seed", "1", "--quiet"]
     # Every 3 epochs, of 2: the last epoch is checkpointed as the run ends.
     argv += ["--timeout", "120", "--checkpoint-every", "3"]
     argv += ["--out", str(tmp_path / "run")]
     metrics = tmp_path / "run" / "metrics.jsonl"
-    first = _run([*argv, "--epochs", "2"])
+    first = graphwire(capfd, *argv, "--epochs", "2").summary()
     assert "resumed_at" not in first
     before = _epoch_times(metrics)
     assert set(before) == {(e, r) for e in range(2) for r in range(2)}
     assert all(before[0, r] < before[1, r] for r in range(2))
-    done = subprocess.run(
-        [*argv, "--epochs", "3", "--resume"], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = graphwire(capfd, *argv, "--epochs", "3", "--resume")
+    resumed = done.summary()
     assert "epochs 2-2, resumed" in " ".join(done.stdout.split())
-    resumed = _summary(done.stdout)
     assert resumed["resumed_at"] == "2" and resumed["epochs"] == "3"
     # The epochs restored from the checkpoint keep the times their run
     # stamped; the new one has its own.
@@ -212,16 +191,16 @@ def test_a_resumed_minibatch_run_says_its_counts_start_at_the_checkpoint(
 
 @pytest.mark.parametrize("damage", ["truncated", "older"])
 def test_a_setting_a_worker_refuses_is_one_line_of_error(
-    tmp_path: Path, damage: str
+    tmp_path: Path, capfd: Capture, damage: str
 ) -> None:
     """A bad input found in the workers (here rank 1's checkpoint file, cut
     short or swapped for an older epoch's) ends the run with exit code 2 and
     the worker's one-line reason, no traceback, and no rank trains on."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    argv = ["train", "--dataset", SPEC]
     argv += ["--model", "gcn", "--workers", "2", "--quiet", "--timeout", "60"]
     argv += ["--checkpoint-every", "1", "--keep-checkpoints", "0", "--out", str(out)]
-    _run([*argv, "--epochs", "2"])
+    graphwire(capfd, *argv, "--epochs", "2").summary()
     latest = out / "checkpoints" / "epoch000001" / "rank1.pt"
     if damage == "truncated":
         latest.write_bytes(latest.read_bytes()[:1000])
@@ -229,12 +208,7 @@ def test_a_setting_a_worker_refuses_is_one_line_of_error(
     else:
         shutil.copy(out / "checkpoints" / "epoch000000" / "rank1.pt", latest)
         said = "holds the state of rank 1 after epoch 0, not of rank 1 after epoch 1"
-    done = subprocess.run(
-        [*argv, "--epochs", "4", "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = graphwire(capfd, *argv, "--epochs", "4", "--resume")
     assert done.returncode == 2, done.stderr[-3000:]
     assert said in " ".join(done.stderr.split())
     assert "Traceback" not in done.stderr and "traceback of rank" not in done.stderr

@@ -25,36 +25,37 @@ from tests.multiprocess.cli_runs import (
     _run,
     _summary,
     _torchrun,
+    graphwire,
 )
+
+Capture = pytest.CaptureFixture[str]
 
 TRAIN = ["train", "--model", "sage", "--exchange", "g3", "--bin-rows", "64"]
 TRAIN += ["--epochs", "4", "--seed", "1", "--quiet", "--timeout", "120"]
 
 
 def _spawned_g3(
-    tmp_path: Path, workers: int, *flags: str
+    capfd: Capture, tmp_path: Path, workers: int, *flags: str
 ) -> tuple[list[str], dict[str, str]]:
     """METIS parts of SPEC for ``workers`` ranks; the ``graphwire train``
     arguments (:data:`TRAIN` on them, and ``flags``) and the summary of the
-    run with ``--workers``."""
+    run with ``--workers`` (both in this process)."""
     parts = tmp_path / "parts"
-    subprocess.run(
-        [sys.executable, "-m", "graphwire", "partition", "--dataset", SPEC]
-        + ["--method", "metis", "--parts", str(workers), "--out", str(parts)],
-        check=True,
-        capture_output=True,
-    )
+    split = graphwire(
+        capfd, "partition", "--dataset", SPEC, "--method", "metis",
+        "--parts", str(workers), "--out", str(parts),
+    )  # fmt: skip
+    assert split.returncode == 0, split.stderr[-3000:]
     common = [*TRAIN, "--dataset", str(parts), *flags]
-    spawned = _run(
-        [sys.executable, "-m", "graphwire", *common, "--workers", str(workers)]
-        + ["--out", str(tmp_path / "spawned")]
-    )
+    spawned = graphwire(
+        capfd, *common, "--workers", str(workers), "--out", str(tmp_path / "spawned")
+    ).summary()
     return common, spawned
 
 
-def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
+def test_workers_and_torchrun_give_the_same_run(tmp_path: Path, capfd: Capture) -> None:
     torchrun = _torchrun()
-    common, spawned = _spawned_g3(tmp_path, 2, "--g3-order", "priority")
+    common, spawned = _spawned_g3(capfd, tmp_path, 2, "--g3-order", "priority")
     launched = _run(
         [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
         + ["--master-port", str(free_port()), "-m", "graphwire", *common]
@@ -116,7 +117,7 @@ def test_workers_and_torchrun_give_the_same_run(tmp_path: Path) -> None:
     ids=["full-graph", "mini-batch", "full-graph-resumed", "mini-batch-resumed"],
 )
 def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
-    tmp_path: Path, mode: list[str], resumed: bool
+    tmp_path: Path, capfd: Capture, mode: list[str], resumed: bool
 ) -> None:
     """While a run trains, ``metrics.jsonl.partial`` grows with rank 0's
     epoch records; a worker killed late ends the run with them kept (and no
@@ -125,16 +126,16 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
     finished run's ``metrics.jsonl`` is left as it was."""
     out = tmp_path / "run"
     partial = out / "metrics.jsonl.partial"
-    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC, *mode]
+    argv = ["train", "--dataset", SPEC, *mode]
     argv += ["--workers", "2", "--quiet", "--timeout", "60", "--out", str(out)]
     earlier: dict[tuple[int, int], float] = {}
     if resumed:
-        _run([*argv, "--epochs", "2", "--checkpoint-every", "1"])
+        graphwire(capfd, *argv, "--epochs", "2", "--checkpoint-every", "1").summary()
         earlier = _epoch_times(out / "metrics.jsonl")
         finished = (out / "metrics.jsonl").read_bytes()
         argv += ["--resume", "--checkpoint-every", "1"]
     run = subprocess.Popen(
-        [*argv, "--epochs", "100000"],
+        [sys.executable, "-m", "graphwire", *argv, "--epochs", "100000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -226,7 +227,7 @@ def test_sigterm_ends_a_run_with_workers_as_ctrl_c_does(tmp_path: Path) -> None:
 
 
 def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
-    tmp_path: Path,
+    tmp_path: Path, capfd: Capture
 ) -> None:
     """`--mode minibatch`: the summary line carries the fetch figures, and
     rapid (under torchrun) and on-demand (spawned) reach the same accuracy,
@@ -235,10 +236,10 @@ def test_minibatch_rapid_under_torchrun_equals_spawned_on_demand(
     common = ["train", "--model", "sage", "--mode", "minibatch", "--dataset", SPEC]
     common += ["--epochs", "3", "--seed", "1", "--quiet", "--timeout", "120"]
     common += ["--batch-size", "40", "--fanouts", "4,6"]
-    spawned = _run(
-        [sys.executable, "-m", "graphwire", *common, "--workers", "2"]
-        + ["--fetch", "on-demand", "--out", str(tmp_path / "spawned")]
-    )
+    spawned = graphwire(
+        capfd, *common, "--workers", "2", "--fetch", "on-demand",
+        "--out", str(tmp_path / "spawned"),
+    ).summary()  # fmt: skip
     launched = _run(
         [torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
         + ["--master-port", str(free_port()), "-m", "graphwire", *common]
@@ -299,13 +300,15 @@ def _two_nodes(common: list[str], tmp_path: Path, *flags: str) -> list[str]:
     return [stdout for stdout, _ in outputs]
 
 
-def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) -> None:
+def test_two_torchrun_nodes_give_the_same_run_as_four_workers(
+    tmp_path: Path, capfd: Capture
+) -> None:
     """``torchrun --nnodes 2``: two launchers (node ranks 0 and 1) make one
     4-rank job, global ranks from the launchers, equal to ``--workers 4``.
     The nodes share no ``--out``: each keeps its own ranks' checkpoints,
     marked complete and pruned by its first rank, and a resume reads them
     (node 1 used to get no ``latest.json``, and every rank refused)."""
-    common, spawned = _spawned_g3(tmp_path, 4, "--checkpoint-every", "1")
+    common, spawned = _spawned_g3(capfd, tmp_path, 4, "--checkpoint-every", "1")
     stdouts = _two_nodes(common, tmp_path)
     # Global rank 0 (on node 0) prints the summary and writes every rank's records.
     launched = _summary(stdouts[0])
@@ -333,7 +336,9 @@ def test_two_torchrun_nodes_give_the_same_run_as_four_workers(tmp_path: Path) ->
     assert (resumed["resumed_at"], resumed["epochs"]) == ("4", "6")
 
 
-def test_replicate_reports_the_rows_it_holds_and_recomputes(tmp_path: Path) -> None:
+def test_replicate_reports_the_rows_it_holds_and_recomputes(
+    tmp_path: Path, capfd: Capture
+) -> None:
     """``--exchange replicate`` holds each part's whole 2-hop in-neighbourhood:
     the summary's ``replicated_rows`` counts it beyond the owned nodes, and
     ``redundant_rows`` the rows computed beyond them (layer 0's 1-hop halo,
@@ -341,13 +346,12 @@ def test_replicate_reports_the_rows_it_holds_and_recomputes(tmp_path: Path) -> N
     from graphwire.graph.datasets import load_dataset
     from graphwire.partition import load_part
 
-    common, _ = _spawned_g3(tmp_path, 2)
+    common, _ = _spawned_g3(capfd, tmp_path, 2)
     common[common.index("g3")] = "replicate"
     del common[common.index("--bin-rows") : common.index("--bin-rows") + 2]
-    summary = _run(
-        [sys.executable, "-m", "graphwire", *common, "--workers", "2"]
-        + ["--out", str(tmp_path / "replicate")]
-    )
+    summary = graphwire(
+        capfd, *common, "--workers", "2", "--out", str(tmp_path / "replicate")
+    ).summary()
     graph = load_dataset(SPEC)
     src, dst = graph.edge_index()
     held = halo = 0
@@ -364,16 +368,16 @@ def test_replicate_reports_the_rows_it_holds_and_recomputes(tmp_path: Path) -> N
     assert int(summary["redundant_rows"]) == int(summary["remote_rows"]) == halo
 
 
-def test_gat_flags_reach_every_worker(tmp_path: Path) -> None:
+def test_gat_flags_reach_every_worker(tmp_path: Path, capfd: Capture) -> None:
     """--heads and --out-heads shape every rank's GAT (its checkpoint's
     attention vectors are [heads, hidden]); --attn-dropout is in the run's
     config record."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
+    argv = ["train", "--dataset", SPEC]
     argv += ["--model", "gat", "--hidden", "5", "--heads", "3", "--out-heads", "2"]
     argv += ["--attn-dropout", "0.25", "--workers", "2", "--epochs", "1"]
     argv += ["--checkpoint-every", "1", "--quiet", "--timeout", "60"]
-    _run([*argv, "--out", str(out)])
+    graphwire(capfd, *argv, "--out", str(out)).summary()
     for rank in (0, 1):
         state = torch.load(
             out / "checkpoints" / "epoch000000" / f"rank{rank}.pt", weights_only=False
