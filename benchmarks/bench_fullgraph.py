@@ -35,7 +35,11 @@ backward + grad sync, every epoch including the first), the median without
 the first epoch, the ledger's bytes (every rank, the whole run: set-up,
 training and evaluation), the training bytes per epoch, the qdisc's byte
 counter over the same run, test accuracy, and the time split (compute, comm,
-grad sync, eval per epoch, mean over ranks). Prints the table and the ratios
+grad sync, eval per epoch, mean over ranks), and the CPU seconds per epoch
+of every rank's process (all threads; forward, backward, sync and step) with
+the floor they set: no epoch is shorter than that CPU time spread over the
+CPUs the ranks can use (this machine's, at most one per rank and thread).
+Prints the table and the ratios
 beside the issue's targets: the ratio of the medians, and each round's ratio
 of the two runs made next to each other in that round, which the machine's
 drifting load affects less. A configuration that fails or hangs is reported
@@ -127,6 +131,8 @@ class Result:
     qdisc_bytes: int  # root qdisc of lo over the run
     test_acc: float
     wall_s: float
+    cpu_s: float = 0.0  # every rank's process CPU time per epoch (extra.cpu_s)
+    floor_s: float = 0.0  # cpu_s over the CPUs the ranks can use (_cpus)
     round_index: int = 0
 
 
@@ -150,22 +156,39 @@ def _measure(
     before = net.qdisc_bytes()
     runs = train_runs(net, [list(config.argv)] * config.copies, outs, timeout_s)
     qdisc = (net.qdisc_bytes() - before) // config.copies  # shared by the copies
+    threads = int(_flag(config.argv, "--threads", "1"))
     return [
-        _result(summary, wall, run_out, qdisc)
+        _result(summary, wall, run_out, qdisc, threads)
         for (summary, wall), run_out in zip(runs, outs, strict=True)
     ]
 
 
-def _result(summary: dict[str, str], wall: float, out: Path, qdisc: int) -> Result:
-    """The figures of one ended run from its summary line and ``metrics.jsonl``."""
+def _flag(argv: tuple[str, ...], name: str, default: str) -> str:
+    """The value of flag ``name`` in ``argv`` (the last one given)."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == name]
+    return values[-1] if values else default
+
+
+def _cpus() -> int:
+    """The CPUs this process (and so every run it starts) may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+def _result(
+    summary: dict[str, str], wall: float, out: Path, qdisc: int, threads: int = 1
+) -> Result:
+    """The figures of one ended run from its summary line and ``metrics.jsonl``
+    (``threads``: torch threads per rank, for the CPU floor)."""
     ranks = epoch_records(out)
     distributed = "bytes_sent" in summary
     lead = [_epoch_seconds(r["times"], distributed) for r in ranks[0]]
     epochs = len(lead)
     split = {"compute": 0.0, "comm": 0.0, "sync": 0.0, "eval": 0.0}
     train_bytes = 0
+    cpu = 0.0
     for records in ranks.values():
         for record in records:
+            cpu += record.get("extra", {}).get("cpu_s", 0.0)
             times = record["times"]
             comm = times.get("comm_s", 0.0)
             split["compute"] += _epoch_seconds(times, distributed) - comm
@@ -191,6 +214,8 @@ def _result(summary: dict[str, str], wall: float, out: Path, qdisc: int) -> Resu
         qdisc_bytes=qdisc,
         test_acc=float(summary["test_acc"]),
         wall_s=wall,
+        cpu_s=cpu / max(1, epochs),
+        floor_s=cpu / max(1, epochs) / min(_cpus(), len(ranks) * threads),
     )
 
 
@@ -268,7 +293,7 @@ def _print_table(
         f"\n{'configuration':22s} {'epoch s':>8s} {'w/o ep0':>8s} {'ep0 s':>7s} "
         f"{'compute':>8s} {'comm':>7s} {'sync':>6s} {'eval':>6s} "
         f"{'MiB/ep':>8s} {'trainMiB/ep':>11s} {'qdiscMiB':>9s} {'ledg/qd':>7s} "
-        f"{'acc':>6s} {'wall s':>7s} {'n':>2s}"
+        f"{'CPU s':>6s} {'floor':>6s} {'acc':>6s} {'wall s':>7s} {'n':>2s}"
     )
     for name, runs in results.items():
         if not runs:
@@ -287,7 +312,8 @@ def _print_table(
             f"{_median(runs, 'sync_s'):6.3f} {_median(runs, 'eval_s'):6.3f} "
             f"{ledger / mib / epochs:8.1f} "
             f"{_median(runs, 'train_bytes_epoch') / mib:11.1f} "
-            f"{qdisc / mib:9.1f} {ratio:>7s} {runs[-1].test_acc:6.4f} "
+            f"{qdisc / mib:9.1f} {ratio:>7s} {_median(runs, 'cpu_s'):6.2f} "
+            f"{_median(runs, 'floor_s'):6.3f} {runs[-1].test_acc:6.4f} "
             f"{_median(runs, 'wall_s'):7.1f} {len(runs):2d}"
         )
     print(
@@ -298,7 +324,11 @@ def _print_table(
         "ranks) / epochs;\ntrainMiB/ep: training tags only (fwd, bwd, "
         "sync.grad); qdiscMiB: lo's root qdisc over the whole run (headers, "
         "ACKs, rendezvous included); "
-        "ledg/qd: ledger / qdisc bytes of each run, median over rounds."
+        "ledg/qd: ledger / qdisc bytes of each run, median over rounds;\n"
+        "CPU s: CPU seconds per epoch of every rank's process (all threads; "
+        "fwd, bwd, sync, step); floor: CPU s over the CPUs the ranks can use "
+        f"(this machine's {_cpus()}, at most one per rank and thread), the "
+        "shortest epoch that CPU time allows."
     )
 
 
@@ -320,6 +350,21 @@ def _ratio_line(
     verdict = "" if ok is None else ("  MET" if ok(value) else "  NOT MET")
     print(f"{label:34s} {value:5.2f}x (w/o epoch 0: {steady:.2f}x){target}{verdict}")
     _per_round(results[a], results[b])
+
+
+def _floor_line(results: dict[str, list[Result]], a: str, b: str) -> None:
+    """How far the CPU time ``a``'s ranks spend bounds ``a`` / ``b``: ``a``'s
+    CPU floor over ``b``'s epoch time, the least ratio ``a`` could reach here
+    were it to hide every transfer and wait behind its own CPU work."""
+    if not results.get(a) or not results.get(b) or not _median(results[a], "cpu_s"):
+        return
+    floor = _median(results[a], "floor_s")
+    print(
+        f"{'':34s} {a}'s CPU floor over {b}'s epoch: "
+        f"{floor / _median(results[b], 'epoch_s'):.2f}x (CPU s per epoch: "
+        f"{_median(results[a], 'cpu_s'):.2f} vs {_median(results[b], 'cpu_s'):.2f}, "
+        f"on {_cpus()} CPUs)"
+    )
 
 
 def _per_round(a: list[Result], b: list[Result]) -> None:
@@ -358,6 +403,7 @@ def _print_ratios(results: dict[str, list[Result]]) -> None:
         f"  target <= 0.75 ({PAPER['g3 / halo']})",
         lambda v: v <= 0.75,
     )
+    _floor_line(results, "g3 (metis)", "halo (metis)")
     for other in ("replicate (metis)", "single process"):
         if other in results:
             _ratio_line(f"g3 / {other}", results, "g3 (metis)", other, "", None)

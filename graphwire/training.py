@@ -235,8 +235,10 @@ class EpochRecord:
     the epoch's bytes by tag and by peer (distributed runs only; full-graph
     runs add ``by_rank``, every rank's training bytes per layer:
     :func:`~graphwire.fullgraph.distributed.traffic_by_rank`); ``extra``
-    what a loop measures besides (distributed mini-batch: seeds, remote rows,
-    cache hits, CPU time and energy). Accuracies are NaN in an epoch
+    what a loop measures besides (full-graph: ``cpu_s``, the CPU seconds of
+    the process, all its threads, over the forward, backward, gradient sync
+    and step; distributed mini-batch: seeds, remote rows, cache hits, CPU
+    time and energy). Accuracies are NaN in an epoch
     without an evaluation (:meth:`TrainConfig.evaluates`); :meth:`as_dict`
     gives them as None, so the log stays strict JSON. ``time`` (distributed
     runs, stamped by the job) is the seconds from the start of the process

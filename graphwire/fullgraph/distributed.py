@@ -237,7 +237,7 @@ def train_distributed(
             break
         before = transport.ledger.snapshot()
         engine.reset_timers()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         model.train()
         engine.phase = ""
         _, loss = forward_loss(
@@ -251,6 +251,7 @@ def train_distributed(
         sync_done = time.perf_counter()
         optimizer.step()
         backward_done = time.perf_counter()
+        cpu = time.process_time() - cpu
         comm_s = engine.comm_s
         trained = transport.ledger.snapshot()
 
@@ -286,6 +287,7 @@ def train_distributed(
             },
             peak_rss_mb=peak_rss_mb(),
             comm=comm,
+            extra={"cpu_s": cpu},
         )
         records.append(record)
         if on_epoch is not None:

@@ -143,3 +143,47 @@ def test_a_scaling_line_names_no_ceiling_without_its_runs(capsys) -> None:
     assert "ceiling" not in out
     (g3,) = [line for line in out.splitlines() if line.startswith("unshaped 2")]
     assert g3.endswith("  MET")
+
+
+def test_cpu_seconds_and_their_floor_come_from_every_ranks_records(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """CPU s per epoch is every rank's ``extra.cpu_s`` summed, over the
+    epochs; the floor spreads it over the CPUs the ranks can use: here 4
+    ranks of 1 thread on 2 CPUs, then 2 ranks of 1 thread on 4 CPUs."""
+    import json
+
+    records = [{"kind": "config"}]
+    for epoch in range(2):
+        for rank in range(4):
+            times = {"forward_s": 1.0, "backward_s": 1.0, "sync_s": 0.0}
+            extra = {"cpu_s": 0.5 + rank / 4}  # 0.5 + 0.75 + 1.0 + 1.25 = 3.5
+            records.append(
+                {"kind": "epoch", "epoch": epoch, "rank": rank, "times": times}
+                | {"extra": extra}
+            )
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)))
+    summary = {"epoch_s_median": "2.0", "test_acc": "0.5", "bytes_sent": "8"}
+    monkeypatch.setattr(bench_fullgraph, "_cpus", lambda: 2)
+    four = bench_fullgraph._result(summary, 9.0, tmp_path, 0)
+    assert (four.cpu_s, four.floor_s) == (3.5, 1.75)
+    monkeypatch.setattr(bench_fullgraph, "_cpus", lambda: 8)
+    assert (
+        bench_fullgraph._result(summary, 9.0, tmp_path, 0, threads=1).floor_s == 3.5 / 4
+    )
+    assert (
+        bench_fullgraph._result(summary, 9.0, tmp_path, 0, threads=4).floor_s == 3.5 / 8
+    )
+    # Beside g3 / halo: g3's floor over halo's epoch time.
+    monkeypatch.setattr(bench_fullgraph, "_cpus", lambda: 2)
+    halo = dataclasses.replace(four, epoch_s=2.5, cpu_s=3.0)
+    bench_fullgraph._print_ratios({"halo (metis)": [halo], "g3 (metis)": [four]})
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "CPU floor" in x]
+    assert "g3 (metis)'s CPU floor over halo (metis)'s epoch: 0.70x" in line
+    assert "(CPU s per epoch: 3.50 vs 3.00, on 2 CPUs)" in line
+    assert (
+        bench_fullgraph._flag(
+            ("--threads", "2", "--x", "--threads", "3"), "--threads", "1"
+        )
+        == "3"
+    )

@@ -68,6 +68,7 @@ def test_early_stopping_and_epoch_callback(cora: Graph) -> None:
     assert set(record.times) == {"sample_s", "forward_s", "backward_s", "eval_s"}
     assert record.times["sample_s"] == 0.0
     assert record.peak_rss_mb > 0
+    assert record.extra["cpu_s"] > 0  # the process's CPU time over the step
     assert record.as_dict()["epoch"] == result.epochs_run - 1
     # The best weights reproduce the best epoch's accuracies.
     model = make_model(cora, config).eval()

@@ -78,6 +78,8 @@ def test_set_up_epochs_and_teardown_add_up_to_the_ledger(
     whole = _train(folder, config, exchange, saving)
     for rank in whole:
         _check_adds_up(rank)
+        # Each epoch's CPU seconds (the benchmark's CPU floor) are recorded.
+        assert all(r["extra"]["cpu_s"] > 0 for r in rank["records"])
         setup = rank["phases"]["setup"]["comm"]["by_tag"]
         assert any(tag.startswith("setup.") for tag in setup), setup
         # set-up ends in a barrier: epoch 0 waits for no peer's set-up
