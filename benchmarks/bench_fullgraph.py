@@ -131,7 +131,7 @@ class Result:
     qdisc_bytes: int  # root qdisc of lo over the run
     test_acc: float
     wall_s: float
-    cpu_s: float = 0.0  # every rank's process CPU time per epoch (extra.cpu_s)
+    cpu_s: float = 0.0  # every rank's process CPU time, median epoch (extra.cpu_s)
     floor_s: float = 0.0  # cpu_s over the CPUs the ranks can use (_cpus)
     round_index: int = 0
 
@@ -185,10 +185,11 @@ def _result(
     epochs = len(lead)
     split = {"compute": 0.0, "comm": 0.0, "sync": 0.0, "eval": 0.0}
     train_bytes = 0
-    cpu = 0.0
+    cpu = [0.0] * epochs  # per epoch, every rank's
     for records in ranks.values():
-        for record in records:
-            cpu += record.get("extra", {}).get("cpu_s", 0.0)
+        for index, record in enumerate(records):
+            if index < epochs:
+                cpu[index] += record.get("extra", {}).get("cpu_s", 0.0)
             times = record["times"]
             comm = times.get("comm_s", 0.0)
             split["compute"] += _epoch_seconds(times, distributed) - comm
@@ -214,8 +215,8 @@ def _result(
         qdisc_bytes=qdisc,
         test_acc=float(summary["test_acc"]),
         wall_s=wall,
-        cpu_s=cpu / max(1, epochs),
-        floor_s=cpu / max(1, epochs) / min(_cpus(), len(ranks) * threads),
+        cpu_s=statistics.median(cpu or [0.0]),
+        floor_s=statistics.median(cpu or [0.0]) / min(_cpus(), len(ranks) * threads),
     )
 
 
@@ -325,10 +326,10 @@ def _print_table(
         "sync.grad); qdiscMiB: lo's root qdisc over the whole run (headers, "
         "ACKs, rendezvous included); "
         "ledg/qd: ledger / qdisc bytes of each run, median over rounds;\n"
-        "CPU s: CPU seconds per epoch of every rank's process (all threads; "
-        "fwd, bwd, sync, step); floor: CPU s over the CPUs the ranks can use "
-        f"(this machine's {_cpus()}, at most one per rank and thread), the "
-        "shortest epoch that CPU time allows."
+        "CPU s: CPU seconds of every rank's process (all threads; fwd, bwd, "
+        "sync, step) in an epoch, median over epochs; floor: CPU s over the "
+        f"CPUs the ranks can use (this machine's {_cpus()}, at most one per "
+        "rank and thread), about the shortest epoch that CPU time allows."
     )
 
 

@@ -148,16 +148,18 @@ def test_a_scaling_line_names_no_ceiling_without_its_runs(capsys) -> None:
 def test_cpu_seconds_and_their_floor_come_from_every_ranks_records(
     tmp_path, monkeypatch, capsys
 ) -> None:
-    """CPU s per epoch is every rank's ``extra.cpu_s`` summed, over the
-    epochs; the floor spreads it over the CPUs the ranks can use: here 4
-    ranks of 1 thread on 2 CPUs, then 2 ranks of 1 thread on 4 CPUs."""
+    """CPU s is every rank's ``extra.cpu_s`` summed per epoch, the median
+    epoch's (epoch 0's set-up work left out as the epoch time's median
+    leaves it); the floor spreads it over the CPUs the ranks can use: here 4
+    ranks of 1 thread on 2 CPUs, then on 8 CPUs with 1 and 4 threads."""
     import json
 
     records = [{"kind": "config"}]
-    for epoch in range(2):
+    for epoch in range(3):
         for rank in range(4):
             times = {"forward_s": 1.0, "backward_s": 1.0, "sync_s": 0.0}
-            extra = {"cpu_s": 0.5 + rank / 4}  # 0.5 + 0.75 + 1.0 + 1.25 = 3.5
+            # 0.5 + 0.75 + 1.0 + 1.25 = 3.5 an epoch, but 11.5 in epoch 0
+            extra = {"cpu_s": 0.5 + rank / 4 + (2.0 if epoch == 0 else 0.0)}
             records.append(
                 {"kind": "epoch", "epoch": epoch, "rank": rank, "times": times}
                 | {"extra": extra}
