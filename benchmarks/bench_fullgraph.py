@@ -17,8 +17,12 @@ In one run, on the synthetic products-like graph (F=100, GCN, hidden 128):
    METIS parts, then g3 on every partitioner. The list runs ``--rounds``
    times, forwards then backwards, and each configuration's figure is the
    median over rounds;
-3. unshaped (a namespace without a qdisc): 1 worker vs 2 workers (g3 and
-   halo), one thread each, alternating; and two copies of the 1-worker run
+3. unshaped (a namespace without a qdisc): halo and g3 on the same METIS
+   parts with ``--workers``, which shows what the link costs each (g3 shaped
+   over g3 unshaped is 1.0 when it hides the link entirely, and g3 unshaped
+   over halo shaped is the least g3 / halo the machine allows: g3 with no
+   link at all); 1 worker vs 2 workers (g3 and halo), one thread each,
+   alternating; and two copies of the 1-worker run
    started at once, whose throughput over one copy alone is what two processes
    get from this machine on this job (the ceiling the 2-worker target is read
    against: on a small VM, shared memory bandwidth and cache bound it below 2;
@@ -83,10 +87,12 @@ from shaped_bench import (  # noqa: E402
 METHODS = ("metis", "random", "chunk", "locality")
 SCALING_EXCHANGES = ("g3", "halo")  # 2 workers vs 1, unshaped
 # What the targets compare (--targets).
+UNSHAPED = tuple(f"{exchange} unshaped (metis)" for exchange in ("halo", "g3"))
 TARGETS = (
     "halo (metis)",
     "g3 (metis)",
     "g3 (locality)",
+    *UNSHAPED,
     "unshaped 1 worker",
     *(f"unshaped 2 workers {exchange}" for exchange in SCALING_EXCHANGES),
     "unshaped 1 worker x2",
@@ -405,6 +411,30 @@ def _print_ratios(results: dict[str, list[Result]]) -> None:
         lambda v: v <= 0.75,
     )
     _floor_line(results, "g3 (metis)", "halo (metis)")
+    _ratio_line(
+        "g3 shaped / g3 unshaped",
+        results,
+        "g3 (metis)",
+        "g3 unshaped (metis)",
+        "  1.00: g3 hides the link entirely",
+        None,
+    )
+    _ratio_line(
+        "g3 unshaped / halo shaped",
+        results,
+        "g3 unshaped (metis)",
+        "halo (metis)",
+        "  the least g3 / halo this machine allows (g3 with no link at all)",
+        None,
+    )
+    _ratio_line(
+        "halo shaped / halo unshaped",
+        results,
+        "halo (metis)",
+        "halo unshaped (metis)",
+        "  what the link adds to halo's epoch",
+        None,
+    )
     for other in ("replicate (metis)", "single process"):
         if other in results:
             _ratio_line(f"g3 / {other}", results, "g3 (metis)", other, "", None)
@@ -599,10 +629,9 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     exchanges = _exchanges()
     if "replicate" not in exchanges:
         print(f"note: `train --exchange` offers {exchanges}; replicate skipped")
-    configs = _configs(args, work, exchanges)
+    every = _configs(args, work, exchanges)
     wanted = _wanted(args)
-    if wanted is not None:
-        configs = [c for c in configs if c.name in wanted]
+    configs = [c for c in every if wanted is None or c.name in wanted]
     results: dict[str, list[Result]] = {c.name: [] for c in configs}
     failures: dict[str, str] = {}
 
@@ -645,7 +674,9 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     common += ["--patience", str(10 * args.epochs), "--threads", "1"]
     two_parts = "parts-metis" if args.workers == 2 else "parts-metis-2"
     two_argv = (*common, "--dataset", str(work / two_parts), "--workers", "2")
-    scaling = [
+    shaped = {c.name: c.argv for c in every}
+    scaling = [  # the same runs as the shaped ones, on an unshaped loopback
+        *(Config(name, shaped[name.replace(" unshaped", "")]) for name in UNSHAPED),
         Config("unshaped 1 worker", (*common, "--dataset", str(work / "graph"))),
         *(
             Config(

@@ -189,3 +189,27 @@ def test_cpu_seconds_and_their_floor_come_from_every_ranks_records(
         )
         == "3"
     )
+
+
+def test_the_unshaped_runs_say_how_much_of_the_link_each_engine_hides(capsys) -> None:
+    """g3 and halo on the same parts with no shaping: g3 shaped over g3
+    unshaped (1.0: the link hidden entirely), and g3 unshaped over halo
+    shaped (the least g3 / halo the machine allows); they are targets' runs."""
+    assert set(bench_fullgraph.UNSHAPED) <= set(bench_fullgraph.TARGETS)
+    results = {
+        "halo (metis)": _runs(2.0),
+        "g3 (metis)": _runs(1.5),
+        "halo unshaped (metis)": _runs(1.25),
+        "g3 unshaped (metis)": _runs(1.2),
+    }
+    bench_fullgraph._print_ratios(results)
+    lines = capsys.readouterr().out.splitlines()
+
+    def line(label: str) -> str:
+        (found,) = [x for x in lines if x.startswith(label)]
+        return found
+
+    assert " 1.25x " in line("g3 shaped / g3 unshaped")
+    assert line("g3 shaped / g3 unshaped").endswith("1.00: g3 hides the link entirely")
+    assert " 0.60x " in line("g3 unshaped / halo shaped")
+    assert " 1.60x " in line("halo shaped / halo unshaped")
