@@ -208,6 +208,7 @@ def _result(
                 v for k, v in by_tag.items() if k.startswith(TRAINING_TAGS)
             )
     per = max(1, epochs * len(ranks))
+    cpu_s = statistics.median(cpu or [0.0])
     return Result(
         epoch_s=float(summary["epoch_s_median"]),
         steady_s=statistics.median(lead[1:] or lead),
@@ -221,8 +222,8 @@ def _result(
         qdisc_bytes=qdisc,
         test_acc=float(summary["test_acc"]),
         wall_s=wall,
-        cpu_s=statistics.median(cpu or [0.0]),
-        floor_s=statistics.median(cpu or [0.0]) / min(_cpus(), len(ranks) * threads),
+        cpu_s=cpu_s,
+        floor_s=cpu_s / min(_cpus(), len(ranks) * threads),
     )
 
 

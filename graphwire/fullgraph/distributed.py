@@ -237,7 +237,7 @@ def train_distributed(
             break
         before = transport.ledger.snapshot()
         engine.reset_timers()
-        start, cpu = time.perf_counter(), time.process_time()
+        start, cpu_start = time.perf_counter(), time.process_time()
         model.train()
         engine.phase = ""
         _, loss = forward_loss(
@@ -251,7 +251,7 @@ def train_distributed(
         sync_done = time.perf_counter()
         optimizer.step()
         backward_done = time.perf_counter()
-        cpu = time.process_time() - cpu
+        cpu_s = time.process_time() - cpu_start
         comm_s = engine.comm_s
         trained = transport.ledger.snapshot()
 
@@ -287,7 +287,7 @@ def train_distributed(
             },
             peak_rss_mb=peak_rss_mb(),
             comm=comm,
-            extra={"cpu_s": cpu},
+            extra={"cpu_s": cpu_s},
         )
         records.append(record)
         if on_epoch is not None:

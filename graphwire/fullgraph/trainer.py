@@ -73,7 +73,7 @@ def train_fullgraph(
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
     for epoch in range(config.epochs):
-        start, cpu = time.perf_counter(), time.process_time()
+        start, cpu_start = time.perf_counter(), time.process_time()
         model.train()
         logits = model(
             mgs, x, row_ids=row_ids, dropout_seed=derive_seed(config.seed, epoch)
@@ -86,7 +86,7 @@ def train_fullgraph(
         loss.backward()
         optimizer.step()
         backward_done = time.perf_counter()
-        cpu = time.process_time() - cpu
+        cpu_s = time.process_time() - cpu_start
 
         metrics: dict[str, float] = {}
         if config.evaluates(epoch):
@@ -109,7 +109,7 @@ def train_fullgraph(
                 "eval_s": eval_done - backward_done,
             },
             peak_rss_mb=peak_rss_mb(),
-            extra={"cpu_s": cpu},
+            extra={"cpu_s": cpu_s},
         )
         records.append(record)
         if on_epoch is not None:

@@ -76,10 +76,16 @@ def _torchrun() -> str:
 def _epoch_lines(path: Path) -> int:
     """Complete epoch lines in ``path`` so far (0 while it does not exist)."""
     try:
-        text = path.read_text()
+        return len(_streamed_epochs(path))
     except FileNotFoundError:
         return 0
-    return sum(1 for line in text.splitlines(keepends=True)[1:] if line.endswith("\n"))
+
+
+def _streamed_epochs(path: Path) -> list[str]:
+    """The complete epoch lines of a ``metrics.jsonl.partial`` (after its
+    config line): a worker may be stopped, or still be, inside a write."""
+    text = path.read_text()
+    return [line for line in text.splitlines(keepends=True)[1:] if line.endswith("\n")]
 
 
 def _epoch_times(metrics: Path) -> dict[tuple[int, int], float]:

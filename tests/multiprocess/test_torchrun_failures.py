@@ -13,7 +13,12 @@ import psutil
 import pytest
 
 from graphwire.comm.launch import free_port
-from tests.multiprocess.cli_runs import SPEC, _epoch_lines, _torchrun
+from tests.multiprocess.cli_runs import (
+    SPEC,
+    _epoch_lines,
+    _streamed_epochs,
+    _torchrun,
+)
 
 
 def _start(
@@ -118,9 +123,7 @@ def test_a_worker_killed_under_max_restarts_resumes_to_the_same_run(
         workers = _workers_once_training(agent, out, epochs=25)
         for worker in workers:  # frozen, so what rank 0 streamed is final
             worker.suspend()
-        text = (out / "metrics.jsonl.partial").read_text()
-        # Its complete lines: a worker may have been stopped inside a write.
-        streamed = [x for x in text.splitlines(keepends=True)[1:] if x.endswith("\n")]
+        streamed = _streamed_epochs(out / "metrics.jsonl.partial")
         workers[1].kill()
         workers[0].resume()
         _, stderr = agent.communicate(timeout=300)
