@@ -363,6 +363,37 @@ class Graph:
         src, dst = self.edge_index()
         return (out_deg[src] * in_deg[dst]).rsqrt()
 
+    def permute(self, order: Any) -> Graph:
+        """The same graph with its nodes renumbered: node ``i`` of the result
+        is node ``order[i]`` of this one (``order``: a permutation of
+        ``[0, N)``). Edges, features, labels and splits follow their nodes;
+        each node's in-edges stay in their order, renumbered."""
+        order = node_ids(order, "order", self.num_nodes)
+        if order.numel() != self.num_nodes or bool(
+            (torch.bincount(order, minlength=self.num_nodes) != 1).any()
+        ):
+            raise GraphError(
+                f"order: expected a permutation of [0, {self.num_nodes}), found "
+                f"{order.numel()} IDs with repeats or gaps"
+            )
+        new_of_old = torch.empty_like(order)
+        new_of_old[order] = torch.arange(self.num_nodes, dtype=torch.int64)
+        indptr, sources = self.subgraph_in_edges(order)
+
+        def renumbered(idx: torch.Tensor | None) -> torch.Tensor | None:
+            return None if idx is None else torch.sort(new_of_old[idx]).values
+
+        return dataclasses.replace(
+            self,
+            indptr=indptr,
+            indices=new_of_old[sources],
+            x=None if self.x is None else self.x[order],
+            y=None if self.y is None else self.y[order],
+            train_idx=renumbered(self.train_idx),
+            val_idx=renumbered(self.val_idx),
+            test_idx=renumbered(self.test_idx),
+        )
+
     def subgraph_in_edges(self, nodes: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """CSR rows of ``nodes`` (IDs: a tensor, array or list) as
         ``(indptr [k + 1], sources [*])``, global IDs."""

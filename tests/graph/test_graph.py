@@ -430,3 +430,41 @@ def test_from_edge_index_owns_its_indices(as_tensor: bool) -> None:
     dst[:] = 0
     assert graph.indices.tolist() == [2, 0, 1]
     assert graph.indptr.tolist() == [0, 1, 2, 3]
+
+
+@given(edge_lists(), st.randoms(use_true_random=False))
+def test_permute_renumbers_edges_and_node_data(case, rnd) -> None:
+    n, src, dst = case
+    order = list(range(n))
+    rnd.shuffle(order)
+    split = sorted(rnd.sample(range(n), n // 2))
+    graph = Graph.from_edge_index(
+        src,
+        dst,
+        num_nodes=n,
+        x=torch.arange(n, dtype=torch.float32)[:, None],
+        y=torch.arange(n),
+        train_idx=split,
+    )
+    permuted = graph.permute(order)
+    new_of_old = {old: new for new, old in enumerate(order)}
+    assert _edge_multiset(permuted) == sorted(
+        (new_of_old[a], new_of_old[b]) for a, b in _edge_multiset(graph)
+    )
+    assert permuted.y is not None and permuted.y.tolist() == order
+    assert permuted.x is not None and permuted.x[:, 0].tolist() == order
+    assert permuted.train_idx is not None
+    assert permuted.train_idx.tolist() == sorted(new_of_old[v] for v in split)
+    # Each node's in-edges keep their order.
+    for new, old in enumerate(order):
+        lo, hi = int(graph.indptr[old]), int(graph.indptr[old + 1])
+        sources = [new_of_old[v] for v in graph.indices[lo:hi].tolist()]
+        plo, phi = int(permuted.indptr[new]), int(permuted.indptr[new + 1])
+        assert permuted.indices[plo:phi].tolist() == sources
+
+
+@pytest.mark.parametrize("order", [[0, 1, 1], [0, 1], [0, 1, 3]])
+def test_permute_names_an_order_that_is_not_a_permutation(order) -> None:
+    graph = Graph.from_edge_index([0, 1], [1, 2], num_nodes=3)
+    with pytest.raises(GraphError, match="order"):
+        graph.permute(order)
