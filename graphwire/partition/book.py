@@ -2,8 +2,10 @@
 
 Partitioned graphs renumber their nodes so that every part owns one contiguous
 range of *new* global IDs: part ``p`` owns ``offsets[p] .. offsets[p + 1] - 1``.
-Within a part, nodes keep the order of their original IDs (a stable sort), so the
-relabelling is a pure function of the assignment. Then ``owner(global_nid)`` is a
+Within a part, nodes keep the order of their original IDs (a stable sort), or
+the order of a given permutation (:func:`~graphwire.graph.order.locality_order`
+for ``node_order="rcm"``), so the relabelling is a pure function of the
+assignment and that order. Then ``owner(global_nid)`` is a
 ``searchsorted`` over ``P + 1`` offsets and ``to_local`` a subtraction: no table
 of N entries is needed on a worker.
 
@@ -62,11 +64,26 @@ class PartitionBook:
                 )
 
     @classmethod
-    def from_partition(cls, partition: Partition) -> PartitionBook:
-        """Relabel: part by part, original IDs ascending within a part."""
+    def from_partition(
+        cls, partition: Partition, order: torch.Tensor | None = None
+    ) -> PartitionBook:
+        """Relabel: part by part, and within a part in the order the nodes
+        have in ``order`` (a permutation of the original IDs; default: the
+        original IDs ascending)."""
         assignment = partition.assignment
-        # One stable sort groups nodes by part, keeping original order within one.
-        orig_from_new = stable_order(assignment)
+        # One stable sort groups nodes by part, keeping their order within one.
+        if order is None:
+            orig_from_new = stable_order(assignment)
+        else:
+            num_nodes = assignment.numel()
+            if order.shape != assignment.shape or bool(
+                (torch.bincount(order, minlength=num_nodes) != 1).any()
+            ):
+                raise ValueError(
+                    f"order: expected a permutation of the {num_nodes} nodes' "
+                    f"IDs, found {order.numel()} IDs with repeats or gaps"
+                )
+            orig_from_new = order[stable_order(assignment[order])]
         new_from_orig = torch.empty_like(orig_from_new)
         new_from_orig[orig_from_new] = torch.arange(
             assignment.numel(), dtype=torch.int64

@@ -4,14 +4,16 @@ Layout of a partitioned folder (ARCHITECTURE §3)::
 
     meta.json       {"format": "graphwire.partitioned", "version": 1, "name",
                      "num_nodes", "num_edges", "num_features", "num_classes",
-                     "num_parts", "method", "params", "offsets",
+                     "num_parts", "method", "params", "node_order", "offsets",
                      "parts": [{"num_owned", "num_halo", "num_in_edges",
                                 "arrays": {name: {"dtype", "shape", "sha256"}}}],
                      "stats": PartitionStats.as_dict()}
     part_<i>/       the arrays of part i (.npy, memory-mappable)
 
 Nodes are relabelled (see :class:`~graphwire.partition.book.PartitionBook`): part
-``i`` owns new global IDs ``offsets[i] .. offsets[i + 1] - 1``. Per part, with
+``i`` owns new global IDs ``offsets[i] .. offsets[i + 1] - 1``, numbered within
+the part as ``node_order`` says (``id``: by original ID; ``rcm``: neighbours
+close together). Per part, with
 ``n`` owned nodes, ``h`` halo nodes and ``e`` stored in-edges:
 
     orig_nid     int64 [n]       original ID of each owned node, in new-ID order
@@ -49,6 +51,7 @@ from graphwire.fsutil import (
 from graphwire.graph.graph import Graph
 from graphwire.graph.labels import check_labels
 from graphwire.graph.native import load_array
+from graphwire.graph.order import NODE_ORDERS, locality_order
 from graphwire.graph.seeds import is_int
 from graphwire.partition.base import Partition, unique_sorted
 from graphwire.partition.book import PartitionBook
@@ -83,6 +86,7 @@ def write_partitioned(
     overwrite: bool = False,
     *,
     stats: PartitionStats | None = None,
+    node_order: str = "id",
 ) -> Path:
     """Write ``graph`` split by ``partition`` to ``folder``, atomically.
 
@@ -93,6 +97,12 @@ def write_partitioned(
         overwrite: Replace ``folder`` if it exists (otherwise that is an error).
         stats: Precomputed :class:`PartitionStats` of ``partition`` to store
             (computed if None); checked against the counts the writing finds.
+        node_order: How each part numbers its nodes (one of
+            :data:`~graphwire.graph.order.NODE_ORDERS`): ``id`` in the order
+            of their original IDs, ``rcm`` in
+            :func:`~graphwire.graph.order.locality_order` over the part's own
+            edges, so that a part's sparse products read their source rows
+            close together (recorded in ``meta.json`` as ``node_order``).
 
     Returns:
         ``folder`` as a :class:`~pathlib.Path`.
@@ -104,6 +114,10 @@ def write_partitioned(
         FileExistsError: ``folder`` exists and ``overwrite`` is false.
     """
     partition.check_graph(graph)
+    if node_order not in NODE_ORDERS:
+        raise ValueError(
+            f"node_order: expected one of {NODE_ORDERS}, got {node_order!r}"
+        )
     folder = Path(folder)
     check_replaceable(folder, overwrite)  # before the work, not after it
     if stats is None:
@@ -114,7 +128,10 @@ def write_partitioned(
             f"edges, but the partition has {partition.num_parts} parts and the "
             f"graph {graph.num_edges} edges"
         )
-    book = PartitionBook.from_partition(partition)
+    order = None
+    if node_order == "rcm":
+        order = locality_order(graph.indptr, graph.indices, partition.assignment)
+    book = PartitionBook.from_partition(partition, order)
     assert book.new_from_orig is not None and book.orig_from_new is not None
     new_from_orig = book.new_from_orig.numpy()
     orig_from_new = book.orig_from_new.numpy()
@@ -203,6 +220,7 @@ def write_partitioned(
                 "num_parts": partition.num_parts,
                 "method": partition.method,
                 "params": partition.params,
+                "node_order": node_order,
                 "offsets": [int(o) for o in offsets],
                 "parts": parts_meta,
                 "stats": stats.as_dict(),

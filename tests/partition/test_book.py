@@ -108,3 +108,29 @@ def test_relabelling_refuses_ids_out_of_range() -> None:
         with pytest.raises(ValueError, match=rf"{name}: .*\[0, 3\), .*\[3, 3\]"):
             lookup(torch.tensor([3]))
         assert lookup(torch.tensor([], dtype=torch.int64)).tolist() == []
+
+
+@given(partitions(), st.randoms(use_true_random=False))
+def test_relabelling_follows_a_given_order_within_each_part(
+    partition: Partition, rnd
+) -> None:
+    order = list(range(partition.num_nodes))
+    rnd.shuffle(order)
+    book = PartitionBook.from_partition(partition, torch.tensor(order))
+    # The same parts and ranges as without an order; within a part, the
+    # nodes in the order they have in ``order``.
+    plain = PartitionBook.from_partition(partition)
+    assert torch.equal(book.offsets, plain.offsets)
+    for part_id in range(partition.num_parts):
+        start, stop = book.part_range(part_id)
+        mine = [v for v in order if int(partition.assignment[v]) == part_id]
+        assert book.orig_of(torch.arange(start, stop)).tolist() == mine
+    new = book.new_of(torch.arange(partition.num_nodes))
+    assert torch.equal(book.orig_of(new), torch.arange(partition.num_nodes))
+
+
+@pytest.mark.parametrize("order", [[0, 1], [0, 1, 1], [2, 1, 3]])
+def test_relabelling_refuses_an_order_that_is_not_a_permutation(order) -> None:
+    partition = Partition(torch.tensor([1, 0, 1]), 2)
+    with pytest.raises(ValueError, match="order: expected a permutation of the 3"):
+        PartitionBook.from_partition(partition, torch.tensor(order))

@@ -23,6 +23,7 @@ import graphwire.partition.format as fmt
 from graphwire.fsutil import sha256_file
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.graph import Graph
+from graphwire.graph.order import NODE_ORDERS, locality_order
 from graphwire.partition import (
     Partition,
     PartitionBook,
@@ -73,12 +74,26 @@ def edge_multiset(src: torch.Tensor, dst: torch.Tensor) -> Counter[tuple[int, in
     return Counter(zip(src.tolist(), dst.tolist(), strict=True))
 
 
-@given(graph_and_partition())
-def test_every_node_and_edge_stored_once(case: tuple[Graph, Partition]) -> None:
+def book_of(graph: Graph, partition: Partition, node_order: str) -> PartitionBook:
+    """The relabelling ``write_partitioned`` makes with ``node_order``."""
+    order = None
+    if node_order == "rcm":
+        order = locality_order(graph.indptr, graph.indices, partition.assignment)
+    return PartitionBook.from_partition(partition, order)
+
+
+@pytest.mark.parametrize("node_order", NODE_ORDERS)
+@given(case=graph_and_partition())
+def test_every_node_and_edge_stored_once(
+    case: tuple[Graph, Partition], node_order: str
+) -> None:
     graph, partition = case
-    book = PartitionBook.from_partition(partition)
+    book = book_of(graph, partition, node_order)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_partitioned(graph, partition, Path(tmp) / "parts")
+        folder = write_partitioned(
+            graph, partition, Path(tmp) / "parts", node_order=node_order
+        )
+        assert load_partition_meta(folder)["node_order"] == node_order
         parts = [load_part(folder, i, verify=True) for i in range(partition.num_parts)]
 
         owned = torch.cat([p.orig_nid for p in parts])
@@ -117,11 +132,16 @@ def test_every_node_and_edge_stored_once(case: tuple[Graph, Partition]) -> None:
         )
 
 
-@given(graph_and_partition())
-def test_rows_and_splits_follow_their_nodes(case: tuple[Graph, Partition]) -> None:
+@pytest.mark.parametrize("node_order", NODE_ORDERS)
+@given(case=graph_and_partition())
+def test_rows_and_splits_follow_their_nodes(
+    case: tuple[Graph, Partition], node_order: str
+) -> None:
     graph, partition = case
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_partitioned(graph, partition, Path(tmp) / "parts")
+        folder = write_partitioned(
+            graph, partition, Path(tmp) / "parts", node_order=node_order
+        )
         for part_id in range(partition.num_parts):
             lp = load_part(folder, part_id)
             assert lp.x is not None and lp.y is not None
@@ -160,6 +180,41 @@ def test_meta_records_partition_and_stats(tmp_path: Path) -> None:
     for name, spec in entry["arrays"].items():
         path = folder / "part_1" / f"{name}.npy"
         assert sha256_file(path) == spec["sha256"]
+
+
+def test_rcm_numbers_each_part_along_its_path(tmp_path: Path) -> None:
+    # Part 0: a path of 8 nodes with shuffled IDs; part 1: a hub with an edge
+    # to and from every node of the path. "rcm" numbers part 0 along its
+    # path (neighbours one ID apart): only a part's own edges count, or the
+    # hub would put every path node two hops from every other. "id" keeps
+    # the shuffled order.
+    rng = np.random.default_rng(3)
+    path, hub = rng.permutation(8) + 1, 0
+    src = np.concatenate([path[:-1], path[1:], path, np.full(8, hub)])
+    dst = np.concatenate([path[1:], path[:-1], np.full(8, hub), path])
+    graph = make_graph(9, src, dst, rng)
+    partition = Partition(torch.tensor([1] + [0] * 8), 2)
+    span = {}
+    for node_order in NODE_ORDERS:
+        folder = write_partitioned(
+            graph, partition, tmp_path / node_order, node_order=node_order
+        )
+        lp = load_part(folder, 0)
+        position = {int(v): i for i, v in enumerate(lp.orig_nid.tolist())}
+        span[node_order] = max(
+            abs(position[int(a)] - position[int(b)])
+            for a, b in zip(path, path[1:], strict=False)
+        )
+    assert span == {"rcm": 1, "id": span["id"]} and span["id"] > 1
+
+
+def test_write_refuses_an_unknown_node_order(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    graph = make_graph(10, rng.integers(0, 10, 30), rng.integers(0, 10, 30), rng)
+    partition = get_partitioner("chunk").partition(graph, 2)
+    with pytest.raises(ValueError, match="node_order: expected one of"):
+        write_partitioned(graph, partition, tmp_path / "parts", node_order="bfs")
+    assert not (tmp_path / "parts").exists()
 
 
 def test_graph_without_node_data(tmp_path: Path) -> None:
