@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="seeds random, metis and locality (default 0)",
     )
+    part.add_argument(
+        "--node-order",
+        choices=["rcm", "id"],
+        default="rcm",
+        help="how each part numbers its nodes: rcm puts neighbours close together "
+        "(reverse Cuthill-McKee over the part's edges: faster sparse products), "
+        "id keeps the graph's order (default rcm)",
+    )
     part.add_argument("--out", help="folder for the partitioned graph")
     part.add_argument(
         "--overwrite", action="store_true", help="replace --out if it exists"
@@ -158,6 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="one process: parts for --partition (default 4); distributed: "
         "one per worker",
+    )
+    train.add_argument(
+        "--node-order",
+        choices=["rcm", "id"],
+        help="full-graph rows in memory: rcm puts neighbours close together "
+        "(reverse Cuthill-McKee: faster sparse products), id keeps the graph's "
+        "order; on one process the graph's rows, with --workers the parts it "
+        "writes (default rcm; not with a partitioned --dataset, whose parts "
+        "are numbered already)",
     )
     train.add_argument(
         "--workers",

@@ -67,9 +67,17 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "edge cut" in text and "max/mean" in text
     meta = load_partition_meta(out)
-    assert meta["num_parts"] == 3
+    assert meta["num_parts"] == 3 and meta["node_order"] == "rcm"  # the default
     owned = sum(load_part(out, p).num_owned for p in range(3))
     assert owned == 3000
+    by_id = tmp_path / "by-id"
+    assert main([*argv, "--node-order", "id", "--out", str(by_id)]) == 0
+    assert load_partition_meta(by_id)["node_order"] == "id"
+    for part_id in range(3):  # the same parts, numbered otherwise
+        rcm, ids = load_part(out, part_id), load_part(by_id, part_id)
+        assert ids.orig_nid.tolist() == sorted(rcm.orig_nid.tolist())
+        assert ids.orig_nid.tolist() != rcm.orig_nid.tolist()
+    capsys.readouterr()
     # `data verify` checks every byte against meta.json's sums.
     assert main(["data", "verify", "--dataset", str(out)]) == 0
     assert "all 3 parts match their checksums" in capsys.readouterr().out

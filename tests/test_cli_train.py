@@ -185,6 +185,10 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             "--backend: only for distributed runs (--workers N with N >= 2",
         ),
         (
+            ["--mode", "minibatch", "--node-order", "id"],
+            "--node-order: on one process, only with --mode fullgraph",
+        ),
+        (
             ["--workers", "2", "--partition", "bogus"],
             "--partition bogus: unknown; expected one of chunk, locality, metis,",
         ),
@@ -279,6 +283,13 @@ def test_partition_is_refused_with_a_partitioned_dataset(tmp_path, capsys) -> No
     assert (
         f"--partition metis: --dataset {parts} is split already (by random)"
         in capsys.readouterr().err
+    )
+    assert not (tmp_path / "r").exists()
+    # Its parts are numbered already (rcm, partition's default).
+    assert main([*argv, "--node-order", "id", "--out", str(tmp_path / "r")]) == 2
+    assert (
+        f"--node-order id: --dataset {parts} is split already (its parts "
+        "numbered rcm)" in capsys.readouterr().err
     )
     assert not (tmp_path / "r").exists()
 

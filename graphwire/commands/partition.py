@@ -43,7 +43,12 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         with step(f"writing {args.out}"):
             write_partitioned(
-                graph, partition, args.out, overwrite=args.overwrite, stats=stats
+                graph,
+                partition,
+                args.out,
+                overwrite=args.overwrite,
+                stats=stats,
+                node_order=args.node_order,
             )
         console.print(f"partitioned graph: {args.out}")
     return 0
@@ -60,13 +65,28 @@ def check_parts_fit(graph: Graph, parts: int, dataset: str) -> None:
 
 
 def write_parts(
-    graph: Graph, method: str, parts: int, seed: int, folder: Any, quiet: bool = False
+    graph: Graph,
+    method: str,
+    parts: int,
+    seed: int,
+    folder: Any,
+    quiet: bool = False,
+    *,
+    node_order: str = "rcm",
 ) -> None:
     """Partition ``graph``, print the statistics, write the parts to ``folder``
-    (replacing an earlier partitioning there)."""
+    (replacing an earlier partitioning there), numbered as ``node_order``
+    says."""
     partition, stats, _ = _partition(graph, method, parts, seed, quiet)
     with step(f"writing {folder}", quiet):
-        write_partitioned(graph, partition, folder, overwrite=True, stats=stats)
+        write_partitioned(
+            graph,
+            partition,
+            folder,
+            overwrite=True,
+            stats=stats,
+            node_order=node_order,
+        )
 
 
 def partition_and_report(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from graphwire.allocator import MAX_KEEP_FREED_MB, keep_freed_memory
@@ -167,8 +168,15 @@ def run(args: argparse.Namespace) -> int:
             f"--parts {args.parts}: only with --partition (a distributed run "
             "has one part per worker)"
         )
+    if args.mode == "minibatch":
+        _refuse(
+            args,
+            {"node_order": "--node-order"},
+            "on one process, only with --mode fullgraph",
+        )
     _refuse_partitioned(args.dataset)
     out = run_folder(args.out, f"train-{args.model}")
+    node_order = args.node_order or "rcm"
     keep_freed_memory(int(args.keep_freed_mb))
     if args.threads:
         import torch
@@ -190,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
             mode=args.mode,
             **config.as_dict(),
             keep_freed_mb=args.keep_freed_mb,
+            **({} if args.mode == "minibatch" else {"node_order": node_order}),
         )
         partition_fields: dict[str, Any] = {}
         if args.partition:
@@ -201,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             partition_fields = stats
             log.write("partition", **stats)
 
-        result = _train(graph, config, args.mode, log, args.quiet)
+        result = _train(graph, config, args.mode, log, args.quiet, node_order)
         _print_time_split(result)
         summary = _summary(result, partition_fields)
         log.write("summary", **summary)
@@ -312,12 +321,21 @@ def _check_run_flags(args: argparse.Namespace) -> None:
 
 
 def _train(
-    graph: Any, config: TrainConfig, mode: str, log: MetricsLog, quiet: bool
+    graph: Any,
+    config: TrainConfig,
+    mode: str,
+    log: MetricsLog,
+    quiet: bool,
+    node_order: str,
 ) -> TrainResult:
+    train: Callable[..., TrainResult]
+    options: dict[str, Any] = {}
     if mode == "minibatch":
         from graphwire.minibatch.trainer import train_minibatch as train
     else:
         from graphwire.fullgraph.trainer import train_fullgraph as train
+
+        options["node_order"] = node_order
 
     with epoch_progress(config.epochs, quiet) as progress:
         task = progress.add_task(
@@ -332,7 +350,7 @@ def _train(
                 status=f"loss {record.loss:.3f} val {format_acc(record.val_acc)}",
             )
 
-        result = train(graph, config, on_epoch=on_epoch)
+        result = train(graph, config, on_epoch=on_epoch, **options)
         progress.update(task, total=result.epochs_run, completed=result.epochs_run)
     return result
 

@@ -265,6 +265,12 @@ def _partitioned_folder(
                 f"already (by {meta['method']}); leave --partition out, or give "
                 "the graph it was split from"
             )
+        if args.node_order and args.node_order != meta.get("node_order", "id"):
+            raise ValueError(
+                f"--node-order {args.node_order}: --dataset {given} is split "
+                f"already (its parts numbered {meta.get('node_order', 'id')}); "
+                "leave --node-order out, or give the graph it was split from"
+            )
         return given
     folder = out / "partitions"
     if resuming:
@@ -286,7 +292,13 @@ def _partitioned_folder(
             f"{graph.num_nodes} nodes of {args.dataset}; each worker owns a part"
         )
     write_parts(
-        graph, args.partition or "metis", world, int(args.seed), folder, args.quiet
+        graph,
+        args.partition or "metis",
+        world,
+        int(args.seed),
+        folder,
+        args.quiet,
+        node_order=args.node_order or "rcm",
     )
     return folder
 

@@ -37,9 +37,12 @@ def small_graph(nodes: int = 600) -> Graph:
     )
 
 
-def write_parts(graph: Graph, num_parts: int, folder: Path, method: str) -> Path:
+def write_parts(
+    graph: Graph, num_parts: int, folder: Path, method: str, node_order: str = "id"
+) -> Path:
     partition = get_partitioner(method).partition(graph, num_parts, seed=0)
-    return write_partitioned(graph, partition, folder / f"{method}{num_parts}")
+    out = folder / f"{method}{num_parts}-{node_order}"
+    return write_partitioned(graph, partition, out, node_order=node_order)
 
 
 def nan_feature_halves(folder: Path, nan: bool = True) -> Path:
