@@ -2,13 +2,16 @@
 
 python benchmarks/bench_fullgraph.py [--nodes 200000] [--epochs 6] [--rate-mbit 1000]
                                      [--workers 4] [--threads 1] [--rounds 2] [--quick]
+                                     [--node-order rcm|id]
                                      [--targets | --only NAME [NAME ...]]
 
 In one run, on the synthetic products-like graph (F=100, GCN, hidden 128):
 
 0. generates the graph once and partitions it once per method (metis, random,
    chunk, locality; plus metis into 2 parts for the scaling check), so
-   partitioning is in no epoch time;
+   partitioning is in no epoch time; the parts and the one-process runs lay
+   their rows out in ``--node-order`` (default ``rcm``, graphwire's: ``id``
+   runs every configuration as before that order existed);
 1. checks the shaper with a single TCP stream at ``--rate-mbit``;
 2. inside one network namespace whose loopback is shaped to ``--rate-mbit``
    (one ``tbf`` shared by all workers, ARCHITECTURE §4) trains single-process
@@ -248,7 +251,7 @@ def _configs(
     common: tuple[str, ...] = ("--model", args.model, "--hidden", str(args.hidden))
     common += ("--epochs", str(args.epochs), "--seed", "0", "--quiet")
     common += ("--patience", str(10 * args.epochs), "--threads", str(args.threads))
-    single = ("--dataset", str(work / "graph"))
+    single = ("--dataset", str(work / "graph"), "--node-order", args.node_order)
     configs = [Config("single process", (*common, *single))]
     common += ("--timeout", str(args.collective_timeout))  # distributed only
     metis = ("--dataset", str(work / "parts-metis"), "--workers", str(args.workers))
@@ -562,6 +565,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads per process (default 1)"
     )
+    parser.add_argument(
+        "--node-order",
+        choices=["rcm", "id"],
+        default="rcm",
+        help="how the parts and the one-process runs lay their rows out "
+        "(graphwire's --node-order; default rcm)",
+    )
     add_run_flags(parser)
     parser.add_argument(
         "--json", metavar="PATH", help="also write every run's figures to PATH"
@@ -675,17 +685,18 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     common += ["--patience", str(10 * args.epochs), "--threads", "1"]
     two_parts = "parts-metis" if args.workers == 2 else "parts-metis-2"
     two_argv = (*common, "--dataset", str(work / two_parts), "--workers", "2")
+    one_argv = ("--dataset", str(work / "graph"), "--node-order", args.node_order)
     shaped = {c.name: c.argv for c in every}
     scaling = [  # the same runs as the shaped ones, on an unshaped loopback
         *(Config(name, shaped[name.replace(" unshaped", "")]) for name in UNSHAPED),
-        Config("unshaped 1 worker", (*common, "--dataset", str(work / "graph"))),
+        Config("unshaped 1 worker", (*common, *one_argv)),
         *(
             Config(
                 f"unshaped 2 workers {exchange}", (*two_argv, "--exchange", exchange)
             )
             for exchange in SCALING_EXCHANGES
         ),
-        Config(AT_ONCE, (*common, "--dataset", str(work / "graph")), copies=2),
+        Config(AT_ONCE, (*common, *one_argv), copies=2),
     ]
     scaling = [c for c in scaling if wanted is None or c.name in wanted]
     for config in scaling:
@@ -707,7 +718,8 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
         f"\n{args.nodes:,} nodes, F={args.features}, {args.model.upper()} hidden "
         f"{args.hidden}, {args.workers} workers x {args.threads} thread(s), "
         f"{args.rate_mbit:g} Mbit/s shared loopback (tbf), {args.epochs} epochs "
-        f"x {args.rounds} round(s); load average now {os.getloadavg()[0]:.1f}"
+        f"x {args.rounds} round(s), node order {args.node_order}; load average "
+        f"now {os.getloadavg()[0]:.1f}"
     )
     _print_table(results, failures, args.epochs)
     _print_ratios(results)

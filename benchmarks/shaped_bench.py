@@ -175,11 +175,15 @@ def prepare_graph(
     start = time.perf_counter()
     cli(["data", "generate", "--dataset", spec, "--out", str(work / "graph")], 3600)
     print(f"generated {spec} in {time.perf_counter() - start:.1f}s", flush=True)
+    # The parts' node order (``--node-order``, where the benchmark has it;
+    # else partition's default).
+    order = getattr(args, "node_order", None)
+    ordered = ["--node-order", order] if order else []
     for method, parts, folder in jobs:
         start = time.perf_counter()
         cli(
             ["partition", "--dataset", str(work / "graph"), "--method", method]
-            + ["--parts", str(parts), "--out", str(work / folder)],
+            + ["--parts", str(parts), "--out", str(work / folder), *ordered],
             3600,
         )
         print(

@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_fullgraph  # noqa: E402
+import shaped_bench  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -50,6 +51,34 @@ def test_quick_keeps_the_sizes_given(monkeypatch) -> None:
     assert (seen[0].nodes, seen[0].epochs, seen[0].rounds) == (20_000, 5, 1)
     assert bench_fullgraph.main([]) == 0
     assert (seen[1].nodes, seen[1].epochs, seen[1].rounds) == (200_000, 6, 2)
+
+
+@pytest.mark.parametrize("order", ["rcm", "id"])
+def test_node_order_reaches_the_parts_and_the_one_process_runs(
+    monkeypatch, tmp_path, order: str
+) -> None:
+    seen: list[argparse.Namespace] = []
+    monkeypatch.setattr(bench_fullgraph, "netns_available", lambda: (True, ""))
+    monkeypatch.setattr(
+        bench_fullgraph, "in_work_folder", lambda _p, args, _b: seen.append(args) or 0
+    )
+    flags = [] if order == "rcm" else ["--node-order", order]  # rcm: the default
+    assert bench_fullgraph.main(flags) == 0
+    (args,) = seen
+    assert args.node_order == order
+    # The graph's one-process runs lay their rows out in that order; the
+    # distributed ones read parts numbered so by `graphwire partition`.
+    configs = {c.name: c.argv for c in bench_fullgraph._configs(args, tmp_path, [])}
+    single = configs["single process"]
+    assert single[single.index("--node-order") + 1] == order
+    assert "--node-order" not in configs["g3 (metis)"]
+    commands: list[list[str]] = []
+    monkeypatch.setattr(
+        shaped_bench, "cli", lambda argv, _timeout: commands.append(argv)
+    )
+    shaped_bench.prepare_graph(args, tmp_path, [("metis", 4, "parts-metis")])
+    (partition,) = [c for c in commands if c[0] == "partition"]
+    assert partition[partition.index("--node-order") + 1] == order
 
 
 def _runs(epoch_s: float) -> list[bench_fullgraph.Result]:
