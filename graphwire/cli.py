@@ -83,10 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument(
         "--node-order",
         choices=["rcm", "id"],
-        default="rcm",
         help="how each part numbers its nodes: rcm puts neighbours close together "
         "(reverse Cuthill-McKee over the part's edges: faster sparse products), "
-        "id keeps the graph's order (default rcm)",
+        "id keeps the graph's order (default rcm; only with --out)",
     )
     part.add_argument("--out", help="folder for the partitioned graph")
     part.add_argument(
@@ -170,11 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--node-order",
         choices=["rcm", "id"],
-        help="full-graph rows in memory: rcm puts neighbours close together "
+        help="how rows are numbered: rcm puts neighbours close together "
         "(reverse Cuthill-McKee: faster sparse products), id keeps the graph's "
-        "order; on one process the graph's rows, with --workers the parts it "
-        "writes (default rcm; not with a partitioned --dataset, whose parts "
-        "are numbered already)",
+        "order; on one process (full-graph) the graph's rows, with --workers "
+        "the parts it writes, either mode (default rcm; not with a "
+        "partitioned --dataset, whose parts are numbered already)",
     )
     train.add_argument(
         "--workers",

@@ -235,6 +235,7 @@ def test_refinement_line_says_only_true_numbers(result, said: str) -> None:
         (["--parts", "0"], "--parts: expected >= 1, got 0"),
         (["--seed", "-1"], "--seed: expected an int in [0, 2**63), got -1"),
         (["--overwrite"], "--overwrite: only with --out"),
+        (["--node-order", "id"], "--node-order: only with --out"),
     ],
     ids=repr,
 )

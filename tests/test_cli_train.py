@@ -34,6 +34,12 @@ def test_train_writes_metrics_and_summary_line(tmp_path, capsys) -> None:
     assert records[-1]["test_acc"] == pytest.approx(float(fields["test_acc"]), 1e-3)
     epoch = next(r for r in records if r["kind"] == "epoch")
     assert {"loss", "train_acc", "val_acc", "test_acc", "peak_rss_mb"} <= set(epoch)
+    assert records[0]["node_order"] == "rcm"  # the default
+    by_id = tmp_path / "by-id"
+    argv += ["--epochs", "1", "--node-order", "id", "--out", str(by_id)]
+    assert main(argv) == 0
+    with (by_id / "metrics.jsonl").open() as lines:
+        assert json.loads(lines.readline())["node_order"] == "id"
 
 
 def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:

@@ -33,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
     check_seed(args.seed, "--seed")
     if args.out:
         check_out(args.out, args.dataset, args.overwrite)
-    elif args.overwrite:
-        raise ValueError("--overwrite: only with --out (without it nothing is written)")
+    elif args.overwrite or args.node_order:
+        flag = "--overwrite" if args.overwrite else "--node-order"
+        raise ValueError(f"{flag}: only with --out (without it nothing is written)")
     graph = load_with_status(args.dataset)
     check_parts_fit(graph, int(args.parts), args.dataset)
     partition, stats, _ = _partition(
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                 args.out,
                 overwrite=args.overwrite,
                 stats=stats,
-                node_order=args.node_order,
+                node_order=args.node_order or "rcm",
             )
         console.print(f"partitioned graph: {args.out}")
     return 0

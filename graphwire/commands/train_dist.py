@@ -215,7 +215,9 @@ def _settings(
 
     settings: dict[str, Any] = {"parts": str(folder)}
     if leader:
-        settings["partition"] = load_partition_meta(folder)["method"]
+        meta = load_partition_meta(folder)
+        settings["partition"] = meta["method"]
+        settings["node_order"] = meta.get("node_order", "id")
     if args.mode == "minibatch":
         return settings | {"fetch_options": dataclasses.asdict(options)}
     from graphwire.fullgraph.base import get_engine
@@ -337,6 +339,12 @@ def _resumed_folder(args: argparse.Namespace, world: int, folder: Path) -> Path:
         raise ValueError(
             f"--resume: the run was partitioned with {meta['method']}, not "
             f"--partition {args.partition}"
+        )
+    numbered = meta.get("node_order", "id")
+    if args.node_order and args.node_order != numbered:
+        raise ValueError(
+            f"--resume: the run's parts are numbered {numbered}, not "
+            f"--node-order {args.node_order}"
         )
     return folder
 

@@ -99,11 +99,13 @@ def locality_order(
     memory instead of from all over the table (DGL's ``reorder_graph`` with
     ``rcmk``).
 
-    Measured on one part of a 4-way METIS split of the 200,000-node synthetic
+    Measured on part 0 of a 4-way METIS split of the 200,000-node synthetic
     products-like graph (50,644 rows over 122,909 local rows, 958,835 edges),
-    ``A @ X`` on one thread, the least of 15 runs: width 100 104 ms in the
-    part's ID order, 88 ms with its owned rows in this order; width 47 49 ms
-    and 40 ms.
+    ``A @ X`` on one thread, the least of 15 runs, parts written with
+    ``node_order="id"`` and ``"rcm"``: width 100 118-128 ms and 100-113 ms
+    (12-15% less), width 47 49-56 ms and 47-51 ms (4-9% less; two
+    sessions); a one-process GCN epoch on the whole graph (hidden 128) 12%
+    shorter.
 
     Args:
         indptr: int64 [N + 1].
@@ -124,7 +126,7 @@ def locality_order(
     if group is not None:
         keep = (group[indices] == group[torch.from_numpy(dst)]).numpy()
         src, dst = src[keep], dst[keep]
-    ones = np.ones(src.size, dtype=np.int8)
+    ones = np.ones(src.size, dtype=np.int32)  # (int8 sums of parallel edges wrap)
     adjacency = scipy.sparse.csr_matrix(
         (ones, (dst, src)), shape=(num_nodes, num_nodes)
     )

@@ -76,9 +76,15 @@ class PartitionBook:
             orig_from_new = stable_order(assignment)
         else:
             num_nodes = assignment.numel()
-            if order.shape != assignment.shape or bool(
-                (torch.bincount(order, minlength=num_nodes) != 1).any()
-            ):
+            bad = order.shape != assignment.shape or order.dtype in (
+                torch.bool,
+                *(torch.float16, torch.bfloat16, torch.float32, torch.float64),
+            )
+            if not bad and num_nodes:
+                bad = int(order.min()) < 0 or bool(
+                    (torch.bincount(order, minlength=num_nodes) != 1).any()
+                )
+            if bad:
                 raise ValueError(
                     f"order: expected a permutation of the {num_nodes} nodes' "
                     f"IDs, found {order.numel()} IDs with repeats or gaps"

@@ -17,6 +17,7 @@ import numpy as np
 
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.native import is_array_entry, read_folder_meta
+from graphwire.graph.order import NODE_ORDERS
 from graphwire.graph.seeds import is_int
 
 __all__ = [
@@ -102,6 +103,11 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
     if len(meta["parts"]) != num_parts:
         raise DatasetError(
             path, f"parts lists {len(meta['parts'])} entries, num_parts is {num_parts}"
+        )
+    order = meta.get("node_order", "id")  # (folders from before it: by ID)
+    if order not in NODE_ORDERS:
+        raise DatasetError(
+            path, f"field 'node_order' must be one of {NODE_ORDERS}, found {order!r}"
         )
     for field in ("num_nodes", "num_edges", "num_features", "num_classes"):
         if meta[field] < 0:

@@ -143,14 +143,26 @@ def test_eval_every_evaluates_only_the_named_epochs(cora: Graph) -> None:
 
 
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
-def test_rcm_node_order_trains_the_same_model(cora: Graph, model: str) -> None:
+def test_rcm_node_order_trains_the_same_model(
+    cora: Graph, model: str, monkeypatch
+) -> None:
     # Rows laid out in reverse Cuthill-McKee order: the same dropout masks
     # (drawn by the graph's node IDs) and the same sums in another order, so
     # the same losses and weights up to float rounding (float32, a few ulps
     # over 5 epochs of Adam).
     config = TrainConfig(model=model, epochs=5, seed=2, hidden=8, heads=2)
     plain = train_fullgraph(cora, config)
+    permuted: list[torch.Tensor] = []
+
+    def spy(graph: Graph, order: torch.Tensor) -> Graph:
+        permuted.append(order)
+        return permute(graph, order)
+
+    permute = Graph.permute
+    monkeypatch.setattr(Graph, "permute", spy)
     ordered = train_fullgraph(cora, config, node_order="rcm")
+    (order,) = permuted  # the run trained on the reordered rows
+    assert not torch.equal(order, torch.arange(cora.num_nodes))
     for a, b in zip(plain.records, ordered.records, strict=True):
         assert b.loss == pytest.approx(a.loss, rel=1e-5)
         assert (a.train_acc, a.val_acc, a.test_acc) == (

@@ -49,6 +49,16 @@ def test_a_resumed_run_keeps_its_parts_and_counts_its_own_epochs(
     other = train("--epochs", "3", "--resume", "--partition", "metis")
     assert other.returncode == 2
     assert "partitioned with locality, not --partition metis" in other.stderr
+    # The parts were numbered rcm (the default), as their meta.json and the
+    # run's config record say; resuming with another order is refused too.
+    parts = json.loads((tmp_path / "run" / "partitions" / "meta.json").read_text())
+    assert parts["node_order"] == "rcm"
+    with (tmp_path / "run" / "metrics.jsonl").open() as records:
+        config = json.loads(records.readline())
+    assert (config["kind"], config["node_order"]) == ("config", "rcm")
+    by_id = train("--epochs", "3", "--resume", "--node-order", "id")
+    assert by_id.returncode == 2
+    assert "the run's parts are numbered rcm, not --node-order id" in by_id.stderr
     # So is a resume with other training settings, before any worker starts,
     # naming each that differs (not torch's state_dict error).
     changed = train("--epochs", "4", "--resume", "--lr", "0.1", "--model", "sage")

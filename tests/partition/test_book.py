@@ -129,8 +129,13 @@ def test_relabelling_follows_a_given_order_within_each_part(
     assert torch.equal(book.orig_of(new), torch.arange(partition.num_nodes))
 
 
-@pytest.mark.parametrize("order", [[0, 1], [0, 1, 1], [2, 1, 3]])
+@pytest.mark.parametrize(
+    "order", [[0, 1], [0, 1, 1], [2, 1, 3], [0, -1, 2], [0.0, 1.0, 2.0], [1, 0, 2]]
+)
 def test_relabelling_refuses_an_order_that_is_not_a_permutation(order) -> None:
     partition = Partition(torch.tensor([1, 0, 1]), 2)
+    order_t = torch.tensor(order)
+    if order == [1, 0, 2]:  # a permutation, as bools: not IDs
+        order_t = order_t.to(torch.bool)
     with pytest.raises(ValueError, match="order: expected a permutation of the 3"):
-        PartitionBook.from_partition(partition, torch.tensor(order))
+        PartitionBook.from_partition(partition, order_t)

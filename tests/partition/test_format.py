@@ -386,6 +386,7 @@ def test_missing_and_corrupt_meta(tmp_path: Path) -> None:
         ({"version": 1.0}, "unknown version 1.0"),
         ({"num_classes": True}, "field 'num_classes' must be a int, found True"),
         ({"offsets": [False, 10, 20, 40]}, "offsets must be 4 non-decreasing ints"),
+        ({"node_order": "bfs"}, "field 'node_order' must be one of .* found 'bfs'"),
     ],
 )
 def test_bad_meta_fields(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
