@@ -118,6 +118,25 @@ def node_ids(value: Any, name: str, num_nodes: int) -> torch.Tensor:
     return idx
 
 
+def check_permutation(order: torch.Tensor, name: str, num_nodes: int) -> None:
+    """Refuse an ``order`` that is not a permutation of ``[0, num_nodes)``:
+    another shape, float or bool values, or IDs repeated, missing or out of
+    range."""
+    dtype = order.dtype
+    bad = order.shape != (num_nodes,) or (
+        dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
+    )
+    if not bad and num_nodes:
+        bad = int(order.min()) < 0 or bool(
+            (torch.bincount(order, minlength=num_nodes) != 1).any()
+        )
+    if bad:
+        raise GraphError(
+            f"{name}: expected a permutation of the {num_nodes} nodes' IDs, "
+            f"found {order.numel()} IDs with repeats or gaps"
+        )
+
+
 def check_split(name: str, idx: torch.Tensor, y: torch.Tensor | None) -> None:
     """Refuse a split that names a node twice or holds an unlabelled node.
 

@@ -31,6 +31,7 @@ from graphwire.graph.checks import (
     as_tensor,
     check_disjoint,
     check_inferred_rows,
+    check_permutation,
     check_split,
     node_count,
     node_ids,
@@ -369,13 +370,7 @@ class Graph:
         ``[0, N)``). Edges, features, labels and splits follow their nodes;
         each node's in-edges stay in their order, renumbered."""
         order = node_ids(order, "order", self.num_nodes)
-        if order.numel() != self.num_nodes or bool(
-            (torch.bincount(order, minlength=self.num_nodes) != 1).any()
-        ):
-            raise GraphError(
-                f"order: expected a permutation of [0, {self.num_nodes}), found "
-                f"{order.numel()} IDs with repeats or gaps"
-            )
+        check_permutation(order, "order", self.num_nodes)
         new_of_old = torch.empty_like(order)
         new_of_old[order] = torch.arange(self.num_nodes, dtype=torch.int64)
         indptr, sources = self.subgraph_in_edges(order)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphwire.graph.checks import check_permutation
 from graphwire.graph.order import stable_order
 from graphwire.partition.base import Partition
 
@@ -75,20 +76,7 @@ class PartitionBook:
         if order is None:
             orig_from_new = stable_order(assignment)
         else:
-            num_nodes = assignment.numel()
-            bad = order.shape != assignment.shape or order.dtype in (
-                torch.bool,
-                *(torch.float16, torch.bfloat16, torch.float32, torch.float64),
-            )
-            if not bad and num_nodes:
-                bad = int(order.min()) < 0 or bool(
-                    (torch.bincount(order, minlength=num_nodes) != 1).any()
-                )
-            if bad:
-                raise ValueError(
-                    f"order: expected a permutation of the {num_nodes} nodes' "
-                    f"IDs, found {order.numel()} IDs with repeats or gaps"
-                )
+            check_permutation(order, "order", assignment.numel())
             orig_from_new = order[stable_order(assignment[order])]
         new_from_orig = torch.empty_like(orig_from_new)
         new_from_orig[orig_from_new] = torch.arange(
