@@ -26,6 +26,10 @@ from graphwire.graph.graph import Graph
 
 console = Console(highlight=False)
 
+# How the commands number rows when --node-order is left out (partition, and
+# the graph or parts train writes): reverse Cuthill-McKee.
+NODE_ORDER = "rcm"
+
 
 def print_table(
     title: str,

@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from graphwire.commands.common import (
+    NODE_ORDER,
     check_out,
     check_partition_method,
     console,
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
                 args.out,
                 overwrite=args.overwrite,
                 stats=stats,
-                node_order=args.node_order or "rcm",
+                node_order=args.node_order or NODE_ORDER,
             )
         console.print(f"partitioned graph: {args.out}")
     return 0
@@ -73,7 +74,7 @@ def write_parts(
     folder: Any,
     quiet: bool = False,
     *,
-    node_order: str = "rcm",
+    node_order: str = NODE_ORDER,
 ) -> None:
     """Partition ``graph``, print the statistics, write the parts to ``folder``
     (replacing an earlier partitioning there), numbered as ``node_order``

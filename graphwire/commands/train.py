@@ -21,6 +21,7 @@ from graphwire.allocator import MAX_KEEP_FREED_MB, keep_freed_memory
 from graphwire.cli import run_folder
 from graphwire.comm.context import MAX_TIMEOUT_S
 from graphwire.commands.common import (
+    NODE_ORDER,
     check_partition_method,
     check_trainable_dataset,
     console,
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         )
     _refuse_partitioned(args.dataset)
     out = run_folder(args.out, f"train-{args.model}")
-    node_order = args.node_order or "rcm"
+    node_order = args.node_order or NODE_ORDER
     keep_freed_memory(int(args.keep_freed_mb))
     if args.threads:
         import torch

@@ -32,6 +32,7 @@ from typing import Any
 
 from graphwire.allocator import keep_freed_memory
 from graphwire.commands.common import (
+    NODE_ORDER,
     check_not_input,
     check_trainable_dataset,
     console,
@@ -217,7 +218,7 @@ def _settings(
     if leader:
         meta = load_partition_meta(folder)
         settings["partition"] = meta["method"]
-        settings["node_order"] = meta.get("node_order", "id")
+        settings["node_order"] = meta["node_order"]
     if args.mode == "minibatch":
         return settings | {"fetch_options": dataclasses.asdict(options)}
     from graphwire.fullgraph.base import get_engine
@@ -267,10 +268,10 @@ def _partitioned_folder(
                 f"already (by {meta['method']}); leave --partition out, or give "
                 "the graph it was split from"
             )
-        if args.node_order and args.node_order != meta.get("node_order", "id"):
+        if args.node_order and args.node_order != meta["node_order"]:
             raise ValueError(
                 f"--node-order {args.node_order}: --dataset {given} is split "
-                f"already (its parts numbered {meta.get('node_order', 'id')}); "
+                f"already (its parts numbered {meta['node_order']}); "
                 "leave --node-order out, or give the graph it was split from"
             )
         return given
@@ -300,7 +301,7 @@ def _partitioned_folder(
         int(args.seed),
         folder,
         args.quiet,
-        node_order=args.node_order or "rcm",
+        node_order=args.node_order or NODE_ORDER,
     )
     return folder
 
@@ -340,10 +341,9 @@ def _resumed_folder(args: argparse.Namespace, world: int, folder: Path) -> Path:
             f"--resume: the run was partitioned with {meta['method']}, not "
             f"--partition {args.partition}"
         )
-    numbered = meta.get("node_order", "id")
-    if args.node_order and args.node_order != numbered:
+    if args.node_order and args.node_order != meta["node_order"]:
         raise ValueError(
-            f"--resume: the run's parts are numbered {numbered}, not "
+            f"--resume: the run's parts are numbered {meta['node_order']}, not "
             f"--node-order {args.node_order}"
         )
     return folder

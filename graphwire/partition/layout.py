@@ -104,7 +104,8 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise DatasetError(
             path, f"parts lists {len(meta['parts'])} entries, num_parts is {num_parts}"
         )
-    order = meta.get("node_order", "id")  # (folders from before it: by ID)
+    # Folders written before the field existed number their parts by ID.
+    order = meta.setdefault("node_order", "id")
     if order not in NODE_ORDERS:
         raise DatasetError(
             path, f"field 'node_order' must be one of {NODE_ORDERS}, found {order!r}"
