@@ -20,8 +20,8 @@ peer's death fails their pending collectives at once, with a
 naming the rank that failed first: when every failure is a peer's timeout
 (``TransportError``) and exactly one rank never reported, that rank, which
 stopped responding. Each child's collectives are bounded by ``timeout_s``;
-the whole run only by ``run_timeout_s``, when given (a training run may take
-hours). SIGTERM or SIGHUP ends the launcher as Ctrl-C does: under the
+its start, under the fork server, by :data:`FORK_START_S`; the whole run only
+by ``run_timeout_s``, when given (a training run may take hours). SIGTERM or SIGHUP ends the launcher as Ctrl-C does: under the
 command line (whose handler raises ``KeyboardInterrupt``) with ``graphwire:
 interrupted`` and exit 130, elsewhere with ``SystemExit(128 + signal)``.
 Children also die with the parent (Linux ``PR_SET_PDEATHSIG``, or a
@@ -103,6 +103,9 @@ _USAGE_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 PEER_REPORT_S = 3.0  # after a failure, how long the others get to report theirs
 # (of more than two ranks, a survivor takes 2 s to see which stopped beating)
 TERMINATE_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
+# How long the fork server may take to start one child: its first start
+# waits for the server's imports (torch: 3-10 s on a loaded machine).
+FORK_START_S = 120.0
 
 
 class WorkerFailed(RuntimeError):
@@ -276,17 +279,13 @@ def launch_local(
                 ),
                 name=f"graphwire-rank{rank}",
             )
+            processes.append(child)  # stopped on the way out once started
             with _quiet_torch_log():
-                try:
+                if forked:
+                    _start_forked(child, rank)
+                else:
                     child.start()
-                except (OSError, EOFError) as error:  # the fork server failed
-                    raise WorkerFailed(
-                        f"rank {rank} could not be started: multiprocessing's "
-                        f"fork server failed ({type(error).__name__}: {error})",
-                        rank,
-                    ) from error
             writer.close()  # the parent keeps only the read end: EOF on death
-            processes.append(child)
             pipes.append(reader)
         watch = _Watch(processes, pipes, deadline, run_bound)
         return watch.run()
@@ -386,6 +385,61 @@ def start_fork_server(backend: str) -> None:
     if isinstance(_start_context(backend), ForkServerContext):
         with _quiet_torch_log():  # the server's torch reads it as it loads
             forkserver.ensure_running()
+
+
+def _start_forked(child: BaseProcess, rank: int) -> None:
+    """``child.start()`` under the fork server, bounded by
+    :data:`FORK_START_S`: the start waits for the server to fork the child,
+    which it does once its imports (:data:`_PRELOAD`) are done. A server
+    that has not answered in time (stuck in them) is killed by its PID,
+    which ends the start with an error; so is one still silent a moment
+    after the wait is interrupted (Ctrl-C, SIGTERM). The next launch starts
+    another server."""
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            child.start()
+        except BaseException as error:  # raised below, in the caller's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=start, name=f"graphwire-start-{rank}", daemon=True)
+    thread.start()
+    killed = False
+    try:
+        thread.join(FORK_START_S)
+    except BaseException:  # interrupted: a start under way ends in a moment
+        thread.join(TERMINATE_GRACE_S)
+        raise
+    finally:
+        if thread.is_alive():
+            _kill_fork_server()
+            killed = True
+            thread.join(TERMINATE_GRACE_S)
+    cause = errors[0] if errors else None
+    if killed:
+        raise WorkerFailed(
+            f"rank {rank} could not be started: multiprocessing's fork server "
+            f"did not start it in {FORK_START_S:g}s (it was stopped)",
+            rank,
+        ) from cause
+    if isinstance(cause, OSError | EOFError):  # the server died
+        raise WorkerFailed(
+            f"rank {rank} could not be started: multiprocessing's fork server "
+            f"failed ({type(cause).__name__}: {cause})",
+            rank,
+        ) from cause
+    if cause is not None:
+        raise cause
+
+
+def _kill_fork_server() -> None:
+    """SIGKILL this process's fork server, by the PID multiprocessing keeps
+    (the next ``ensure_running`` reaps it and starts another)."""
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _is_open(fd: int) -> bool:

@@ -291,3 +291,61 @@ def test_a_child_has_the_launchers_environment_folder_and_output(
         assert f"rank {rank} on its standard output" in done.stdout
         assert f"rank {rank} on its standard error" in done.stderr
     assert "rank 1" not in (first / "output").read_text()
+
+
+# A launcher whose fork server imports only a module that exits (the server
+# dies), then only one that hangs (the server never answers); then a launch
+# with the usual imports.
+_BROKEN_SERVERS = """
+import time
+import psutil
+from multiprocessing import forkserver
+import graphwire.comm.launch as launch
+from graphwire.testing.probes import backend_of
+usual = launch._PRELOAD
+launch.FORK_START_S = 5.0
+for module in ("server_exits", "server_hangs"):
+    launch._PRELOAD = [module]
+    start = time.monotonic()
+    try:
+        launch.launch_local(backend_of, 2)
+    except launch.WorkerFailed as error:
+        print(module, "after", round(time.monotonic() - start), "s:", error, flush=True)
+    pid = forkserver._forkserver._forkserver_pid
+    gone = not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    print(module, "server gone:", gone, flush=True)
+launch._PRELOAD, launch.FORK_START_S = usual, 120.0
+print("then:", launch.launch_local(backend_of, 2), flush=True)
+"""
+
+
+def test_a_fork_server_that_never_starts_a_child_fails_the_launch_promptly(
+    tmp_path: Path,
+) -> None:
+    """The start of a forked child waits on the fork server: one that died is
+    reported at once, one stuck in its imports is stopped after
+    FORK_START_S; either way the launch names the rank, and the next launch
+    starts another server."""
+    (tmp_path / "server_exits.py").write_text("import os\nos._exit(3)\n")
+    (tmp_path / "server_hangs.py").write_text("import time\ntime.sleep(600)\n")
+    # found through PYTHONPATH: the server does not take the launcher's sys.path
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _BROKEN_SERVERS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    failed = "rank 0 could not be started: multiprocessing's fork server"
+    # EOFError, or ConnectionRefusedError if it died before the launcher called
+    died = re.search(rf"server_exits after (\d+) s: {failed} failed \(\w+Error", out)
+    assert died is not None and int(died.group(1)) < 30, out
+    stuck = rf"server_hangs after (\d+) s: {failed} did not start it in 5s"
+    hung = re.search(stuck, out)
+    assert hung is not None and 5 <= int(hung.group(1)) < 60, out
+    assert "server_exits server gone: True" in out, out
+    assert "server_hangs server gone: True" in out, out
+    assert "then: ['gloo', 'gloo']" in out, out
