@@ -21,9 +21,10 @@ naming the rank that failed first: when every failure is a peer's timeout
 (``TransportError``) and exactly one rank never reported, that rank, which
 stopped responding. Each child's collectives are bounded by ``timeout_s``;
 its start, under the fork server, by :data:`FORK_START_S`; the whole run only
-by ``run_timeout_s``, when given (a training run may take hours). SIGTERM or SIGHUP ends the launcher as Ctrl-C does: under the
-command line (whose handler raises ``KeyboardInterrupt``) with ``graphwire:
-interrupted`` and exit 130, elsewhere with ``SystemExit(128 + signal)``.
+by ``run_timeout_s``, when given (a training run may take hours). SIGTERM
+or SIGHUP ends the launcher as Ctrl-C does: under the command line (whose
+handler raises ``KeyboardInterrupt``) with ``graphwire: interrupted`` and
+exit 130, elsewhere with ``SystemExit(128 + signal)``.
 Children also die with the parent (Linux ``PR_SET_PDEATHSIG``, or a
 thread that waits for the launcher's end: :func:`die_with_parent`).
 
