@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--bin-rows",
         type=int,
-        help="G3: most rows in a bin of a layer whose output is sent (default 8192)",
+        help="G3: most rows in a bin of a layer whose output is sent (default 32768)",
     )
     train.add_argument(
         "--bin-mb",

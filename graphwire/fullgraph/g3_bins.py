@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 ORDERS = ("bfs", "priority")
-RAMP = 8  # the first bin's row cap is max_rows / RAMP (module docstring, 2)
+RAMP = 32  # the first bin's row cap is max_rows / RAMP (module docstring, 2)
 _FLOAT_BYTES = 4
 
 

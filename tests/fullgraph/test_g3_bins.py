@@ -97,12 +97,12 @@ def test_max_rows_caps_bins(tmp_path) -> None:
     sizes = [b.rows.numel() for b in layer.bins]
     assert max(sizes) == 16 and len(layer.bins) >= mg.num_dst // 16
     # Rows without halo inputs: full bins. Rows with them (those peers
-    # need): the caps ramp up from 16 / RAMP, doubling, so the first sends
-    # leave early.
+    # need): the caps ramp up from 16 / RAMP (at least 1), doubling, so the
+    # first sends leave early.
     local, halo = sizes[: layer.num_local], sizes[layer.num_local :]
     assert local[:-1] == [16] * (len(local) - 1)
-    assert halo[:3] == [2, 4, 8] and set(halo[3:-1]) == {16}
-    assert RAMP == 8
+    assert halo[:4] == [1, 2, 4, 8] and set(halo[4:-1]) == {16}
+    assert RAMP == 32
 
 
 def _directed(graph: Graph) -> Graph:
