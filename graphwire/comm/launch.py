@@ -285,7 +285,7 @@ def launch_local(
                 if forked:
                     _start_forked(child, rank)
                 else:
-                    child.start()
+                    _start_spawned(child, rank)
             writer.close()  # the parent keeps only the read end: EOF on death
             pipes.append(reader)
         watch = _Watch(processes, pipes, deadline, run_bound)
@@ -432,6 +432,19 @@ def _start_forked(child: BaseProcess, rank: int) -> None:
         ) from cause
     if cause is not None:
         raise cause
+
+
+def _start_spawned(child: BaseProcess, rank: int) -> None:
+    """``child.start()`` of a spawned child: an ``OSError`` (the interpreter
+    missing, file descriptors or processes exhausted) fails the launch as
+    ``WorkerFailed`` naming the rank, as a forked start's does."""
+    try:
+        child.start()
+    except OSError as error:
+        raise WorkerFailed(
+            f"rank {rank} could not be started: {type(error).__name__}: {error}",
+            rank,
+        ) from error
 
 
 def _kill_fork_server() -> None:

@@ -8,7 +8,10 @@ imported torch once).
 
 from __future__ import annotations
 
+import errno
 import math
+import multiprocessing
+import multiprocessing.util
 import os
 import re
 import signal
@@ -18,11 +21,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 import torch
 
+import graphwire.comm.launch as launch
 from graphwire.comm.launch import LOOPBACK, WorkerFailed, free_port, launch_local
 from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
@@ -349,3 +354,32 @@ def test_a_fork_server_that_never_starts_a_child_fails_the_launch_promptly(
     assert "server_exits server gone: True" in out, out
     assert "server_hangs server gone: True" in out, out
     assert "then: ['gloo', 'gloo']" in out, out
+
+
+def test_a_spawned_child_that_cannot_start_fails_the_launch_naming_its_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A spawned child (NCCL's way of starting) whose start fails in the OS,
+    here rank 1's fork refused (EAGAIN: out of processes), ends the launch
+    with WorkerFailed naming the rank, and rank 0, already started, is
+    stopped (the OSError used to propagate bare)."""
+    monkeypatch.setattr(
+        launch, "_start_context", lambda backend: multiprocessing.get_context("spawn")
+    )
+    spawnv_passfds = multiprocessing.util.spawnv_passfds
+    children: list[int] = []
+
+    def refuse_the_second_child(path: bytes, args: list[Any], passfds: Any) -> int:
+        if any("spawn_main" in os.fsdecode(arg) for arg in args):  # no tracker
+            if children:
+                raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+            children.append(0)
+        return int(spawnv_passfds(path, args, passfds))
+
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", refuse_the_second_child)
+    with pytest.raises(WorkerFailed, match="rank 1 could not be started: ") as failed:
+        launch_local(backend_of, 2, timeout_s=60)
+    assert failed.value.rank == 1
+    assert "Resource temporarily unavailable" in str(failed.value)
+    assert isinstance(failed.value.__cause__, BlockingIOError)
+    assert worker_children() == []
