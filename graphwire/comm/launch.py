@@ -419,17 +419,11 @@ def _start_forked(child: BaseProcess, rank: int) -> None:
             thread.join(TERMINATE_GRACE_S)
     cause = errors[0] if errors else None
     if killed:
-        raise WorkerFailed(
-            f"rank {rank} could not be started: multiprocessing's fork server "
-            f"did not start it in {FORK_START_S:g}s (it was stopped)",
-            rank,
-        ) from cause
+        why = f"did not start it in {FORK_START_S:g}s (it was stopped)"
+        raise _not_started(rank, f"multiprocessing's fork server {why}") from cause
     if isinstance(cause, OSError | EOFError):  # the server died
-        raise WorkerFailed(
-            f"rank {rank} could not be started: multiprocessing's fork server "
-            f"failed ({type(cause).__name__}: {cause})",
-            rank,
-        ) from cause
+        why = f"failed ({type(cause).__name__}: {cause})"
+        raise _not_started(rank, f"multiprocessing's fork server {why}") from cause
     if cause is not None:
         raise cause
 
@@ -441,10 +435,12 @@ def _start_spawned(child: BaseProcess, rank: int) -> None:
     try:
         child.start()
     except OSError as error:
-        raise WorkerFailed(
-            f"rank {rank} could not be started: {type(error).__name__}: {error}",
-            rank,
-        ) from error
+        raise _not_started(rank, f"{type(error).__name__}: {error}") from error
+
+
+def _not_started(rank: int, why: str) -> WorkerFailed:
+    """The error of a launch whose rank ``rank`` could not be started."""
+    return WorkerFailed(f"rank {rank} could not be started: {why}", rank)
 
 
 def _kill_fork_server() -> None:
