@@ -122,9 +122,7 @@ def _layer0_backward(
     walked = [int(e[0].split()[1]) for e in walked_events]
     reads_halo = {i for i, b in enumerate(engine.layers[0].bins) if b.src_halo.numel()}
     interior = [b for b in reversed(order) if b not in returning]
-    interior = [b for b in interior if b in reads_halo] + [
-        b for b in interior if b not in reads_halo
-    ]
+    interior.sort(key=lambda b: b not in reads_halo)  # stable: halo readers first
     boundary = [b for b in reversed(order) if b in returning]
     assert interior and boundary
     assert walked == interior + boundary
