@@ -220,7 +220,8 @@ def _settings(
         settings["partition"] = meta["method"]
         settings["node_order"] = meta["node_order"]
     if args.mode == "minibatch":
-        return settings | {"fetch_options": dataclasses.asdict(options)}
+        fields = {} if isinstance(options, str) else dataclasses.asdict(options)
+        return settings | {"fetch_options": {"fetch": args.fetch, **fields}}
     from graphwire.fullgraph.base import get_engine
 
     own = inspect.signature(get_engine(args.exchange).__init__).parameters.values()
@@ -233,15 +234,16 @@ def _settings(
 
 
 def _fetch_options(args: argparse.Namespace) -> Any:
-    from graphwire.minibatch.dist import FetchOptions
+    from graphwire.feature.rapid import RapidConfig
 
     where = args.presample_dir
     if where and Path(where).exists() and not Path(where).is_dir():
         raise ValueError(f"--presample-dir {where}: exists and is not a folder")
     if where:
         check_creatable(where, f"--presample-dir {where}")
-    return FetchOptions(
-        fetch=args.fetch,
+    if args.fetch != "rapid":
+        return args.fetch
+    return RapidConfig(
         n_hot=args.n_hot,
         cache_mb=None if args.cache_mb is None else float(args.cache_mb),
         prefetch=int(args.prefetch),

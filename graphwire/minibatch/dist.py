@@ -49,8 +49,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from graphwire.comm.base import Transport
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import (
@@ -62,7 +60,7 @@ from graphwire.fullgraph.distributed import (
     training_state,
 )
 from graphwire.meter import ResourceMeter
-from graphwire.minibatch.loop import FETCH_MODES, FetchOptions, RankLoop
+from graphwire.minibatch.loop import RankLoop
 from graphwire.minibatch.traffic import TrafficWindows
 from graphwire.partition.local import LocalPart
 from graphwire.training import (
@@ -74,12 +72,7 @@ from graphwire.training import (
     check_finite_loss,
 )
 
-__all__ = [
-    "FETCH_MODES",
-    "FetchOptions",
-    "MinibatchRun",
-    "train_minibatch_distributed",
-]
+__all__ = ["MinibatchRun", "train_minibatch_distributed"]
 
 
 @dataclass(kw_only=True)
@@ -113,7 +106,7 @@ def train_minibatch_distributed(
     part: LocalPart,
     transport: Transport,
     config: TrainConfig,
-    options: FetchOptions | None = None,
+    fetch: Any = "on-demand",
     *,
     on_epoch: Callable[[EpochRecord], None] | None = None,
     on_restore: Callable[[list[EpochRecord]], None] | None = None,
@@ -125,7 +118,8 @@ def train_minibatch_distributed(
         part: this rank's part (features, labels and splits required).
         transport: connects the ranks (rank == part ID).
         config: model, optimiser, ``fanouts``, ``batch_size`` (per trainer).
-        options: the fetch mode and its settings.
+        fetch: the fetcher (``--fetch``): its name, or its config
+            (:data:`~graphwire.minibatch.fetchers.FETCHERS`).
         on_epoch: called on every rank with each epoch's record.
         on_restore: called on every rank with the records a resume restored.
         checkpoint: checkpoint every K epochs and/or resume from the latest.
@@ -134,25 +128,22 @@ def train_minibatch_distributed(
         The run, with accuracies over all ranks' nodes.
     """
     began = time.perf_counter()
-    options = options or FetchOptions()
-    loop = RankLoop(part, transport, config, options)
+    loop = RankLoop(part, transport, config, fetch)
     windows = TrafficWindows(transport, loop.store)
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
-    first, hot_ids = 0, None
+    first, saved = 0, None
     if checkpoint is not None and checkpoint.resume:
         state = load_on_every_rank(checkpoint, transport)
         if state is not None:
-            first, hot_ids = _restore(state, loop, best, records)
+            first, saved = _restore(state, loop, best, records)
             if on_restore is not None:
                 on_restore(list(records))
     seen: list[tuple[int, int, int]] = []
     try:
         # a resumed run that had stopped early trains no further
         epochs = range(first, first if best.stopped else config.epochs)
-        if options.fetch == "rapid" and epochs:
-            loop.presample(first)
-            loop.start_rapid(first, hot_ids)
+        loop.start(epochs, saved)
         transport.barrier()  # set-up ends when every rank's has (as in full graph)
         phases = {"setup": _phase(windows.cut(), began)}
         meter = ResourceMeter()
@@ -167,8 +158,7 @@ def train_minibatch_distributed(
                 _save(checkpoint, epoch, loop, best, records)
             if stopped:
                 break
-        if loop.prefetcher is None:  # sampled online to the end
-            loop.sampler.close()
+        loop.fetcher.finish()
     except BaseException:
         loop.close(collective=False)
         raise
@@ -212,11 +202,7 @@ def _epoch(
     meter.start()
     began = time.perf_counter()
     stats = dict.fromkeys(_STATS, 0.0)
-    if loop.cache is not None:
-        if epoch > loop.cache.epoch:
-            loop.cache.swap(epoch)
-        if epoch + 1 < config.epochs:
-            loop.cache.build(epoch + 1, loop.epochs[epoch + 1].hot_ids)
+    loop.fetcher.begin_epoch(epoch)
     total = 0.0
     for batch in loop.batches(epoch):
         loss = loop.step(batch, stats)  # NaN for a batch without seeds
@@ -283,14 +269,9 @@ def _phase(traffic: dict[str, Any], began: float) -> dict[str, Any]:
 
 
 def _counters(loop: RankLoop) -> dict[str, Any]:
-    out = dict(loop.counters)
+    out = dict(loop.counters) | loop.fetcher.counters()
     out["store"] = loop.store.stats()
     out["sampler"] = dict(loop.sampler.counters)
-    if loop.cache is not None:
-        out["cache"] = dict(loop.cache.counters)
-        out["cache_bytes"] = loop.cache.nbytes
-    if loop.prefetcher is not None:
-        out["prefetch"] = dict(loop.prefetcher.counters)
     return out
 
 
@@ -303,22 +284,16 @@ def _save(
 ) -> None:
     state = training_state(epoch, loop.model, loop.optimizer, best, records)
     # The sampler's position is the next epoch (the schedule is hashed from
-    # it); the cache is the hot set the next epoch starts with.
+    # it); the fetcher's state is what the next epoch starts with (rapid:
+    # its hot set).
     state["sampler"] = {"next_epoch": epoch + 1}
-    state["cache"] = None if loop.cache is None else {"hot_ids": _next_hot(loop, epoch)}
+    state["cache"] = loop.fetcher.state(epoch)
     save_on_every_rank(checkpoint, epoch, loop.transport, state)
-
-
-def _next_hot(loop: RankLoop, epoch: int) -> torch.Tensor | None:
-    nxt = loop.epochs.get(epoch + 1)
-    return None if nxt is None else nxt.hot_ids
 
 
 def _restore(
     state: dict[str, Any], loop: RankLoop, best: BestEpoch, records: list[EpochRecord]
-) -> tuple[int, torch.Tensor | None]:
+) -> tuple[int, Any | None]:
+    """Load ``state``; ``(the first epoch still to run, the fetcher's state)``."""
     restore_training_state(state, loop.model, loop.optimizer, best, records)
-    cache = state.get("cache")
-    return int(state["sampler"]["next_epoch"]), None if cache is None else cache[
-        "hot_ids"
-    ]
+    return int(state["sampler"]["next_epoch"]), state.get("cache")

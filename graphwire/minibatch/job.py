@@ -17,7 +17,7 @@ from graphwire.comm.base import Transport
 from graphwire.comm.context import WorkerContext
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.job import EpochStream, RankReport, RunLog, serve_rank
-from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
+from graphwire.minibatch.dist import train_minibatch_distributed
 from graphwire.partition.local import LocalPart
 from graphwire.training import EpochRecord, TrainConfig, format_acc
 
@@ -31,7 +31,7 @@ class MinibatchJob:
 
     folder: str
     config: TrainConfig
-    options: FetchOptions
+    options: Any
     checkpoint: CheckpointConfig | None = None
     progress: bool = True
     log: RunLog | None = None

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
 
 import torch
+
+from graphwire.sampler.base import Batch
 
 __all__ = [
     "Batch",
@@ -41,26 +42,6 @@ def schedule_seed(*parts: int) -> int:
     data = b"".join(int(p).to_bytes(16, "little", signed=True) for p in parts)
     digest = hashlib.blake2b(data, digest_size=8, person=b"graphwire").digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One step of one trainer.
-
-    Attributes:
-        epoch: epoch number.
-        index: step within the epoch.
-        seeds: int64 [b], global IDs of the batch's output nodes.
-        seed: the sampling seed ``H(s0, worker, epoch, index)``.
-        dropout_seed: hashed-dropout seed ``H(s0, epoch, index)``: the same on
-            every trainer, so a node's mask does not depend on who trains it.
-    """
-
-    epoch: int
-    index: int
-    seeds: torch.Tensor
-    seed: int
-    dropout_seed: int
 
 
 def split_train(per_rank: list[torch.Tensor], rank: int) -> torch.Tensor:

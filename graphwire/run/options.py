@@ -41,10 +41,11 @@ class OptionError(ValueError):
         why: what was expected and what was found.
     """
 
-    def __init__(self, field: str, why: str) -> None:
+    def __init__(self, field: str, why: str, *, other: str | None = None) -> None:
         super().__init__(f"{field}: {why}")
         self.field = field
         self.why = why
+        self.other = other  # the field it conflicts with, if that is the trouble
 
 
 def option(
@@ -56,6 +57,7 @@ def option(
     least: float | None = None,
     strict: bool = False,
     most: float | None = None,
+    excludes: str | None = None,
     metavar: str | None = None,
 ) -> Any:
     """A dataclass field with what the command line needs to offer it.
@@ -70,6 +72,8 @@ def option(
         least: the least value allowed (numbers); with ``strict``, values
             must be above it.
         most: the largest value allowed (numbers).
+        excludes: another field of the config that may not be set (not
+            None) together with this one.
         metavar: the value's name in ``--help``.
     """
     metadata = {
@@ -79,6 +83,7 @@ def option(
         "least": least,
         "strict": strict,
         "most": most,
+        "excludes": excludes,
         "metavar": metavar,
     }
     return dataclasses.field(default=default, metadata=metadata)
@@ -114,7 +119,8 @@ def check_options(config: Any) -> None:
     """Check (and normalise) every :func:`option` field of a frozen config.
 
     ints accept numpy integers and are stored as ``int``; floats accept any
-    real number and are stored as ``float``; every number must be finite.
+    real number and are stored as ``float``; a number with bounds must be
+    finite.
 
     Raises:
         OptionError: naming the first field whose value has the wrong type,
@@ -135,6 +141,9 @@ def check_options(config: Any) -> None:
             raise OptionError(name, f"expected one of {listed}, got {value!r}")
         if kind in (int, float):
             _check_bounds(name, value, meta)
+        other = meta["excludes"]
+        if other is not None and getattr(config, other) is not None:
+            raise OptionError(name, f"only without {other}", other=other)
         object.__setattr__(config, name, value)
 
 
@@ -163,25 +172,28 @@ def _typed(name: str, value: Any, kind: type) -> Any:
             raise OptionError(name, f"expected an integer, got {value!r}")
         return int(value)
     try:
-        number = float(value)
+        return float(value)
     except OverflowError:
         raise OptionError(
             name, f"expected a number a float holds, got {value}"
         ) from None
-    if not math.isfinite(number):
-        raise OptionError(name, f"expected a finite number, got {value}")
-    return number
 
 
 def _check_bounds(name: str, value: float, meta: Any) -> None:
+    """``value`` within the field's bounds; with bounds, also finite."""
     least, strict, most = meta["least"], meta["strict"], meta["most"]
+    if least is None and most is None:
+        return
     low = least is None or value > least or (value == least and not strict)
     high = most is None or value <= most
-    if low and high:
+    if low and high and math.isfinite(value):
         return
     parts = []
     if least is not None:
         parts.append(f"{'>' if strict else '>='} {least:g}")
     if most is not None:
         parts.append(f"<= {most:g}")
-    raise OptionError(name, f"expected {' and '.join(parts)}, got {value}")
+    bound = " and ".join(parts)
+    if most is None and not math.isfinite(value):
+        bound = f"a finite value {bound}"
+    raise OptionError(name, f"expected {bound}, got {value}")

@@ -1,4 +1,4 @@
-"""Sampler interface: `Block`, `SampledBatch`, and seed derivation.
+"""Sampler interface: `Batch`, `Block`, `SampledBatch`, and seed derivation.
 
 A mini-batch of ``L`` layers is ``L`` blocks, input layer first (as DGL):
 
@@ -24,7 +24,27 @@ import torch
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 
-__all__ = ["Block", "SampledBatch", "derive_seed"]
+__all__ = ["Batch", "Block", "SampledBatch", "derive_seed"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step of one trainer.
+
+    Attributes:
+        epoch: epoch number.
+        index: step within the epoch.
+        seeds: int64 [b], global IDs of the batch's output nodes.
+        seed: the sampling seed ``H(s0, worker, epoch, index)``.
+        dropout_seed: hashed-dropout seed ``H(s0, epoch, index)``: the same on
+            every trainer, so a node's mask does not depend on who trains it.
+    """
+
+    epoch: int
+    index: int
+    seeds: torch.Tensor
+    seed: int
+    dropout_seed: int
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -7,11 +7,12 @@ from typing import Any
 import torch
 
 from graphwire.comm.base import Transport
+from graphwire.feature.rapid import RapidConfig, RapidStore
 from graphwire.fullgraph.checkpoint import CheckpointConfig
-from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
+from graphwire.minibatch.dist import train_minibatch_distributed
 from graphwire.minibatch.loop import RankLoop
-from graphwire.minibatch.schedule import Batch
 from graphwire.partition.format import load_part
+from graphwire.sampler.base import Batch
 from graphwire.training import TrainConfig
 
 
@@ -19,7 +20,7 @@ def train(
     transport: Transport,
     folder: str,
     config: TrainConfig,
-    options: FetchOptions,
+    fetch: Any,
     checkpoint: CheckpointConfig | None = None,
     die_at: tuple[int, int] | None = None,
     how: str = "kill",
@@ -34,7 +35,7 @@ def train(
         part,
         transport,
         config,
-        options,
+        fetch,
         on_restore=lambda records: restored.extend(r.epoch for r in records),
         checkpoint=checkpoint,
     )
@@ -76,29 +77,27 @@ def feature_paths(
     ``g * 10 + column`` (new global IDs): prefetched, fallback (assembled by
     the trainer), cache lookups, on-demand pulls. Returns the worst error."""
     part = load_part(folder, transport.rank)
-    loop = RankLoop(part, transport, config, FetchOptions(fetch="rapid", n_hot=n_hot))
+    loop = RankLoop(part, transport, config, RapidConfig(n_hot=n_hot))
+    rapid = loop.fetcher
+    assert isinstance(rapid, RapidStore)
     worst = 0.0
     checked = {"prefetched": 0, "fallback": 0, "cache": 0, "on_demand": 0}
     try:
-        loop.presample(0)
-        loop.start_rapid(0, None)
-        assert loop.prefetcher is not None and loop.cache is not None
+        loop.start(range(config.epochs), None)
+        assert rapid.prefetcher is not None and rapid.cache is not None
         cols = torch.arange(loop.store.dim, dtype=torch.float32)
         for epoch in range(config.epochs):
-            if epoch > loop.cache.epoch:
-                loop.cache.swap(epoch)
-            if epoch + 1 < config.epochs:
-                loop.cache.build(epoch + 1, loop.epochs[epoch + 1].hot_ids)
+            rapid.begin_epoch(epoch)
             for index in range(loop.steps):
                 key = (epoch, index)
-                item, prefetched = loop.prefetcher.get(
+                item, prefetched = rapid.prefetcher.get(
                     key,
-                    lambda key: loop.assemble(key, "pull"),  # type: ignore[arg-type]
+                    lambda key: rapid.assemble(key, "pull"),  # type: ignore[arg-type]
                 )
                 # A batch the trainer made itself is the fallback path; for
                 # a prefetched one, the fallback path assembles it again.
                 paths: dict[str, Any] = (
-                    {"prefetched": item, "fallback": loop.assemble(key, "pull")}
+                    {"prefetched": item, "fallback": rapid.assemble(key, "pull")}
                     if prefetched
                     else {"fallback": item}
                 )
@@ -106,15 +105,16 @@ def feature_paths(
                     checked[path] += 1
                     truth = sampled.input_nid.unsqueeze(1).float() * 10 + cols
                     worst = max(worst, float((x - truth).abs().max()))
-                hit, rows = loop.cache.lookup(sampled.input_nid, epoch)
+                hit, rows = rapid.cache.lookup(sampled.input_nid, epoch)
                 checked["cache"] += int(hit.sum())
                 if rows.numel():
                     worst = max(worst, float((rows - truth[hit]).abs().max()))
                 pulled = loop.store.pull(sampled.input_nid, kind="pull")
                 checked["on_demand"] += pulled.shape[0]
                 worst = max(worst, float((pulled - truth).abs().max()))
-                loop.prefetcher.release(key)
+                rapid.prefetcher.release(key)
         transport.barrier()
     finally:
         loop.close()
-    return {"worst": worst, "checked": checked, "counters": dict(loop.counters)}
+    counters = dict(loop.counters) | rapid.counters()
+    return {"worst": worst, "checked": checked, "counters": counters}

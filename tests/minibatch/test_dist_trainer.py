@@ -29,11 +29,13 @@ import torch
 
 from graphwire.comm.launch import WorkerFailed, launch_local
 from graphwire.comm.local import run_local
+from graphwire.feature.rapid import RapidConfig
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.graph.synthetic import ProductsConfig, products_graph
-from graphwire.minibatch.dist import FetchOptions, train_minibatch_distributed
+from graphwire.minibatch.dist import train_minibatch_distributed
+from graphwire.minibatch.fetchers import FETCHERS
 from graphwire.minibatch.job import MinibatchJob, run_rank
 from graphwire.minibatch.trainer import train_minibatch
 from graphwire.partition import (
@@ -92,7 +94,7 @@ def test_every_feature_path_returns_the_true_rows(parts: dict[int, str]) -> None
 def _both(kind: str, world: int, folder: str, config: TrainConfig) -> list[list]:
     out = []
     for fetch in ("on-demand", "rapid"):
-        options = FetchOptions(fetch=fetch, prefetch=2, n_hot=60)
+        options = RapidConfig(prefetch=2, n_hot=60) if fetch == "rapid" else fetch
         if kind == "local":
             out.append(
                 run_local(lambda t, o=options: train(t, folder, config, o), world)
@@ -143,7 +145,7 @@ def test_epoch_times_split_forward_backward_and_sync_as_one_process_does(
     forward, the optimizer step with the gradient sync. Now the fields mean
     what a single process's do (forward and loss; backward with the step),
     and ``sync_s`` is the all-reduce alone: disjoint parts of ``train_s``."""
-    results = run_local(lambda t: train(t, parts[2], _config(), FetchOptions()), 2)
+    results = run_local(lambda t: train(t, parts[2], _config(), "on-demand"), 2)
     phases = ("sample_s", "fetch_s", "wait_s", "forward_s", "backward_s", "sync_s")
     for r in results:
         for record in r["records"]:
@@ -167,7 +169,7 @@ def test_remote_rows_do_not_grow_with_n_hot_and_memory_stays_bounded(
     config = _config(epochs=3)
     fetched = []
     for n_hot in (0, 10, 40, 160, 2000):
-        options = FetchOptions(fetch="rapid", n_hot=n_hot, prefetch=2)
+        options = RapidConfig(n_hot=n_hot, prefetch=2)
         results = run_local(lambda t, o=options: train(t, parts[2], config, o), 2)
         fetched.append(_remote_rows(results))
         for r in results:
@@ -190,7 +192,7 @@ def test_a_presample_dir_in_use_by_another_run_is_refused(
     (where / "rank1").mkdir(parents=True)
     other = open(where / "rank1" / ".lock", "w")  # another run's rank 1
     fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    options = FetchOptions(fetch="rapid", prefetch=2, presample_dir=str(where))
+    options = RapidConfig(prefetch=2, presample_dir=str(where))
     config = _config(epochs=2)
     try:
         with pytest.raises(ValueError, match="rank 1's folder is in use by another"):
@@ -213,7 +215,7 @@ def test_n_hot_is_cut_to_the_remote_nodes_the_run_reads(
     and the counters say so: every row of a buffer is filled, and each once.
     A finite ``cache_mb`` of 1e303 MiB overflowed to inf rows, and every
     worker failed with OverflowError."""
-    options = FetchOptions(fetch="rapid", prefetch=2, **fields)
+    options = RapidConfig(prefetch=2, **fields)
     results = run_local(lambda t: train(t, parts[2], _config(epochs=3), options), 2)
     for r in results:
         c = r["counters"]
@@ -233,7 +235,7 @@ def test_cora_on_four_workers_is_within_a_point_of_one_process(
     job = MinibatchJob(
         folder=str(folder),
         config=TrainConfig(model="sage", epochs=30, batch_size=35),
-        options=FetchOptions(fetch="rapid"),
+        options=RapidConfig(),
         progress=False,
     )
     reports = launch_local(run_rank, 4, job, timeout_s=300.0, run_timeout_s=300.0)[0]
@@ -254,7 +256,7 @@ def test_a_dead_worker_ends_the_run_promptly_naming_it(
             3,
             parts[3],
             _config(epochs=3),
-            FetchOptions(fetch="rapid"),
+            RapidConfig(),
             None,
             (1, 1),
             how,
@@ -267,7 +269,7 @@ def test_resume_sees_the_same_batches_and_ends_with_the_same_parameters(
     parts: dict[int, str], tmp_path: Path
 ) -> None:
     config = _config(epochs=4)
-    options = FetchOptions(fetch="rapid", n_hot=50, prefetch=2)
+    options = RapidConfig(n_hot=50, prefetch=2)
     whole = run_workers(train, 2, parts[2], config, options, timeout_s=120)
     ckpt = CheckpointConfig(folder=str(tmp_path / "ckpt"), every=2)
     with pytest.raises(WorkerFailed):
@@ -289,7 +291,7 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(
     to train on from there; it trains nothing now (rapid: not even its
     presampling), and a larger patience goes on."""
     config = dataclasses.replace(_config(epochs=30), patience=1)
-    options = FetchOptions(fetch="rapid", n_hot=20, prefetch=2)
+    options = RapidConfig(n_hot=20, prefetch=2)
     saving = CheckpointConfig(folder=str(tmp_path / "ckpt"), every=1)
 
     def epochs(checkpoint: CheckpointConfig, patience: int = 1) -> list[list[int]]:
@@ -321,7 +323,7 @@ def test_an_early_stop_ends_a_prefetcher_that_ran_two_epochs_ahead(
         patience=1,
         lr=0.5,
     )
-    options = FetchOptions(fetch="rapid", prefetch=2)
+    options = RapidConfig(prefetch=2)
     before = set(threading.enumerate())
     ranks = run_local(lambda t: train(t, parts[2], config, options), 2)
     for rank in ranks:
@@ -342,7 +344,7 @@ def test_a_split_empty_on_every_part_is_refused_before_serving(
     partition = get_partitioner("random").partition(no_train, 2, seed=0)
     folder = str(write_partitioned(no_train, partition, tmp_path / "no-train"))
     with pytest.raises(ValueError, match=r"\(all 2 parts\): train_idx holds no"):
-        run_local(lambda t: train(t, folder, _config(), FetchOptions()), 2)
+        run_local(lambda t: train(t, folder, _config(), "on-demand"), 2)
 
 
 def test_a_rank_with_fewer_seeds_than_steps_has_a_finite_loss(
@@ -358,7 +360,7 @@ def test_a_rank_with_fewer_seeds_than_steps_has_a_finite_loss(
     config = TrainConfig(
         model="sage", hidden=8, epochs=2, batch_size=1, fanouts=[3, 4], seed=5
     )
-    runs = run_local(lambda t: train(t, folder, config, FetchOptions()), 2)
+    runs = run_local(lambda t: train(t, folder, config, "on-demand"), 2)
     assert [len(run["batches"]) for run in runs] == [6, 6]  # 3 steps x 2 epochs
     losses = [rec["loss"] for run in runs for rec in run["records"]]
     assert len(losses) == 4 and all(0 < loss < 10 for loss in losses), losses
@@ -367,13 +369,12 @@ def test_a_rank_with_fewer_seeds_than_steps_has_a_finite_loss(
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"fetch": "eager"}, "fetch: expected one of"),
         ({"n_hot": -1}, "n_hot: expected >= 0"),
-        ({"cache_mb": 0.0}, "cache_mb: expected a finite value > 0"),
+        ({"cache_mb": 0.0}, "cache_mb: expected > 0, got 0.0"),
         ({"cache_mb": float("inf")}, "cache_mb: expected a finite value > 0"),
         ({"cache_mb": float("nan")}, "cache_mb: expected a finite value > 0"),
         ({"prefetch": 0}, "prefetch: expected >= 1"),
-        ({"n_hot": 9, "cache_mb": 1.0}, "cache_mb: 1.0 would not bound the cache"),
+        ({"n_hot": 9, "cache_mb": 1.0}, "cache_mb: only without n_hot"),
     ],
 )
 def test_fetch_options_refuse_values_the_loop_cannot_use(fields, message) -> None:
@@ -381,7 +382,9 @@ def test_fetch_options_refuse_values_the_loop_cannot_use(fields, message) -> Non
     cache's rows were counted from it; one given with ``n_hot`` was ignored,
     and the cache took more memory than it said."""
     with pytest.raises(ValueError, match=message):
-        FetchOptions(**fields)
+        RapidConfig(**fields)
+    with pytest.raises(ValueError, match="fetch: unknown 'eager'; known: on-demand"):
+        FETCHERS.get("eager")
 
 
 def _nan_loss_message(
@@ -398,7 +401,7 @@ def _nan_loss_message(
     )
     part = load_part(folder, transport.rank)
     try:
-        train_minibatch_distributed(part, transport, config, FetchOptions())
+        train_minibatch_distributed(part, transport, config, "on-demand")
     except ValueError as error:
         return str(error)
     return "no error"

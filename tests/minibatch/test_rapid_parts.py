@@ -453,7 +453,7 @@ def test_presampled_epochs_read_back_bitwise_and_memory_mapped(tmp_path) -> None
     import numpy as np
 
     from graphwire.graph.graph import Graph
-    from graphwire.minibatch.presample import PresampledEpoch, presample_epoch
+    from graphwire.sampler.presample import PresampledEpoch, presample_epoch
     from graphwire.sampler.uniform import UniformNeighborSampler
 
     gen = torch.Generator().manual_seed(0)

@@ -23,9 +23,9 @@ import torch
 from graphwire.comm.base import Transport
 from graphwire.comm.local import run_local
 from graphwire.feature.dist import DistFeatureStore
+from graphwire.feature.rapid import RapidConfig
 from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.graph.synthetic import ProductsConfig, products_graph
-from graphwire.minibatch.dist import FetchOptions
 from graphwire.minibatch.traffic import TrafficWindows, fetch_traffic, fetched_rows
 from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.testing.minibatch_probes import train
@@ -78,7 +78,7 @@ def test_set_up_epochs_and_teardown_add_up_to_the_run(
     config = TrainConfig(
         model="sage", hidden=8, epochs=4, batch_size=30, fanouts=[3, 4], seed=5
     )
-    options = FetchOptions(fetch=fetch, n_hot=10, prefetch=2)
+    options = RapidConfig(n_hot=10, prefetch=2) if fetch == "rapid" else fetch
     whole = run_local(lambda t: train(t, folder, config, options), 2)
     for rank in whole:
         assert _records_sum(rank, 0) == _totals(rank)

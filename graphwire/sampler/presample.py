@@ -2,7 +2,7 @@
 training and streamed to disk, read back memory-mapped.
 
 Because every batch's seeds are hashed from ``(s0, worker, epoch, batch)``
-(:mod:`~graphwire.minibatch.schedule`), the blocks of the whole run are known
+(the mini-batch schedule), the blocks of the whole run are known
 before it starts. :func:`presample_epoch` samples one epoch's batches and
 writes them to ``<folder>/epoch_<e>/``; only one epoch is in memory at a time,
 and :class:`PresampledEpoch` reads them back memory-mapped, so resident memory
@@ -35,8 +35,7 @@ import numpy as np
 import torch
 
 from graphwire.fsutil import load_npy
-from graphwire.minibatch.schedule import Batch
-from graphwire.sampler.base import Block, SampledBatch
+from graphwire.sampler.base import Batch, Block, SampledBatch
 
 __all__ = ["PresampledEpoch", "access_ranking", "lock_rank_folder", "presample_epoch"]
 

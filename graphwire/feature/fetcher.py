@@ -1,0 +1,125 @@
+"""`Fetcher`: where one trainer's batches come from (``--fetch NAME``).
+
+A distributed mini-batch trainer asks its fetcher for each batch of its
+schedule and gets the batch's blocks, input feature rows and seed labels; how
+they were made (sampled now and pulled row by row, read from a presampled
+schedule and a hot cache, ...) is the fetcher's business, so the training loop
+does not know which one it has. Fetchers are registered by name with their
+config (:data:`graphwire.minibatch.fetchers.FETCHERS`) and built as
+``cls(store, sampler, config)``.
+
+The loop's calls, in order::
+
+    start(schedule, first, saved)   once, before the first epoch (collective)
+    begin_epoch(epoch)              at each epoch's start
+    get(batch, stats)               each batch, in schedule order
+    release(batch)                  after the batch's step
+    state(epoch)                    what a checkpoint after ``epoch`` keeps
+    finish()                        after the last epoch (collective)
+    close(collective)               always, last
+
+``get`` adds the seconds it spent to ``stats`` under ``sample_s`` (sampling),
+``fetch_s`` (reading rows) or ``wait_s`` (waiting for a batch made ahead),
+and the rows it assembled under ``cache_hits``, ``local_rows`` and
+``missed_rows`` (remote rows pulled for this batch), so every fetcher's
+records read alike.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
+
+import torch
+
+from graphwire.feature.dist import DistFeatureStore
+from graphwire.sampler.base import Batch, SampledBatch
+from graphwire.sampler.dist import DistNeighborSampler
+
+__all__ = ["Fetched", "Fetcher", "Schedule"]
+
+Fetched = tuple[SampledBatch, torch.Tensor, torch.Tensor]
+"""A batch as a fetcher hands it over: blocks, input rows float32 [n, F],
+seed labels int64 [B]."""
+
+
+class Schedule(Protocol):
+    """The part of the trainer's schedule a fetcher may look ahead in."""
+
+    @property
+    def epochs(self) -> range:
+        """The epochs this process trains (a resumed run's start at its
+        checkpoint)."""
+        ...
+
+    @property
+    def steps(self) -> int:
+        """Batches per epoch (the same on every rank)."""
+        ...
+
+    def batches(self, epoch: int) -> list[Batch]:
+        """This rank's batches of ``epoch``, in order."""
+        ...
+
+
+class Fetcher(ABC):
+    """One rank's source of batches (see the module docstring).
+
+    Args:
+        store: this rank's feature store; remote rows are pulled from their
+            owners (``kv.<kind>`` tags).
+        sampler: the owner-compute neighbour sampler, serving the other
+            ranks' frontiers until it is closed (collectively).
+        config: the strategy's config (a dataclass of option fields).
+    """
+
+    def __init__(
+        self, store: DistFeatureStore, sampler: DistNeighborSampler, config: Any
+    ) -> None:
+        self.store = store
+        self.sampler = sampler
+        self.config = config
+        self._sampler_open = True
+
+    def start(self, schedule: Schedule, first: int, saved: Any | None) -> None:
+        """Set up before epoch ``first``, the first this process trains
+        (collective); ``saved`` is what :meth:`state` returned for the
+        checkpoint the run resumed from (None: a fresh run)."""
+        del schedule, first, saved
+
+    def begin_epoch(self, epoch: int) -> None:  # noqa: B027 - optional hook
+        """Called at the start of each epoch this process trains."""
+
+    @abstractmethod
+    def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
+        """The blocks, input rows and labels of ``batch``; times and row
+        counts are added to ``stats`` (module docstring)."""
+
+    def release(self, batch: Batch) -> None:  # noqa: B027 - optional hook
+        """The trainer is done with ``batch`` (its memory may go)."""
+
+    def state(self, epoch: int) -> Any | None:
+        """What a checkpoint after ``epoch`` keeps for a resumed run
+        (picklable; default none)."""
+        del epoch
+        return None
+
+    def finish(self) -> None:
+        """After the last epoch (collective): stop serving samples, if this
+        fetcher did not already."""
+        self.close_sampler()
+
+    def close_sampler(self) -> None:
+        """Close the sampler's service once (collective: every rank's last
+        sample is taken)."""
+        if self._sampler_open:
+            self.sampler.close()
+            self._sampler_open = False
+
+    def counters(self) -> dict[str, Any]:
+        """The fetcher's own counters for the run's report (default none)."""
+        return {}
+
+    def close(self, collective: bool = True) -> None:  # noqa: B027 - optional hook
+        """Stop this rank's threads and remove what it wrote; after an error
+        (``collective`` False) without waiting for the peers."""

@@ -1,0 +1,24 @@
+"""The mini-batch fetchers, by name (``--fetch NAME``): one line each."""
+
+from __future__ import annotations
+
+from graphwire.feature.fetcher import Fetcher
+from graphwire.feature.ondemand import OnDemand, OnDemandConfig
+from graphwire.feature.rapid import RapidConfig, RapidStore
+from graphwire.run.registry import Registry
+
+__all__ = ["FETCHERS"]
+
+FETCHERS = Registry("fetch", mode="minibatch", default="on-demand", base=Fetcher)
+FETCHERS.register(
+    "on-demand",
+    OnDemand,
+    OnDemandConfig,
+    about="DistDGL: sample each batch now, pull its remote input rows",
+)
+FETCHERS.register(
+    "rapid",
+    RapidStore,
+    RapidConfig,
+    about="RapidGNN: presampled schedule, hot-row cache and prefetcher",
+)
