@@ -1,13 +1,13 @@
 """`TorchTransport`: the :class:`Transport` over ``torch.distributed``.
 
-This is the only module in graphwire that imports ``torch.distributed``. One
-transport owns the default process group of its process: :meth:`open` creates
-it from a :class:`WorkerContext`, :meth:`close` destroys it.
+One transport owns the default process group of its process: :meth:`open`
+creates it from a :class:`WorkerContext`, :meth:`close` destroys it.
 
 What each primitive runs (``W`` ranks, this rank ``r``):
 
 - ``all_to_all``: ONE ``all_to_all_single``. Rank ``r``'s non-empty blocks are
-  concatenated and viewed as bytes, ``uint8 [sum_p rows_p, row_bytes]``, with
+  concatenated and viewed as bytes (:mod:`~graphwire.comm.wire`),
+  ``uint8 [sum_p rows_p, row_bytes]``, with
   one split size per rank (``0`` for ``r`` itself: its own block is returned as
   is, never copied). Any dtype works, on gloo as on NCCL. With
   ``check_splits`` (default) an ``all_gather`` of every rank's row counts
@@ -32,21 +32,17 @@ Failures: every blocking call is bounded by the process-group timeout
 (``ctx.timeout_s``); under NCCL the watchdog enforces it by aborting the
 process. A ``torch.distributed`` error (timeout, a peer's connection closed) is
 re-raised as :class:`TransportError` naming this rank, the operation and the
-tag, and the peer: a point-to-point one's, or of two ranks the other. gloo's
-error names an address, not a rank, so of more than two ranks each beats in
-the rendezvous store (:class:`_Heartbeat`), and a failed collective names
-the ranks that stopped beating: under ``torchrun --nnodes`` no launcher on
-the other nodes knows which rank died. Under gloo a peer that dies
-mid-collective closes its sockets, and the survivors' pending collectives
-fail at once rather than at the timeout.
+tag, and the peer: a point-to-point one's, or of two ranks the other; of
+more, a failed collective names the ranks whose
+:class:`~graphwire.comm.heartbeat.Heartbeat` stopped. Under gloo a peer that
+dies mid-collective closes its sockets, and the survivors' pending
+collectives fail at once rather than at the timeout.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -64,6 +60,9 @@ from graphwire.comm.base import (
     row_bytes,
 )
 from graphwire.comm.context import WorkerContext
+from graphwire.comm.dist_work import TorchWork
+from graphwire.comm.heartbeat import Heartbeat
+from graphwire.comm.wire import bytes_per_row, rows_as_bytes, rows_from_bytes
 
 if TYPE_CHECKING:
     from graphwire.comm.service import Service
@@ -71,8 +70,6 @@ if TYPE_CHECKING:
 __all__ = ["TorchTransport", "p2p_backend"]
 
 _P2P_TAG = 0  # one channel per pair: matched in send order, as LocalTransport
-_BEAT_S = 0.5  # each rank's heartbeat period
-_SILENT_S = 2.0  # a rank whose heartbeat did not move in this long is gone
 
 
 def p2p_backend(backend: str) -> str | None:
@@ -105,7 +102,7 @@ class TorchTransport(Transport):
         self._timeout = timedelta(seconds=ctx.timeout_s)
         self._owns_group = owns_group
         self._closed = False
-        self._heartbeat = _Heartbeat.start(ctx) if ctx.world_size > 2 else None
+        self._heartbeat = Heartbeat.start(ctx) if ctx.world_size > 2 else None
         # Made by every rank here, as new_group must be (open runs on all).
         self._p2p_group: Any = None
         self._p2p_device = self.device
@@ -248,8 +245,8 @@ class TorchTransport(Transport):
         recv_sizes = [0 if p == self.rank else int(n) for p, n in enumerate(recv_rows)]
         if check:
             self._check_splits(send_rows, recv_sizes, tag)
-        width = _row_bytes(row_shape, dtype)
-        blocks = [_as_bytes(t, width) for p, t in enumerate(send) if p != self.rank]
+        width = bytes_per_row(row_shape, dtype)
+        blocks = [rows_as_bytes(t, width) for p, t in enumerate(send) if p != self.rank]
         payload = torch.cat(blocks).to(self.device)
         received = torch.empty(
             (sum(recv_sizes), width), dtype=torch.uint8, device=self.device
@@ -264,7 +261,7 @@ class TorchTransport(Transport):
         out: list[torch.Tensor] = []
         for src, block in enumerate(torch.split(received.to(home), recv_sizes)):
             out.append(
-                mine if src == self.rank else _from_bytes(block, row_shape, dtype)
+                mine if src == self.rank else rows_from_bytes(block, row_shape, dtype)
             )
         for peer in range(self.world_size):
             if peer != self.rank:
@@ -277,12 +274,13 @@ class TorchTransport(Transport):
         returned work's ``wait()``."""
         self._check_peer(dst, "isend", tag)
         staged = tensor.detach().contiguous().to(self._p2p_device)
+        op = f"isend to rank {dst}"
         try:
             work = dist.isend(staged, dst, group=self._p2p_group, tag=_P2P_TAG)
         except RuntimeError as error:
-            self._fail(f"isend to rank {dst}", tag, error)
+            self._fail(op, tag, error)
         self.ledger.record_send(dst, tag, row_bytes(staged))
-        return _TorchWork(self, work, f"isend to rank {dst}", tag)
+        return TorchWork(work, op, tag, self._timeout, self._fail)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: str) -> Work:
         """See :meth:`Transport.irecv`; ``tensor`` is filled by ``wait()``."""
@@ -292,13 +290,14 @@ class TorchTransport(Transport):
         staged = tensor
         if not direct:  # (empty_like keeps a transposed view's strides)
             staged = torch.empty(tensor.shape, dtype=tensor.dtype, device=home)
+        op = f"irecv from rank {src}"
         try:
             work = dist.irecv(staged, src, group=self._p2p_group, tag=_P2P_TAG)
         except RuntimeError as error:
-            self._fail(f"irecv from rank {src}", tag, error)
+            self._fail(op, tag, error)
         self.ledger.record_recv(src, tag, row_bytes(staged))
         target = None if direct else tensor
-        return _TorchWork(self, work, f"irecv from rank {src}", tag, staged, target)
+        return TorchWork(work, op, tag, self._timeout, self._fail, staged, target)
 
     def all_gather_object(self, obj: Any, tag: str) -> list[Any]:
         self._check_open(tag)
@@ -364,7 +363,7 @@ class TorchTransport(Transport):
         """Raise for a failed collective ``op``, naming the peers it failed
         on where that can be told (gloo's errors give an address, not a
         rank): of two ranks the other; of more, the ranks whose heartbeat
-        stopped (this waits ``_SILENT_S`` to see)."""
+        stopped (this waits the heartbeat's silence period to see)."""
         if self.world_size == 2:
             self._fail(f"{op} with rank {1 - self.rank}", tag, error)
         lost = self._heartbeat.lost() if self._heartbeat is not None else None
@@ -393,155 +392,12 @@ class TorchTransport(Transport):
 def _attempt_prefix(world_size: int) -> str:
     """The keys of this attempt of the run in its rendezvous store.
 
-    torchrun's agent keeps one store for all its attempts (``--max-restarts``):
-    the ranks of a restarted group found the addresses their predecessors
-    had published there, and gloo's full-mesh connect was refused (torch
-    2.13, pytorch/pytorch#167288 for NCCL). A prefix per attempt
-    (``TORCHELASTIC_RESTART_COUNT``) starts each on clean keys. A restart
-    for nodes that join (``--nnodes MIN:MAX``) keeps the count but changes
-    the world size, which the prefix holds too (graphwire's parts are for
-    one world size, so such a run is refused as its parts load).
+    torchrun's agent keeps one store for all its attempts (``--max-restarts``),
+    where a restarted group would find the addresses its predecessors
+    published, and gloo's connect to them is refused. A prefix per attempt
+    (``TORCHELASTIC_RESTART_COUNT``) starts each on clean keys; it holds the
+    world size too, which a restart for nodes that join (``--nnodes
+    MIN:MAX``) changes without counting a restart.
     """
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"graphwire/attempt_{restart}/world_{world_size}"
-
-
-class _Heartbeat:
-    """This rank's heartbeat: a daemon thread adds 1 to the rank's counter in
-    the run's rendezvous store (``MASTER_ADDR:MASTER_PORT``: the launcher's
-    under ``--workers``, node 0's agent's under torchrun) every ``_BEAT_S``.
-
-    After a failed collective, :meth:`lost` tells which ranks are gone: those
-    whose counter did not move in ``_SILENT_S`` and that did not report a
-    failure of their own (a survivor that has already given up and exited
-    is not lost). The keys are per torchrun run and restart.
-    """
-
-    def __init__(self, rank: int, world_size: int, store: Any) -> None:
-        self.rank, self.world_size, self._store = rank, world_size, store
-        run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self._prefix = f"graphwire/heartbeat/{run}/{restart}/"
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(
-            target=self._beat, name="graphwire-heartbeat", daemon=True
-        )
-        self._thread.start()
-
-    @classmethod
-    def start(cls, ctx: WorkerContext) -> _Heartbeat | None:
-        """Beat for ``ctx``'s rank; None if the store cannot be reached."""
-        try:
-            store = dist.TCPStore(
-                ctx.master_addr,
-                ctx.master_port,
-                is_master=False,
-                timeout=timedelta(seconds=5),
-                wait_for_workers=False,
-            )
-        except (RuntimeError, OSError):
-            return None
-        return cls(ctx.rank, ctx.world_size, store)
-
-    def _beat(self) -> None:
-        key = f"{self._prefix}beat/{self.rank}"
-        while not self._stopped.is_set():
-            try:
-                self._store.add(key, 1)
-            except (RuntimeError, OSError):  # the store went with its host
-                return
-            self._stopped.wait(_BEAT_S)
-
-    def lost(self) -> list[int] | None:
-        """The other ranks whose heartbeat stopped, seen over ``_SILENT_S``
-        (this rank's goes on meanwhile); None if the store cannot tell."""
-        try:
-            self.mark_failed()
-            before = self._counts()
-            time.sleep(_SILENT_S)
-            after = self._counts()
-            failed = [
-                self._store.check([f"{self._prefix}failed/{rank}"])
-                for rank in range(self.world_size)
-            ]
-        except (RuntimeError, OSError):
-            return None
-        return [
-            rank
-            for rank in range(self.world_size)
-            if rank != self.rank and before[rank] == after[rank] and not failed[rank]
-        ]
-
-    def mark_failed(self) -> None:
-        """Say that this rank has met a failure of its own (it is not lost)."""
-        try:
-            self._store.set(f"{self._prefix}failed/{self.rank}", "1")
-        except (RuntimeError, OSError):
-            pass  # lost() will find the store gone as well
-
-    def _counts(self) -> list[int]:
-        return [
-            self._store.add(f"{self._prefix}beat/{rank}", 0)
-            for rank in range(self.world_size)
-        ]
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-
-class _TorchWork:
-    """A pending ``isend``/``irecv``: ``wait()`` is bounded by the group
-    timeout, raises :class:`TransportError`, and copies a staged receive back."""
-
-    def __init__(
-        self,
-        transport: TorchTransport,
-        work: Any,
-        op: str,
-        tag: str,
-        staged: torch.Tensor | None = None,
-        target: torch.Tensor | None = None,
-    ) -> None:
-        self._transport, self._work, self._op, self._tag = transport, work, op, tag
-        self._staged, self._target = staged, target
-        self._done = False
-
-    def wait(self) -> None:
-        if self._done:
-            return
-        try:
-            completed = self._work.wait(timeout=self._transport._timeout)
-        except RuntimeError as error:
-            self._transport._fail(self._op, self._tag, error)
-        if completed is False:
-            self._transport._fail(
-                self._op,
-                self._tag,
-                TimeoutError(f"no completion within {self._transport._timeout}"),
-            )
-        if self._target is not None and self._staged is not None:
-            self._target.copy_(self._staged)
-        self._done = True
-
-
-def _row_bytes(row_shape: torch.Size, dtype: torch.dtype) -> int:
-    return row_shape.numel() * torch.empty((), dtype=dtype).element_size()
-
-
-def _as_bytes(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """``[rows, *S]`` as ``uint8 [rows, width]`` (a view when contiguous)."""
-    rows = tensor.shape[0]
-    if width == 0:
-        return torch.empty((rows, 0), dtype=torch.uint8, device=tensor.device)
-    flat = tensor.detach().contiguous().reshape(rows, tensor.shape[1:].numel())
-    return flat.view(torch.uint8)
-
-
-def _from_bytes(
-    block: torch.Tensor, row_shape: torch.Size, dtype: torch.dtype
-) -> torch.Tensor:
-    """Inverse of :func:`_as_bytes`: ``uint8 [rows, width]`` as ``[rows, *S]``."""
-    rows = block.shape[0]
-    if block.shape[1] == 0:
-        return torch.empty((rows, *row_shape), dtype=dtype, device=block.device)
-    return block.view(dtype).reshape(rows, *row_shape)

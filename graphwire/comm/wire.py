@@ -1,8 +1,13 @@
-"""`pack` / `unpack`: several tensors as one flat byte message, and back.
+"""Tensors as bytes on the wire: rows of any dtype, and messages of tensors.
+
+``TorchTransport.all_to_all`` sends blocks of rows ``[rows, *S]`` of any dtype
+as ``uint8 [rows, width]`` (:func:`rows_as_bytes`, :func:`rows_from_bytes`),
+so one byte exchange carries every dtype on every backend.
 
 A request or a response of the :mod:`~graphwire.comm.service` is a list of
 tensors (node IDs, feature rows, per-node counts). On the wire it is one
-``uint8`` tensor: an int64 preamble, then each tensor's bytes in order::
+``uint8`` tensor (:func:`pack`, :func:`unpack`): an int64 preamble, then each
+tensor's bytes in order::
 
     int64 [1 + 6 * k]   k, then per tensor: dtype code, ndim, up to 4 sizes
     uint8 [*]           tensor 0's bytes, tensor 1's bytes, ...
@@ -18,12 +23,37 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["pack", "unpack"]
+__all__ = ["bytes_per_row", "pack", "rows_as_bytes", "rows_from_bytes", "unpack"]
 
 _DTYPES = [torch.int64, torch.float32, torch.int32, torch.uint8, torch.bool]
 _CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
 _MAX_DIMS = 4
 _FIELDS = 2 + _MAX_DIMS
+
+
+def bytes_per_row(row_shape: torch.Size, dtype: torch.dtype) -> int:
+    """Bytes of one row of shape ``row_shape`` and ``dtype``."""
+    return row_shape.numel() * torch.empty((), dtype=dtype).element_size()
+
+
+def rows_as_bytes(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """``[rows, *S]`` as ``uint8 [rows, width]`` (a view when contiguous);
+    ``width`` is :func:`bytes_per_row` of its rows."""
+    rows = tensor.shape[0]
+    if width == 0:
+        return torch.empty((rows, 0), dtype=torch.uint8, device=tensor.device)
+    flat = tensor.detach().contiguous().reshape(rows, tensor.shape[1:].numel())
+    return flat.view(torch.uint8)
+
+
+def rows_from_bytes(
+    block: torch.Tensor, row_shape: torch.Size, dtype: torch.dtype
+) -> torch.Tensor:
+    """Inverse of :func:`rows_as_bytes`: ``uint8 [rows, width]`` as ``[rows, *S]``."""
+    rows = block.shape[0]
+    if block.shape[1] == 0:
+        return torch.empty((rows, *row_shape), dtype=dtype, device=block.device)
+    return block.view(dtype).reshape(rows, *row_shape)
 
 
 def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -39,7 +39,8 @@ import torch
 
 from graphwire.fullgraph.g3_messages import Messages
 from graphwire.graph.order import index_dtype, stable_order
-from graphwire.nn.base import MessageGraph, sparse_csr, spmm
+from graphwire.nn.base import MessageGraph
+from graphwire.nn.sparse import sparse_csr, spmm
 
 __all__ = ["MessageSums", "plan_sums"]
 

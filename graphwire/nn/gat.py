@@ -27,14 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphwire.nn.base import (
-    MessageGraph,
-    ProjectsToOutput,
-    check_size,
-    edge_softmax,
-    spmm_sum,
-)
+from graphwire.nn.aggregate import spmm_sum
+from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import check_dropout, hashed_edge_dropout
+from graphwire.nn.edges import edge_softmax
+from graphwire.nn.layer import ProjectsToOutput, check_size
 
 __all__ = ["GATConv", "attention_scores"]
 

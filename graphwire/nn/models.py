@@ -37,10 +37,11 @@ from torch import nn
 
 from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import derive_seed
-from graphwire.nn.base import MessageGraph, check_size
+from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import check_dropout, hashed_dropout
 from graphwire.nn.gat import GATConv
 from graphwire.nn.gcn import GCNConv
+from graphwire.nn.layer import check_size
 from graphwire.nn.sage import SAGEConv
 
 __all__ = [

@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphwire.nn.base import MessageGraph, ProjectsToOutput, check_size, spmm_mean
+from graphwire.nn.aggregate import spmm_mean
+from graphwire.nn.base import MessageGraph
+from graphwire.nn.layer import ProjectsToOutput, check_size
 
 __all__ = ["SAGEConv"]
 

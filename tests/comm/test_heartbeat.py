@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from graphwire.comm import dist as transport_module
+from graphwire.comm import heartbeat as heartbeat_module
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.launch import free_port
 
@@ -18,10 +18,10 @@ from graphwire.comm.launch import free_port
 @pytest.fixture
 def beats(monkeypatch) -> Iterator[list]:
     """Three ranks' heartbeats on one store (faster than a run's)."""
-    monkeypatch.setattr(transport_module, "_BEAT_S", 0.05)
+    monkeypatch.setattr(heartbeat_module, "_BEAT_S", 0.05)
     # 30 beats' time (10 failed once on a machine running 16 test
     # processes at once, likely a live beat held up that long)
-    monkeypatch.setattr(transport_module, "_SILENT_S", 1.5)
+    monkeypatch.setattr(heartbeat_module, "_SILENT_S", 1.5)
     port = free_port()
     store = dist.TCPStore(  # noqa: F841 (the server lives as long as it)
         "127.0.0.1",
@@ -31,7 +31,7 @@ def beats(monkeypatch) -> Iterator[list]:
         timeout=timedelta(seconds=5),
     )
     hearts = [
-        transport_module._Heartbeat.start(
+        heartbeat_module.Heartbeat.start(
             WorkerContext(rank, 3, rank, "127.0.0.1", port, "gloo")
         )
         for rank in range(3)
@@ -57,7 +57,7 @@ def test_ranks_that_beat_or_failed_themselves_are_not_lost(beats) -> None:
 def test_when_the_store_went_with_its_host_nothing_is_told(monkeypatch) -> None:
     """Rank 0 (or node 0's torchrun agent) holds the store: when it is gone,
     no rank can be named, and the heartbeat says so rather than blame all."""
-    monkeypatch.setattr(transport_module, "_SILENT_S", 0.2)
+    monkeypatch.setattr(heartbeat_module, "_SILENT_S", 0.2)
     port = free_port()
     store = dist.TCPStore(
         "127.0.0.1",
@@ -66,7 +66,7 @@ def test_when_the_store_went_with_its_host_nothing_is_told(monkeypatch) -> None:
         wait_for_workers=False,
         timeout=timedelta(seconds=5),
     )
-    heart = transport_module._Heartbeat.start(
+    heart = heartbeat_module.Heartbeat.start(
         WorkerContext(1, 3, 1, "127.0.0.1", port, "gloo")
     )
     assert heart is not None

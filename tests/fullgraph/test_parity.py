@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from graphwire.comm.local import run_local
-from graphwire.nn.base import spmm_sum
+from graphwire.nn.aggregate import spmm_sum
 from graphwire.nn.models import GNN
 from graphwire.partition import (
     Partition,

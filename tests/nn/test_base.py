@@ -9,15 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graphwire.graph.graph import Graph
-from graphwire.nn.base import (
-    MessageGraph,
-    edge_dots,
-    edge_softmax,
-    sparse_csr,
-    spmm,
-    spmm_mean,
-    spmm_sum,
-)
+from graphwire.nn.aggregate import spmm_mean, spmm_sum
+from graphwire.nn.base import MessageGraph
+from graphwire.nn.edges import edge_dots, edge_softmax
+from graphwire.nn.sparse import sparse_csr, spmm
 
 
 def _bipartite(num_src: int, num_dst: int, num_edges: int, seed: int) -> MessageGraph:
@@ -167,9 +162,9 @@ def test_edge_dots_elsewhere_gather_a_block_of_edges_at_a_time(
 ) -> None:
     """bfloat16 (no sampled kernel): the gathered path, in blocks smaller
     than the edges, gives the one-shot gather's values."""
-    import graphwire.nn.base as base
+    import graphwire.nn.edges as edges
 
-    monkeypatch.setattr(base, "_DOTS_BLOCK", 16)
+    monkeypatch.setattr(edges, "_DOTS_BLOCK", 16)
     mg = _bipartite(30, 20, 200, seed=4)
     a = torch.randn(20, 3, 5).to(torch.bfloat16)
     b = torch.randn(30, 3, 5).to(torch.bfloat16)

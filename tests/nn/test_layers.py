@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
 from graphwire.nn import GATConv, GCNConv, MessageGraph, SAGEConv, build_model
-from graphwire.nn.base import spmm_sum
+from graphwire.nn.aggregate import spmm_sum
 from graphwire.nn.models import projects_first, sums_sources
 from graphwire.sampler import UniformNeighborSampler
 

@@ -17,7 +17,8 @@ import time
 import psutil
 import pytest
 
-import graphwire.testing.netns as netns_module
+import graphwire.testing.netns.cleanup as cleanup_module
+import graphwire.testing.netns.network as network_module
 from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing.netns import (
     ShapeConfig,
@@ -140,7 +141,7 @@ def test_an_interrupt_while_the_namespace_is_made_removes_it(
     """Ctrl-C or SIGTERM while ``ip netns add`` runs: subprocess lets the
     command finish, so the namespace exists when KeyboardInterrupt arrives.
     It was made live only afterwards, so nothing removed it."""
-    real_run = netns_module._run
+    real_run = network_module.run_or_raise
 
     def interrupted(argv: list[str]) -> str:
         out = real_run(argv)
@@ -148,12 +149,12 @@ def test_an_interrupt_while_the_namespace_is_made_removes_it(
             raise KeyboardInterrupt("signal 15")
         return out
 
-    monkeypatch.setattr(netns_module, "_run", interrupted)
+    monkeypatch.setattr(network_module, "run_or_raise", interrupted)
     net = ShapedNetwork()
     with pytest.raises(KeyboardInterrupt), net:
         pass
     assert net.name not in namespaces()
-    assert net.name not in netns_module._LIVE
+    assert net.name not in cleanup_module.LIVE
 
 
 def test_an_interrupt_in_the_grace_period_still_kills_what_ignores_sigterm(
@@ -181,7 +182,7 @@ def test_an_interrupt_in_the_grace_period_still_kills_what_ignores_sigterm(
             raise KeyboardInterrupt("signal 2")
         real_sleep(seconds)
 
-    monkeypatch.setattr(netns_module.time, "sleep", interrupt)
+    monkeypatch.setattr(cleanup_module.time, "sleep", interrupt)
     with pytest.raises(KeyboardInterrupt):
         net.close()
     monkeypatch.undo()
