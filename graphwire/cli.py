@@ -1,4 +1,4 @@
-"""The ``graphwire`` command: data, partition, train, bench.
+"""The ``graphwire`` command: data, partition, train, bench, report.
 
 Each subcommand parses its flags (or a YAML config standing in for them), builds
 what it needs, runs, prints a table, and writes its outputs atomically.
@@ -310,6 +310,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_flags(bench)
     bench.set_defaults(handler=_handler("graphwire.commands.bench", "run"))
+
+    report = commands.add_parser(
+        "report", help="compare runs in a markdown table and PNG plots"
+    )
+    report.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="a run folder (graphwire train --out): its metrics.jsonl is read",
+    )
+    report.add_argument(
+        "--out",
+        help="folder for report.md, loss_acc.png, time_split.png and "
+        "bytes_heatmap.png (default: the run's folder; with several runs, the "
+        "first run's, replacing its own report)",
+    )
+    report.set_defaults(handler=_handler("graphwire.commands.report", "run"))
     return parser
 
 
