@@ -57,7 +57,7 @@ def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
 def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
     """--heads, --out-heads and --attn-dropout build the GAT a run trains
     (without them GAT always had 8 heads and attention dropout 0.6)."""
-    import graphwire.training
+    import graphwire.run.training
 
     built = []
 
@@ -65,8 +65,8 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
         built.append(build(*args, **kwargs))
         return built[-1]
 
-    build = graphwire.training.build_model
-    monkeypatch.setattr(graphwire.training, "build_model", spy)
+    build = graphwire.run.training.build_model
+    monkeypatch.setattr(graphwire.run.training, "build_model", spy)
     out = tmp_path / "run"
     argv = ["train", "--dataset", TINY, "--model", "gat", "--mode", mode]
     argv += ["--heads", "3", "--out-heads", "2", "--attn-dropout", "0.25"]

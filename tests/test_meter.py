@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch
 
-from graphwire.meter import ResourceMeter, ResourceReading
+from graphwire.run.meter import ResourceMeter, ResourceReading
 
 
 def _zone(root: Path, name: str, energy: int, max_range: int) -> Path:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from graphwire.runlog import MetricsLog, format_bytes, format_summary
+from graphwire.run.records import MetricsLog, format_bytes, format_summary
 
 
 def test_summary_line_format() -> None:

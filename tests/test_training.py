@@ -12,7 +12,8 @@ from graphwire.fullgraph.trainer import train_fullgraph
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.minibatch.trainer import train_minibatch
-from graphwire.training import TrainConfig, check_split_sizes, check_trainable
+from graphwire.run.config import TrainConfig
+from graphwire.run.training import check_split_sizes, check_trainable
 
 
 def _graph(**splits: list[int]) -> Graph:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from graphwire.bench.registry import BENCHMARKS, BenchOptions, run_benchmark
 from graphwire.commands.common import print_table
-from graphwire.runlog import format_summary
+from graphwire.run.records import format_summary
 
 
 def run(args: argparse.Namespace) -> int:

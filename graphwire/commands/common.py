@@ -148,7 +148,7 @@ def check_trainable_dataset(graph: Graph, dataset: str) -> None:
     """Refuse ``graph`` (from ``--dataset dataset``) before anything is
     written for the run unless it has features, labels and three non-empty
     splits."""
-    from graphwire.training import check_trainable
+    from graphwire.run.training import check_trainable
 
     if graph.x is None or graph.y is None or graph.train_idx is None:
         raise ValueError(

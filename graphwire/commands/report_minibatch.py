@@ -48,7 +48,7 @@ from graphwire.commands.train_dist import (
 )
 from graphwire.fullgraph.job import RankReport, RunLog
 from graphwire.minibatch.traffic import FETCH_KINDS, fetch_traffic, fetched_rows
-from graphwire.runlog import MetricsLog, format_summary
+from graphwire.run.records import MetricsLog, format_summary
 
 __all__ = ["report_minibatch", "summarise"]
 

@@ -1,6 +1,6 @@
 """``graphwire train``: one training run.
 
-Parses flags into a :class:`~graphwire.training.TrainConfig`. With
+Parses flags into a :class:`~graphwire.run.config.TrainConfig`. With
 ``--workers N`` (N >= 2) or under ``torchrun`` the run is distributed
 (:mod:`graphwire.commands.train_dist`); otherwise this process loads the
 dataset, optionally partitions it (to report what distributed training would
@@ -31,8 +31,9 @@ from graphwire.commands.common import (
     print_table,
 )
 from graphwire.graph.datasets import check_verifiable
-from graphwire.runlog import MetricsLog, format_summary, peak_rss_mb
-from graphwire.training import EpochRecord, TrainConfig, TrainResult, format_acc
+from graphwire.run.config import TrainConfig
+from graphwire.run.records import MetricsLog, format_summary, peak_rss_mb
+from graphwire.run.training import EpochRecord, TrainResult, format_acc
 
 # Flag name -> TrainConfig field, for the flags that override a model default.
 _OVERRIDES = {

@@ -40,15 +40,11 @@ from graphwire.commands.common import (
     print_table,
 )
 from graphwire.fsutil import check_creatable
-from graphwire.fullgraph.checkpoint import (
-    CheckpointConfig,
-    check_resume,
-    saved_schedule,
-)
 from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.fullgraph.job import FullGraphJob, RankReport, RunLog, run_rank
-from graphwire.runlog import MetricsLog, format_bytes, format_summary
-from graphwire.training import TrainConfig
+from graphwire.run.checkpoint import CheckpointConfig, check_resume, saved_schedule
+from graphwire.run.config import TrainConfig
+from graphwire.run.records import MetricsLog, format_bytes, format_summary
 
 __all__ = [
     "ledger_span",

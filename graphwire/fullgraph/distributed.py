@@ -46,21 +46,21 @@ import torch.nn.functional as F
 from graphwire.comm.base import Transport
 from graphwire.comm.ledger import LedgerWindows, sent_between
 from graphwire.fullgraph.base import Engine, get_engine, sum_gradients
-from graphwire.fullgraph.checkpoint import (
+from graphwire.graph.seeds import derive_seed
+from graphwire.nn.models import GNN, LAYER_KINDS
+from graphwire.partition.local import LocalPart, trainable_classes
+from graphwire.run.checkpoint import (
     CheckpointConfig,
     load_checkpoint,
     mark_complete,
     save_checkpoint,
 )
-from graphwire.graph.seeds import derive_seed
-from graphwire.nn.models import GNN, LAYER_KINDS
-from graphwire.partition.local import LocalPart, trainable_classes
-from graphwire.runlog import peak_rss_mb
-from graphwire.training import (
+from graphwire.run.config import TrainConfig
+from graphwire.run.records import peak_rss_mb
+from graphwire.run.training import (
     SPLITS,
     BestEpoch,
     EpochRecord,
-    TrainConfig,
     TrainResult,
     check_finite_eval,
     check_finite_loss,
@@ -332,7 +332,7 @@ def _split(part: LocalPart, split: str) -> torch.Tensor:
 def summed_loss(transport: Transport, loss: float) -> float:
     """Collective: ``loss`` summed over ranks, for an epoch without an
     evaluation (whose metrics would carry it): every rank checks the same
-    value (:func:`~graphwire.training.check_finite_loss`)."""
+    value (:func:`~graphwire.run.training.check_finite_loss`)."""
     total = transport.all_reduce_sum(
         torch.tensor([loss], dtype=torch.float64), "sync.metrics"
     )

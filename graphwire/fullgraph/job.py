@@ -30,12 +30,13 @@ from typing import Any, Protocol
 from graphwire.comm.base import Transport, name_ranks
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
-from graphwire.fullgraph.checkpoint import CheckpointConfig, parts_digest
 from graphwire.fullgraph.distributed import train_distributed
 from graphwire.partition.format import load_part
 from graphwire.partition.local import LocalPart
-from graphwire.runlog import MetricsLog, format_bytes
-from graphwire.training import EpochRecord, TrainConfig, TrainResult, format_acc
+from graphwire.run.checkpoint import CheckpointConfig, parts_digest
+from graphwire.run.config import TrainConfig
+from graphwire.run.records import MetricsLog, format_bytes
+from graphwire.run.training import EpochRecord, TrainResult, format_acc
 
 __all__ = [
     "EpochStream",

@@ -24,11 +24,11 @@ from graphwire.graph.graph import Graph
 from graphwire.graph.order import NODE_ORDERS, locality_order
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.models import LAYER_KINDS
-from graphwire.runlog import peak_rss_mb
-from graphwire.training import (
+from graphwire.run.config import TrainConfig
+from graphwire.run.records import peak_rss_mb
+from graphwire.run.training import (
     BestEpoch,
     EpochRecord,
-    TrainConfig,
     TrainResult,
     check_finite_eval,
     check_finite_loss,

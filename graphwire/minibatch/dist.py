@@ -20,7 +20,7 @@ its trainer, and takes the same number of steps per epoch (DistDGL, ARCHITECTURE
    the same Adam step.
 
 An epoch's record times these phases as a single process's does
-(:class:`~graphwire.training.EpochRecord`): ``sample_s`` (on-demand),
+(:class:`~graphwire.run.training.EpochRecord`): ``sample_s`` (on-demand),
 ``fetch_s`` and ``wait_s`` (step 3; ``wait_s`` for the prefetcher, rapid),
 ``forward_s`` (step 4's forward and loss), ``backward_s`` (its backward and
 the optimizer step) and ``sync_s`` (the gradients' all-reduce); they are
@@ -31,7 +31,7 @@ bitwise-identical steps: ``rapid`` changes only where rows come from.
 
 Evaluation is exact full-graph inference through the ``halo`` engine (as the
 single-process loop evaluates on the whole graph), after the epochs
-:meth:`~graphwire.training.TrainConfig.evaluates` names.
+:meth:`~graphwire.run.config.TrainConfig.evaluates` names.
 
 Each epoch's record counts the traffic of its window of the run
 (:mod:`~graphwire.minibatch.traffic`): ``comm`` and ``extra``'s
@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphwire.comm.base import Transport
-from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import (
     load_on_every_rank,
     phase_record,
@@ -59,14 +58,15 @@ from graphwire.fullgraph.distributed import (
     summed_loss,
     training_state,
 )
-from graphwire.meter import ResourceMeter
 from graphwire.minibatch.loop import RankLoop
 from graphwire.minibatch.traffic import TrafficWindows
 from graphwire.partition.local import LocalPart
-from graphwire.training import (
+from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.config import TrainConfig
+from graphwire.run.meter import ResourceMeter
+from graphwire.run.training import (
     BestEpoch,
     EpochRecord,
-    TrainConfig,
     TrainResult,
     check_finite_eval,
     check_finite_loss,

@@ -15,11 +15,12 @@ from typing import Any
 
 from graphwire.comm.base import Transport
 from graphwire.comm.context import WorkerContext
-from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.job import EpochStream, RankReport, RunLog, serve_rank
 from graphwire.minibatch.dist import train_minibatch_distributed
 from graphwire.partition.local import LocalPart
-from graphwire.training import EpochRecord, TrainConfig, format_acc
+from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.config import TrainConfig
+from graphwire.run.training import EpochRecord, format_acc
 
 __all__ = ["MinibatchJob", "run_rank"]
 

@@ -33,9 +33,10 @@ from graphwire.minibatch.schedule import (
 )
 from graphwire.nn.models import LAYER_KINDS
 from graphwire.partition.local import LocalPart, trainable_classes
+from graphwire.run.config import TrainConfig
+from graphwire.run.training import make_optimizer
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
-from graphwire.training import TrainConfig, make_optimizer
 
 __all__ = ["RankLoop"]
 

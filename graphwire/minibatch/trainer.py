@@ -32,13 +32,11 @@ import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
 from graphwire.nn.models import LAYER_KINDS
-from graphwire.runlog import peak_rss_mb
-from graphwire.sampler.base import derive_seed
-from graphwire.sampler.uniform import UniformNeighborSampler
-from graphwire.training import (
+from graphwire.run.config import TrainConfig
+from graphwire.run.records import peak_rss_mb
+from graphwire.run.training import (
     BestEpoch,
     EpochRecord,
-    TrainConfig,
     TrainResult,
     check_finite_eval,
     check_finite_loss,
@@ -48,6 +46,8 @@ from graphwire.training import (
     make_optimizer,
     split_metrics,
 )
+from graphwire.sampler.base import derive_seed
+from graphwire.sampler.uniform import UniformNeighborSampler
 
 __all__ = ["train_minibatch"]
 

@@ -25,7 +25,7 @@ import dataclasses
 import math
 import numbers
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["OptionError", "check_options", "flag_of", "option", "option_fields"]
@@ -58,6 +58,8 @@ def option(
     strict: bool = False,
     most: float | None = None,
     excludes: str | None = None,
+    only: str | None = None,
+    parse: Callable[[str], Any] | None = None,
     metavar: str | None = None,
 ) -> Any:
     """A dataclass field with what the command line needs to offer it.
@@ -74,6 +76,12 @@ def option(
         most: the largest value allowed (numbers).
         excludes: another field of the config that may not be set (not
             None) together with this one.
+        only: the runs the option applies to (a condition the command line
+            names, such as ``"minibatch"`` or ``"gat"``); it is refused in
+            others rather than ignored.
+        parse: how the command line's text becomes the value, for a field
+            that is not an int, float, str or bool (``"10,25"`` -> a list);
+            raises ValueError saying what was expected.
         metavar: the value's name in ``--help``.
     """
     metadata = {
@@ -84,6 +92,8 @@ def option(
         "strict": strict,
         "most": most,
         "excludes": excludes,
+        "only": only,
+        "parse": parse,
         "metavar": metavar,
     }
     return dataclasses.field(default=default, metadata=metadata)

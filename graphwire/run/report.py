@@ -1,7 +1,7 @@
 """Run reports: a run's ``metrics.jsonl`` read into a :class:`RunSummary`, and
 the Markdown table that compares runs, one row each.
 
-Only ``RUN/metrics.jsonl`` is read (:mod:`graphwire.runlog` writes it). The
+Only ``RUN/metrics.jsonl`` is read (:mod:`graphwire.run.records` writes it). The
 figures come from its records:
 
 - test accuracy, epoch time median, remote rows and cache hit rate: the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphwire.runlog import format_bytes
+from graphwire.run.records import format_bytes
 
 __all__ = [
     "PHASES",

@@ -34,7 +34,6 @@ from graphwire.comm.base import Transport
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
 from graphwire.fullgraph.base import ENGINES, register
-from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import (
     build_engine,
     forward_loss,
@@ -45,7 +44,9 @@ from graphwire.fullgraph.g3_bins import BinGraph, SumGraph
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
 from graphwire.fullgraph.p2p import P2PEngine
 from graphwire.partition.format import load_part
-from graphwire.training import EpochRecord, TrainConfig
+from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.config import TrainConfig
+from graphwire.run.training import EpochRecord
 
 __all__ = [
     "DYING_G3",

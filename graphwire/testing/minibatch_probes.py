@@ -8,12 +8,12 @@ import torch
 
 from graphwire.comm.base import Transport
 from graphwire.feature.rapid import RapidConfig, RapidStore
-from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.minibatch.dist import train_minibatch_distributed
 from graphwire.minibatch.loop import RankLoop
 from graphwire.partition.format import load_part
+from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.config import TrainConfig
 from graphwire.sampler.base import Batch
-from graphwire.training import TrainConfig
 
 
 def train(

@@ -26,7 +26,8 @@ from graphwire.partition import (
     load_part,
     write_partitioned,
 )
-from graphwire.training import TrainConfig, make_model
+from graphwire.run.config import TrainConfig
+from graphwire.run.training import make_model
 
 DROPOUT_SEED = 12345
 

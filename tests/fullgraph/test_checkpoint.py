@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from graphwire.fullgraph.checkpoint import (
+from graphwire.run.checkpoint import (
     CheckpointConfig,
     check_resume,
     load_checkpoint,
@@ -306,7 +306,8 @@ def test_a_state_that_does_not_fit_the_model_is_refused_in_a_line() -> None:
         seeded_model,
         training_state,
     )
-    from graphwire.training import BestEpoch, TrainConfig, make_optimizer
+    from graphwire.run.config import TrainConfig
+    from graphwire.run.training import BestEpoch, make_optimizer
 
     def fresh(hidden: int):
         config = TrainConfig(model="gcn", hidden=hidden)

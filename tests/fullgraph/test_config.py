@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphwire.training import MAX_LR, MODEL_DEFAULTS, TrainConfig
+from graphwire.run.config import MAX_LR, MODEL_DEFAULTS, TrainConfig
 
 
 @pytest.mark.parametrize("model", sorted(MODEL_DEFAULTS))

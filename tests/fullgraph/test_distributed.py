@@ -14,7 +14,7 @@ from graphwire.comm.local import run_local
 from graphwire.fullgraph.distributed import train_distributed
 from graphwire.graph.graph import Graph
 from graphwire.partition import Partition, load_part, write_partitioned
-from graphwire.training import TrainConfig
+from graphwire.run.config import TrainConfig
 from tests.fullgraph.dist_helpers import nan_feature_halves
 
 

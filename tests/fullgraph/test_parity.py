@@ -270,8 +270,8 @@ def test_a_run_resumed_after_an_epoch_without_evaluation_goes_on(tmp_path) -> No
     uninterrupted run does."""
     from dataclasses import replace
 
-    from graphwire.fullgraph.checkpoint import CheckpointConfig
     from graphwire.fullgraph.distributed import train_distributed
+    from graphwire.run.checkpoint import CheckpointConfig
 
     folder = write_parts(small_graph(), 2, tmp_path, "metis")
     config = replace(config_for("gcn"), epochs=3, eval_every=2)
@@ -353,8 +353,8 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path) -> None:
     from there. It trains nothing now, and a larger patience goes on."""
     from dataclasses import replace
 
-    from graphwire.fullgraph.checkpoint import CheckpointConfig
     from graphwire.fullgraph.distributed import train_distributed
+    from graphwire.run.checkpoint import CheckpointConfig
 
     folder = write_parts(small_graph(), 2, tmp_path, "metis")
     config = replace(config_for("gcn"), epochs=40, patience=1)

@@ -11,7 +11,8 @@ from graphwire.fullgraph.trainer import train_fullgraph
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.nn.models import LAYER_KINDS
-from graphwire.training import EpochRecord, TrainConfig, make_model, split_metrics
+from graphwire.run.config import TrainConfig
+from graphwire.run.training import EpochRecord, make_model, split_metrics
 
 
 @pytest.fixture(scope="module")

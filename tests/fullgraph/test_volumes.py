@@ -23,8 +23,8 @@ from graphwire.fullgraph.job import RankReport, epoch_lines
 from graphwire.graph.graph import Graph
 from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.partition.stats import PartitionStats
-from graphwire.runlog import format_bytes
-from graphwire.training import EpochRecord
+from graphwire.run.records import format_bytes
+from graphwire.run.training import EpochRecord
 from tests.fullgraph.dist_helpers import (
     DROPOUT_SEED,
     config_for,

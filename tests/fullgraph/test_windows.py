@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from graphwire.comm.local import run_local
-from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.distributed import train_distributed
 from graphwire.partition import load_part
+from graphwire.run.checkpoint import CheckpointConfig
 from tests.fullgraph.dist_helpers import config_for, small_graph, write_parts
 
 _WAYS = ("bytes_sent", "bytes_recv")

@@ -30,7 +30,6 @@ import torch
 from graphwire.comm.launch import WorkerFailed, launch_local
 from graphwire.comm.local import run_local
 from graphwire.feature.rapid import RapidConfig
-from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.graph.synthetic import ProductsConfig, products_graph
@@ -44,9 +43,10 @@ from graphwire.partition import (
     load_part,
     write_partitioned,
 )
+from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.config import TrainConfig
 from graphwire.testing import run_workers
 from graphwire.testing.minibatch_probes import feature_paths, train
-from graphwire.training import TrainConfig
 from tests.fullgraph.dist_helpers import nan_feature_halves
 
 

@@ -24,12 +24,12 @@ from graphwire.comm.base import Transport
 from graphwire.comm.local import run_local
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.rapid import RapidConfig
-from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.minibatch.traffic import TrafficWindows, fetch_traffic, fetched_rows
 from graphwire.partition import get_partitioner, load_part, write_partitioned
+from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.config import TrainConfig
 from graphwire.testing.minibatch_probes import train
-from graphwire.training import TrainConfig
 
 _FIELDS = ("bytes_sent", "bytes_recv", "remote_rows", "remote_bytes")
 

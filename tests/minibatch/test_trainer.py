@@ -12,7 +12,8 @@ import torch
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.minibatch.trainer import train_minibatch
-from graphwire.training import EpochRecord, TrainConfig
+from graphwire.run.config import TrainConfig
+from graphwire.run.training import EpochRecord
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 
 from graphwire.comm.context import default_backend
 from graphwire.comm.launch import free_port
-from graphwire.fullgraph.checkpoint import parts_digest
+from graphwire.run.checkpoint import parts_digest
 from tests.comm.launchers import worker_children
 from tests.multiprocess.cli_runs import (
     SPEC,

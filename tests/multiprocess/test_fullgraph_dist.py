@@ -37,12 +37,13 @@ import pytest
 import torch
 
 from graphwire.comm.launch import WorkerFailed, launch_local
-from graphwire.fullgraph.checkpoint import CheckpointConfig
 from graphwire.fullgraph.job import FullGraphJob, run_rank
 from graphwire.fullgraph.trainer import train_fullgraph
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.partition import get_partitioner, write_partitioned
+from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.config import TrainConfig
 from graphwire.testing.fullgraph_probes import (
     DYING_G3,
     StepCase,
@@ -50,7 +51,6 @@ from graphwire.testing.fullgraph_probes import (
     step_cases,
     train_state,
 )
-from graphwire.training import TrainConfig
 from tests.comm.launchers import worker_children
 from tests.fullgraph.dist_helpers import (
     DROPOUT_SEED,

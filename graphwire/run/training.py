@@ -1,8 +1,5 @@
-"""Training configuration and results shared by the full-graph and mini-batch loops.
+"""What every training loop shares: records, results, early stopping, the model.
 
-- :class:`TrainConfig`: what to train and how. Fields left ``None`` take the
-  model's default from :data:`MODEL_DEFAULTS` when the config is built (so
-  ``as_dict()`` always shows the values a run used).
 - :class:`EpochRecord`: one line of ``metrics.jsonl`` per epoch.
 - :class:`TrainResult`: the accuracies *at the epoch of best validation
   accuracy* (ties broken by lower validation loss), and the trained weights.
@@ -15,8 +12,7 @@ import copy
 import dataclasses
 import functools
 import math
-import numbers
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -24,18 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.graph.graph import Graph
-from graphwire.graph.seeds import check_seed, is_int
-from graphwire.nn.dropout import check_dropout
-from graphwire.nn.models import GNN, LAYER_KINDS, build_model
-from graphwire.sampler.uniform import check_fanouts
+from graphwire.nn.models import GNN, build_model
+from graphwire.run.config import TrainConfig
 
 __all__ = [
-    "MAX_LR",
-    "MODEL_DEFAULTS",
     "SPLITS",
     "BestEpoch",
     "EpochRecord",
-    "TrainConfig",
     "TrainResult",
     "check_finite_eval",
     "check_finite_loss",
@@ -48,175 +39,6 @@ __all__ = [
     "make_optimizer",
     "split_metrics",
 ]
-
-# Adam keeps its hyperparameters as float32 scalars: the weight decay as it
-# is, the first step as lr / (1 - beta1) = 10 lr (torch's default betas).
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-MAX_LR = _FLOAT32_MAX * (1 - 0.9)
-
-# Per-model defaults: GCN from Kipf & Welling, GAT from Veličković et al. (Cora:
-# 8 heads x 8 hidden, 1 output head, dropout 0.6 on inputs and attention).
-MODEL_DEFAULTS: dict[str, dict[str, float | int]] = {
-    "gcn": {
-        "hidden": 16,
-        "dropout": 0.5,
-        "attn_dropout": 0.0,
-        "lr": 0.01,
-        "weight_decay": 5e-4,
-    },
-    "sage": {
-        "hidden": 64,
-        "dropout": 0.5,
-        "attn_dropout": 0.0,
-        "lr": 0.01,
-        "weight_decay": 5e-4,
-    },
-    "gat": {
-        "hidden": 8,
-        "dropout": 0.6,
-        "attn_dropout": 0.6,
-        "lr": 0.005,
-        "weight_decay": 5e-4,
-    },
-}
-
-
-# TrainConfig is frozen: __post_init__ stores the values it checked with this.
-_set = object.__setattr__
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class TrainConfig:
-    """What to train and how.
-
-    Attributes:
-        model: "gcn", "sage" or "gat".
-        hidden: hidden width (per head for GAT); None: the model's default.
-        num_layers: message-passing layers.
-        dropout: dropout on every layer's input; None: the model's default.
-        attn_dropout: GAT attention dropout; None: the model's default.
-        lr: Adam learning rate; None: the model's default.
-        weight_decay: Adam L2 penalty; None: the model's default.
-        epochs: maximum number of epochs.
-        patience: stop after this many evaluations in a row without a
-            better epoch: a higher validation accuracy, or the same accuracy
-            with a lower validation loss (:class:`BestEpoch`); None: never
-            stop early.
-        eval_every: evaluate (accuracies, best epoch, early stopping) after
-            every this many epochs and after the last; the records of other
-            epochs have NaN accuracies (``null`` in ``metrics.jsonl``).
-        seed: seeds initialisation, dropout, shuffling and sampling.
-        heads: GAT heads in hidden layers.
-        out_heads: GAT heads (averaged) in the output layer.
-        fanouts: mini-batch neighbours per layer, **input layer first** (as
-            DGL): ``[10, 25]`` takes 25 neighbours of each seed, then 10 of each
-            of those; kept as a tuple. None: ``[10] * (num_layers - 1) + [25]``.
-        batch_size: mini-batch seeds per step.
-
-    A config is checked when it is made and is frozen after: change a field
-    with ``dataclasses.replace(config, epochs=50)``, which checks it again.
-    The model's defaults are filled in when the config is made, so
-    ``dataclasses.replace(config, model="gat")`` keeps the old model's hidden
-    width, dropout and learning rate: make a new ``TrainConfig`` to switch
-    models.
-    """
-
-    model: str = "sage"
-    hidden: int | None = None
-    num_layers: int = 2
-    dropout: float | None = None
-    attn_dropout: float | None = None
-    lr: float | None = None
-    weight_decay: float | None = None
-    epochs: int = 200
-    patience: int | None = None
-    seed: int = 0
-    heads: int = 8
-    out_heads: int = 1
-    fanouts: Sequence[int] | None = None
-    batch_size: int = 64
-    eval_every: int = 1
-
-    def __post_init__(self) -> None:
-        if self.model not in LAYER_KINDS:
-            raise ValueError(
-                f"model: expected one of {sorted(LAYER_KINDS)}, got {self.model!r}"
-            )
-        defaults = MODEL_DEFAULTS[self.model]
-        for name in ("hidden", "dropout", "attn_dropout", "lr", "weight_decay"):
-            if getattr(self, name) is None:
-                _set(self, name, defaults[name])
-        fanouts = self.fanouts
-        if fanouts is None:  # a bad num_layers is named by _validate
-            layers = self.num_layers if is_int(self.num_layers) else 1
-            fanouts = [10] * (layers - 1) + [25]
-        # list() would split a string into characters
-        if isinstance(fanouts, str) or not isinstance(fanouts, Iterable):
-            raise ValueError(
-                f"fanouts: expected a list of ints, one per layer, got {fanouts!r}"
-            )
-        _set(self, "fanouts", list(fanouts))
-        self._validate()
-
-    def _validate(self) -> None:
-        # numpy numbers are taken and stored as plain ones (as_dict is JSON).
-        positive = ("hidden", "num_layers", "epochs", "heads", "out_heads")
-        for name in (*positive, "batch_size", "eval_every"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
-            _set(self, name, int(value))
-        for name in ("dropout", "attn_dropout"):
-            _set(self, name, check_dropout(getattr(self, name), name))
-        for name in ("lr", "weight_decay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise ValueError(f"{name}: expected a number, got {value!r}")
-            try:
-                _set(self, name, float(value))
-            except OverflowError:  # an int past float's range
-                raise ValueError(
-                    f"{name}: expected a number a float holds, got one past "
-                    f"float's range (a {type(value).__name__})"
-                ) from None
-        assert self.lr is not None and self.weight_decay is not None
-        if not (0 < self.lr <= MAX_LR):
-            raise ValueError(
-                f"lr: expected a value > 0 and <= {MAX_LR!r} (Adam's first step "
-                f"is lr / (1 - beta1) = 10 lr, a float32), got {self.lr!r}"
-            )
-        if not (0 <= self.weight_decay <= _FLOAT32_MAX):
-            raise ValueError(
-                f"weight_decay: expected >= 0 and <= {_FLOAT32_MAX!r} (a "
-                f"float32), got {self.weight_decay!r}"
-            )
-        if self.patience is not None:
-            if not is_int(self.patience) or self.patience < 1:
-                raise ValueError(
-                    f"patience: expected an integer >= 1 (None: never stop early), "
-                    f"got {self.patience!r}"
-                )
-            _set(self, "patience", int(self.patience))
-        _set(self, "seed", check_seed(self.seed))
-        assert self.fanouts is not None
-        if len(self.fanouts) != self.num_layers:
-            raise ValueError(
-                f"fanouts: expected one per layer (num_layers={self.num_layers}), "
-                f"got {self.fanouts}"
-            )
-        _set(self, "fanouts", tuple(check_fanouts(self.fanouts)))
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields as JSON values (``fanouts`` a list)."""
-        out = dataclasses.asdict(self)
-        out["fanouts"] = list(self.fanouts or ())
-        return out
-
-    def evaluates(self, epoch: int) -> bool:
-        """Whether epoch ``epoch`` (0-based) ends with an evaluation: every
-        ``eval_every``-th epoch, and the last."""
-        return (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
-
 
 _ACCURACIES = ("train_acc", "val_acc", "test_acc")  # NaN: not evaluated
 SPLITS = ("train", "val", "test")  # the node splits every loop scores
