@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.commands.bench import run_script
-from graphwire.fullgraph.distributed import TRAINING_TAGS
+from graphwire.run.summary import TRAINING_TAGS
 from graphwire.testing.netns import ShapedNetwork, netns_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -80,7 +80,7 @@ def test_a_single_process_run_sets_and_records_it(
 ) -> None:
     calls: list[int] = []
     monkeypatch.setattr(
-        "graphwire.commands.train.keep_freed_memory", lambda mb: calls.append(mb)
+        "graphwire.run.single.keep_freed_memory", lambda mb: calls.append(mb)
     )
     out = tmp_path / "run"
     argv = ["train", "--dataset", TINY, "--epochs", "1", "--quiet"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphwire.cli import _command_actions, build_parser, main
+from graphwire.cli import build_parser, main
 from graphwire.partition import PARTITIONERS
 from graphwire.sigterm import STOP_SIGNALS
 from tests.cli_helpers import SMALL
@@ -139,32 +139,44 @@ def test_config_file_values_are_checked_as_flags_are(
     assert f"graphwire: error: --config {config}: {error}" in capsys.readouterr().err
 
 
-def test_config_file_values_become_the_flags_types(tmp_path) -> None:
-    from graphwire.cli import apply_config, build_parser
+def _given(argv: list[str]) -> tuple[dict, dict]:
+    """The values ``graphwire train ARGV`` gives, and where each came from."""
+    from graphwire.commands.train import flag_table, given_values
 
+    return given_values(flag_table(), build_parser().parse_args(argv))
+
+
+def _command_actions(
+    parser: argparse.ArgumentParser, command: str
+) -> dict[str, argparse.Action]:
+    """The flags of ``command``'s subparser, by attribute name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return {a.dest: a for a in action.choices[command]._actions}
+    return {}
+
+
+def test_config_file_values_become_the_flags_types(tmp_path) -> None:
     config = tmp_path / "run.yaml"
     config.write_text("lr: '0.05'\nseed: 7\ndataset: 12\nresume: false\n")
-    argv = ["train", "--config", str(config), "--seed", "3"]
-    args = apply_config(build_parser(), build_parser().parse_args(argv), argv)
-    assert (args.lr, args.seed, args.dataset, args.resume) == (0.05, 3, "12", False)
-    assert args.from_config == {"lr", "dataset", "resume"}
+    values, sources = _given(["train", "--config", str(config), "--seed", "3"])
+    assert (values["lr"], values["seed"], values["dataset"]) == (0.05, 3, "12")
+    assert values["resume"] is False
+    assert set(sources) == {"lr", "dataset", "resume"}
 
 
 def test_an_abbreviated_flag_wins_over_the_config_file_too(tmp_path) -> None:
     """argparse takes ``--epoch`` for ``--epochs``; the file's value won, so
     the run trained with settings other than those typed, and said nothing."""
-    from graphwire.cli import apply_config, build_parser
-
     config = tmp_path / "run.yaml"
     config.write_text("epochs: 1\nbatch_size: 16\nfanouts: [3, 3]\n# a comment\n")
     argv = ["train", "--config", str(config), "--epoch", "2", "--batch", "64"]
-    args = apply_config(build_parser(), build_parser().parse_args(argv), argv)
-    assert (args.epochs, args.batch_size, args.fanouts) == (2, 64, "3,3")
-    assert args.from_config == {"fanouts"}
+    values, sources = _given(argv)
+    assert (values["epochs"], values["batch_size"], values["fanouts"]) == (2, 64, "3,3")
+    assert set(sources) == {"fanouts"}
     config.write_text("# nothing set yet\n")  # no settings: the defaults
-    argv = ["train", "--config", str(config)]
-    args = apply_config(build_parser(), build_parser().parse_args(argv), argv)
-    assert args.from_config == set() and args.epochs == 200
+    values, sources = _given(["train", "--config", str(config)])
+    assert sources == {} and "epochs" not in values
 
 
 def test_a_distributed_flag_from_a_config_file_is_named_with_it(

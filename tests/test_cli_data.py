@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from graphwire.cli import main
-from graphwire.commands.partition import refinement_line
 from graphwire.graph.datasets import load_dataset
 from graphwire.partition import (
     LocalityPartitioner,
@@ -17,6 +16,7 @@ from graphwire.partition import (
     load_partition_meta,
 )
 from graphwire.partition.locality import RefineResult
+from graphwire.run.partitioning import refinement_line
 from tests.cli_helpers import SMALL, TINY
 
 

@@ -304,11 +304,11 @@ def test_a_minibatch_runs_default_folder_is_not_named_after_an_exchange(
     tmp_path, monkeypatch
 ) -> None:
     """It was runs/train-sage-g3-*: mini-batch runs have no exchange."""
-    import graphwire.commands.train_dist as train_dist
+    import graphwire.run.start as start
 
     folders = []
     monkeypatch.setattr(
-        train_dist, "run_distributed", lambda args, config, out: folders.append(out)
+        start, "_run_distributed", lambda spec, mode, out: folders.append(out)
     )
     monkeypatch.chdir(tmp_path)
     argv = ["train", "--dataset", SMALL, "--workers", "2", "--quiet"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphwire.commands import report_minibatch, train_dist
-from graphwire.fullgraph.job import RankReport
+from graphwire.run import summary as run_summary
+from graphwire.run import tables
+from graphwire.run.job import RankReport
 
 
 def _report(rank: int, records: list[dict[str, Any]], first_epoch: int) -> RankReport:
@@ -41,14 +42,14 @@ def test_a_resumed_full_graph_run_times_only_the_epochs_it_trained(capsys) -> No
     epochs 2-3 (1 s each), under the title "all epochs"."""
     records = [_full_graph(e, 5.0 if e < 2 else 0.5) for e in range(4)]
     reports = [_report(0, records, first_epoch=2)]
-    train_dist._print_time_split(reports)
+    tables._fullgraph_time_split(reports)
     lines = _lines(capsys.readouterr().out)
     assert "time split per rank (epochs 2-3, resumed, seconds)" in lines
     assert "0 │ 10 │ 5 │ 2 │ 0 │ 0 │ 0" in lines
-    summary = train_dist._summary(reports, {"bytes_sent": 0, "bytes_recv": 0})
+    summary = run_summary.fullgraph_summary(reports, {"bytes_sent": 0, "bytes_recv": 0})
     assert summary["epoch_s_median"] == 1.0 and summary["resumed_at"] == 2
     reports[0].first_epoch = 0  # not resumed: every epoch is its own
-    train_dist._print_time_split(reports)
+    tables._fullgraph_time_split(reports)
     lines = _lines(capsys.readouterr().out)
     assert "time split per rank (4 epochs, seconds)" in lines
     assert "0 │ 10 │ 5 │ 22 │ 0 │ 0 │ 0" in lines
@@ -66,11 +67,11 @@ def test_a_resumed_mini_batch_run_times_only_the_epochs_it_trained(capsys) -> No
     in 10 s) was counted in the time table and in the median rate."""
     records = [_mini_batch(0, 10.0, 100), _mini_batch(1, 1.0, 100)]
     reports = [_report(0, records, first_epoch=1)]
-    report_minibatch._time_table(reports)
+    tables._minibatch_time_split(reports)
     lines = _lines(capsys.readouterr().out)
     assert any(
         line.startswith("time split per rank (epochs 1-1, resumed,") for line in lines
     )
     assert "0 │ 100 │ 1 │ 1 │ 1 │ 2 │ 0 │ 0" in lines
-    summary = report_minibatch.summarise(reports)
+    summary = run_summary.minibatch_summary(reports)
     assert summary["seeds_per_s"] == 100.0 and summary["epoch_s_median"] == 1.0

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from graphwire.bench.registry import BENCHMARKS, BenchOptions, run_benchmark
-from graphwire.commands.common import print_table
+from graphwire.run.console import print_table
 from graphwire.run.records import format_summary
 
 

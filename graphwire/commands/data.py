@@ -9,14 +9,14 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from graphwire.commands.common import (
-    check_out,
+from graphwire.run.console import (
     console,
     graph_rows,
     load_with_status,
     print_table,
     step,
 )
+from graphwire.run.outputs import check_out
 
 
 def generate(args: argparse.Namespace) -> int:

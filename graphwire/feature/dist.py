@@ -264,6 +264,7 @@ class DistFeatureStore(FeatureStore):
             counted=_RESERVED if embeddings else _RESERVED[:1],
         )
         self.part, self.book, self.rank = part, part.book, transport.rank
+        self.transport = transport  # the fetchers' collectives go through it too
         self.x, self.y = part.x, part.y
         self.start, self.stop = part.global_range
         self.tables = {n: _Shard(s, part.orig_nid) for n, s in embeddings.items()}

@@ -80,6 +80,7 @@ class RapidConfig:
     )
     presample_dir: str | None = option(
         None,
+        folder=True,
         help="rapid: where the presampled schedule goes (default: a temporary "
         "folder removed at the end)",
     )

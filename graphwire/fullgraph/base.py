@@ -18,7 +18,8 @@ gives the model three things:
   pipelines across layers (G3) runs the whole stack instead, through the
   model's ``run_layers`` hook (:meth:`Engine.model_hooks`).
 
-Engines are registered by name in :data:`ENGINES` (``--exchange NAME``).
+Engines are registered by name with their config in
+:data:`~graphwire.fullgraph.engines.EXCHANGES` (``--exchange NAME``).
 """
 
 from __future__ import annotations
@@ -38,15 +39,9 @@ from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
 from graphwire.nn.models import LayerKind, Projecting, layer_call_kwargs, projecting
 from graphwire.partition.local import LocalPart
+from graphwire.run.collective import sum_gradients
 
-__all__ = [
-    "ENGINES",
-    "Engine",
-    "get_engine",
-    "local_message_graph",
-    "register",
-    "sum_gradients",
-]
+__all__ = ["Engine"]
 
 
 class Engine(ABC):
@@ -324,106 +319,7 @@ class Engine(ABC):
         sum_gradients(list(model.parameters()), self.transport, "sync.grad")
 
 
-def sum_gradients(
-    params: Sequence[torch.Tensor], transport: Transport, tag: str
-) -> None:
-    """Replace each parameter's gradient (zeros if it has none) by its sum over
-    ranks, in one flat all-reduce."""
-    total = transport.all_reduce_sum(flat_gradients(params), tag)
-    assign_gradients(params, total)
-
-
-def flat_gradients(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The gradients of ``params`` (zeros where missing), concatenated."""
-    return torch.cat(
-        [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-            for p in params
-        ]
-    )
-
-
-def assign_gradients(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
-    """Set the gradients of ``params`` from ``flat`` (as :func:`flat_gradients`
-    laid them out)."""
-    offset = 0
-    for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-
-
 T = TypeVar("T")
-
-ENGINES: dict[str, type[Engine]] = {}
-
-E = TypeVar("E", bound=type[Engine])
-
-
-def register(name: str) -> Callable[[E], E]:
-    def add(cls: E) -> E:
-        cls.name = name
-        ENGINES[name] = cls
-        return cls
-
-    return add
-
-
-def get_engine(name: str) -> type[Engine]:
-    """The engine class registered as ``name`` (``--exchange``)."""
-    import graphwire.fullgraph.engines  # noqa: F401 - registers the built-ins
-
-    if name not in ENGINES:
-        raise ValueError(
-            f"exchange: unknown engine {name!r}; known: {', '.join(sorted(ENGINES))}"
-        )
-    return ENGINES[name]
-
-
-def local_message_graph(
-    part: LocalPart, plan: ExchangePlan, transport: Transport, kind: LayerKind
-) -> MessageGraph:
-    """The part's in-edges as ``kind`` expects them, over local IDs.
-
-    Destinations are the owned nodes, sources owned then halo nodes. With
-    ``kind.self_loops`` existing self-loops are replaced by one per owned node
-    (as :meth:`Graph.add_self_loops`); with ``kind.gcn_weights`` the weights
-    are ``1 / sqrt(out_deg(src) * in_deg(dst))`` over the *global* degrees of
-    that graph: out-degrees are partial on each part, so the halo parts are
-    summed at their owners and sent back (tag ``setup.degree``).
-    """
-    n = part.num_owned
-    indptr, indices = part.indptr.to(torch.int64), part.indices.to(torch.int64)
-    if kind.self_loops:
-        indptr, indices = _with_self_loops(indptr, indices, n)
-    weight = None
-    if kind.gcn_weights:
-        partial = torch.bincount(indices, minlength=part.num_local)
-        owned = partial[:n] + plan.scatter_grad(partial[n:], transport, "setup.degree")
-        halo = plan.gather_halo(owned, transport, "setup.degree")
-        out_deg = torch.cat([owned, halo]).clamp(min=1).to(torch.float32)
-        in_deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(torch.float32)
-        dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
-        weight = (out_deg[indices] * in_deg[dst]).rsqrt()
-    return MessageGraph(indptr, indices, part.num_local, n, weight)
-
-
-def _with_self_loops(
-    indptr: torch.Tensor, indices: torch.Tensor, n: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """CSR with each row's self-loops removed and one appended per row."""
-    counts = indptr[1:] - indptr[:-1]
-    dst = torch.repeat_interleave(torch.arange(n), counts)
-    keep = indices != dst
-    kept = torch.bincount(dst[keep], minlength=n) + 1
-    new_indptr = torch.zeros(n + 1, dtype=torch.int64)
-    torch.cumsum(kept, 0, out=new_indptr[1:])
-    new_indices = torch.empty(int(new_indptr[-1]), dtype=torch.int64)
-    loop_pos = new_indptr[1:] - 1
-    is_loop = torch.zeros(new_indices.numel(), dtype=torch.bool)
-    is_loop[loop_pos] = True
-    new_indices[is_loop] = torch.arange(n)
-    new_indices[~is_loop] = indices[keep]
-    return new_indptr, new_indices
 
 
 def plan_rows(

@@ -33,8 +33,8 @@ each edge's original (source, destination) IDs and the head
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,45 +45,45 @@ import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
 from graphwire.comm.ledger import LedgerWindows, sent_between
-from graphwire.fullgraph.base import Engine, get_engine, sum_gradients
+from graphwire.fullgraph.base import Engine
+from graphwire.fullgraph.engines import EXCHANGES
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.models import GNN, LAYER_KINDS
 from graphwire.partition.local import LocalPart, trainable_classes
-from graphwire.run.checkpoint import (
-    CheckpointConfig,
-    load_checkpoint,
-    mark_complete,
-    save_checkpoint,
+from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.collective import (
+    global_metrics,
+    phase_record,
+    seeded_model,
+    shaped_model,
+    split_sizes,
+    summed_loss,
 )
 from graphwire.run.config import TrainConfig
+from graphwire.run.job import EpochStream, Job
 from graphwire.run.records import peak_rss_mb
+from graphwire.run.state import (
+    load_on_every_rank,
+    restore_training_state,
+    save_on_every_rank,
+    training_state,
+)
 from graphwire.run.training import (
-    SPLITS,
     BestEpoch,
     EpochRecord,
     TrainResult,
     check_finite_eval,
     check_finite_loss,
-    check_split_sizes,
-    make_model_for,
     make_optimizer,
 )
 
 __all__ = [
-    "TRAINING_TAGS",
     "DistributedResult",
     "build_engine",
     "forward_loss",
-    "load_on_every_rank",
-    "phase_record",
-    "restore_training_state",
-    "save_on_every_rank",
-    "seeded_model",
-    "summed_loss",
-    "sync_gradients",
     "traffic_by_rank",
     "train_distributed",
-    "training_state",
+    "train_rank",
 ]
 
 
@@ -112,25 +112,34 @@ def build_engine(
     part: LocalPart,
     transport: Transport,
     config: TrainConfig,
-    exchange: str,
+    exchange: Any = "halo",
     options: dict[str, Any] | None = None,
 ) -> Engine:
-    """The ``exchange`` engine for ``config.model`` on this rank's part.
+    """The exchange engine for ``config.model`` on this rank's part.
 
-    The loss of :func:`forward_loss` reads the training rows, so they are the
-    engine's ``loss_rows`` unless ``options`` says otherwise (None: any row).
+    Args:
+        exchange: the engine's name (``--exchange``) or its config
+            (:data:`~graphwire.fullgraph.engines.EXCHANGES`).
+        options: the engine's keywords besides its config: ``loss_rows``
+            (default the training rows, which :func:`forward_loss`'s loss
+            reads; None: any row), ``cache_input``, ``widths`` (default the
+            model's, for an engine that takes them).
     """
-    engine_cls = get_engine(exchange)
-    kind = LAYER_KINDS[config.model]
+    strategy, exchange_config = EXCHANGES.resolve(exchange)
     options = dict(options or {})
+    fields = {f.name for f in dataclasses.fields(exchange_config)}
+    given = {name: options.pop(name) for name in list(options) if name in fields}
+    if given:  # TRANSITIONAL until the tests pass configs
+        exchange_config = dataclasses.replace(exchange_config, **given)
+    engine_cls: type[Engine] = strategy.cls
+    kind = LAYER_KINDS[config.model]
     options.setdefault("loss_rows", part.train_local)
     if engine_cls.takes_widths and "widths" not in options and part.x is not None:
         num_classes = int(part.meta.get("num_classes") or 1)
-        # A throw-away model for its shapes; torch's generator is left as it was.
-        with _INIT_LOCK, torch.random.fork_rng(devices=[]):
-            model = make_model_for(part.x.shape[1], num_classes, config)
+        model = shaped_model(part.x.shape[1], num_classes, config)
         options["widths"] = [_widths(layer) for layer in model.layers]
-    return engine_cls(part, transport, kind, config.num_layers, **options)
+    settings = dataclasses.asdict(exchange_config)
+    return engine_cls(part, transport, kind, config.num_layers, **settings, **options)
 
 
 def _widths(layer: torch.nn.Module) -> tuple[int, int]:
@@ -165,28 +174,11 @@ def forward_loss(
     return logits, loss
 
 
-# torch's default generator is per process: ranks that are threads of one
-# process (the in-process transport) must not interleave their draws.
-_INIT_LOCK = threading.Lock()
-
-
-def seeded_model(num_features: int, num_classes: int, config: TrainConfig) -> GNN:
-    """The model with the initial weights every rank (and one process) gets."""
-    with _INIT_LOCK:
-        torch.manual_seed(config.seed)
-        return make_model_for(num_features, num_classes, config)
-
-
-def sync_gradients(model: torch.nn.Module, transport: Transport) -> None:
-    """Sum every parameter's gradient over ranks, in one flat all-reduce."""
-    sum_gradients(list(model.parameters()), transport, "sync.grad")
-
-
 def train_distributed(
     part: LocalPart,
     transport: Transport,
     config: TrainConfig,
-    exchange: str = "halo",
+    exchange: Any = "halo",
     *,
     options: dict[str, Any] | None = None,
     on_epoch: Callable[[EpochRecord], None] | None = None,
@@ -199,8 +191,9 @@ def train_distributed(
         part: this rank's part; features, labels and splits required.
         transport: connects the ranks (rank == part ID).
         config: as for single-process training.
-        exchange: engine name (``halo``, ``replicate``, ``g3``).
-        options: engine options.
+        exchange: the engine's name (``halo``, ``replicate``, ``g3``) or its
+            config.
+        options: the engine's own keywords (:func:`build_engine`).
         on_epoch: called on every rank with each epoch's record.
         on_restore: called on every rank with the records a resume restored.
         checkpoint: checkpoint every K epochs and/or resume from the latest.
@@ -212,7 +205,7 @@ def train_distributed(
     assert part.x is not None  # (trainable_classes checked it)
     began = time.perf_counter()
     windows = LedgerWindows(transport.ledger)
-    sizes = _split_sizes(part, transport)  # first: it checks no split is empty
+    sizes = split_sizes(part, transport)  # first: it checks no split is empty
     engine = build_engine(part, transport, config, exchange, options)
     model = seeded_model(part.x.shape[1], num_classes, config)
     engine.prepare(model)  # plans that need the model: set-up, not epoch 0
@@ -260,7 +253,7 @@ def train_distributed(
             engine.phase = "eval."
             with torch.no_grad():
                 logits, _ = forward_loss(engine, model, sizes["train"], None)
-                metrics = _global_metrics(logits, part, transport, sizes, loss.detach())
+                metrics = global_metrics(logits, part, transport, sizes, loss.detach())
         else:
             metrics = {"loss": summed_loss(transport, float(loss.detach()))}
         eval_done = time.perf_counter()
@@ -303,70 +296,6 @@ def train_distributed(
         counters=dict(engine.counters) | {"phases": phases},
         first_epoch=first,
     )
-
-
-def phase_record(comm: dict[str, Any], began: float, **extra: Any) -> dict[str, Any]:
-    """A set-up or teardown window that began at ``began`` (a perf_counter)
-    and ends now, as an epoch record holds its traffic: ``comm`` and, if
-    given, ``extra``; with its length in ``seconds``."""
-    out = {"seconds": time.perf_counter() - began, "comm": comm}
-    return out | ({"extra": extra} if extra else {})
-
-
-def _split_sizes(part: LocalPart, transport: Transport) -> dict[str, int]:
-    """Collective: the nodes of each split over all parts; every rank raises
-    ``ValueError`` alike when one is empty (:func:`check_split_sizes`)."""
-    local = torch.tensor([_split(part, s).numel() for s in SPLITS], dtype=torch.float64)
-    total = transport.all_reduce_sum(local, "sync.metrics")
-    sizes = {s: int(v) for s, v in zip(SPLITS, total.tolist(), strict=True)}
-    name = part.meta.get("name", "graph")
-    check_split_sizes(sizes, f"graph {name!r} (all {transport.world_size} parts)")
-    return sizes
-
-
-def _split(part: LocalPart, split: str) -> torch.Tensor:
-    idx = getattr(part, f"{split}_local")
-    return idx.to(torch.int64) if idx is not None else torch.empty(0, dtype=torch.int64)
-
-
-def summed_loss(transport: Transport, loss: float) -> float:
-    """Collective: ``loss`` summed over ranks, for an epoch without an
-    evaluation (whose metrics would carry it): every rank checks the same
-    value (:func:`~graphwire.run.training.check_finite_loss`)."""
-    total = transport.all_reduce_sum(
-        torch.tensor([loss], dtype=torch.float64), "sync.metrics"
-    )
-    return float(total[0])
-
-
-def _global_metrics(
-    logits: torch.Tensor,
-    part: LocalPart,
-    transport: Transport,
-    sizes: dict[str, int],
-    loss: torch.Tensor,
-) -> dict[str, float]:
-    assert part.y is not None
-    y = part.y.to(torch.int64)
-    pred = logits.argmax(1)
-    values = [
-        float((pred[_split(part, s)] == y[_split(part, s)]).sum()) for s in SPLITS
-    ]
-    val = _split(part, "val")
-    values.append(float(F.cross_entropy(logits[val], y[val], reduction="sum")))
-    values.append(float(loss))
-    total = transport.all_reduce_sum(
-        torch.tensor(values, dtype=torch.float64), "sync.metrics"
-    ).tolist()
-    out = {f"{s}_acc": total[i] / max(1, sizes[s]) for i, s in enumerate(SPLITS)}
-    out["val_loss"] = total[3] / max(1, sizes["val"])
-    out["loss"] = total[4]
-    return out
-
-
-# The tags of an epoch's training traffic: each layer's exchanges and the
-# parameter gradients' sums (set-up, evaluation and metrics are not).
-TRAINING_TAGS = ("fwd.", "bwd.", "sync.grad")
 
 
 def traffic_by_rank(
@@ -418,105 +347,17 @@ def _save(
     save_on_every_rank(checkpoint, epoch, transport, state)
 
 
-def training_state(
-    epoch: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    best: BestEpoch,
-    records: list[EpochRecord],
-) -> dict[str, Any]:
-    """What a checkpoint holds of any training loop after ``epoch``."""
-    return {
-        "epoch": epoch,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "rng": torch.get_rng_state(),
-        "best": {
-            "epoch": best.epoch,
-            "val_acc": best.val_acc,
-            "val_loss": best.val_loss,
-            "test_acc": best.test_acc,
-            "stale": best._stale,
-            "state_dict": best.state_dict,
-        },
-        "records": [r.as_dict() for r in records],
-    }
-
-
-def load_on_every_rank(
-    checkpoint: CheckpointConfig, transport: Transport
-) -> dict[str, Any] | None:
-    """This rank's state at the latest complete checkpoint (None: none), once
-    every rank has found the same one (an ``all_gather_object`` of the
-    epochs, tag ``meta.resume``).
-
-    Raises:
-        ValueError: as :func:`load_checkpoint`; or, on every rank, the ranks
-            found different checkpoints (machines that do not share the
-            folder: a rank that found none would train on from fresh
-            weights, in step with the others until the run ends apart).
-    """
-    state = load_checkpoint(checkpoint, transport.rank, transport.world_size)
-    epoch = None if state is None else int(state["epoch"])
-    found = transport.all_gather_object(epoch, "meta.resume")
-    if len(set(found)) > 1:
-        said = ", ".join(
-            f"rank {rank} {'none' if e is None else f'epoch {e}'}"
-            for rank, e in enumerate(found)
-        )
-        raise ValueError(
-            f"{checkpoint.folder}: the ranks found different checkpoints there "
-            f"({said}); every rank must read the run's own (on several machines: "
-            "the same --out each machine gave the run, shared or its own)"
-        )
-    return state
-
-
-def save_on_every_rank(
-    checkpoint: CheckpointConfig,
-    epoch: int,
-    transport: Transport,
-    state: dict[str, Any],
-) -> None:
-    """Write this rank's ``state``; the checkpoint counts once all have. The
-    first rank of each machine then marks it complete in its folder
-    (:meth:`~graphwire.comm.base.Transport.leads_machine`): machines that do
-    not share the folder each keep their own ``latest.json`` and prune their
-    own; those that share it write the same file."""
-    save_checkpoint(checkpoint, epoch, transport.rank, state)
-    transport.barrier()  # every rank has written this epoch
-    if transport.leads_machine:
-        mark_complete(checkpoint, epoch, transport.world_size)
-    transport.barrier()
-
-
-def restore_training_state(
-    state: dict[str, Any],
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    best: BestEpoch,
-    records: list[EpochRecord],
-) -> int:
-    """Load ``state``; return the first epoch still to run.
-
-    Raises:
-        ValueError: the state's model or optimizer does not fit these (a
-            checkpoint file changed by hand).
-    """
-    try:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as error:
-        said = str(error).strip().splitlines()
-        raise ValueError(
-            f"the checkpoint of rank {state.get('rank')} after epoch "
-            f"{state.get('epoch')} does not fit this model: "
-            f"{said[-1].strip() if said else type(error).__name__}"
-        ) from None
-    torch.set_rng_state(state["rng"])
-    saved = state["best"]
-    best.epoch, best.val_acc = saved["epoch"], saved["val_acc"]
-    best.val_loss, best.test_acc = saved["val_loss"], saved["test_acc"]
-    best._stale, best.state_dict = saved["stale"], saved["state_dict"]
-    records.extend(EpochRecord(**r) for r in state["records"])
-    return int(state["epoch"]) + 1
+def train_rank(
+    part: LocalPart, transport: Transport, job: Job, on_epoch: EpochStream
+) -> DistributedResult:
+    """:func:`train_distributed` as a distributed :class:`~graphwire.run.job.Job`
+    runs it (``job.strategy``: the exchange's name or config)."""
+    return train_distributed(
+        part,
+        transport,
+        job.config,
+        job.strategy or EXCHANGES.default,
+        on_epoch=on_epoch,
+        on_restore=on_epoch.restored,
+        checkpoint=job.rank_checkpoint(),
+    )

@@ -1,7 +1,35 @@
-"""Imports every built-in full-graph engine so that it registers itself."""
+"""The full-graph exchange engines, by name (``--exchange NAME``): one line each."""
 
-from graphwire.fullgraph import (
-    halo,  # noqa: F401
-    p2p,  # noqa: F401
-    replicate,  # noqa: F401
+from __future__ import annotations
+
+from graphwire.fullgraph.base import Engine
+from graphwire.fullgraph.g3.config import G3Config
+from graphwire.fullgraph.halo import HaloConfig, HaloEngine
+from graphwire.fullgraph.p2p import P2PEngine
+from graphwire.fullgraph.replicate import ReplicateConfig, ReplicateEngine
+from graphwire.run.registry import Registry
+
+__all__ = ["EXCHANGES"]
+
+EXCHANGES = Registry("exchange", mode="fullgraph", default="g3", base=Engine)
+EXCHANGES.register(
+    "halo",
+    HaloEngine,
+    HaloConfig,
+    about="DistDGL/BNS-GCN baseline: all boundary rows in one all-to-all per "
+    "layer, then compute",
+)
+EXCHANGES.register(
+    "replicate",
+    ReplicateEngine,
+    ReplicateConfig,
+    about="DGL/ROC-style: the L-hop halo replicated and recomputed, nothing "
+    "exchanged per layer",
+)
+EXCHANGES.register(
+    "g3",
+    P2PEngine,
+    G3Config,
+    about="G3: each boundary row once to each peer that needs it, in bins "
+    "overlapped with compute",
 )

@@ -23,15 +23,11 @@ import torch
 from torch import nn
 
 from graphwire.comm.base import PendingSum, Work
-from graphwire.fullgraph.base import (
-    Engine,
-    assign_gradients,
-    flat_gradients,
-    sum_gradients,
-)
+from graphwire.fullgraph.base import Engine
 from graphwire.fullgraph.g3_bins import StackGraph, SumGraph
 from graphwire.fullgraph.g3_messages import Messages, PendingReturns, Returns
 from graphwire.fullgraph.g3_sums import MessageSums
+from graphwire.run.collective import assign_gradients, flat_gradients, sum_gradients
 
 __all__ = ["G3Backward"]
 

@@ -17,6 +17,7 @@ projects a halo row its owner already projected.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,10 +25,11 @@ from torch import nn
 
 from graphwire.comm.base import Transport
 from graphwire.comm.plan import ExchangePlan
-from graphwire.fullgraph.base import Engine, local_message_graph, register
+from graphwire.fullgraph.base import Engine
 from graphwire.nn.base import MessageGraph
+from graphwire.run.local_graph import local_message_graph
 
-__all__ = ["HaloEngine", "HaloExchange"]
+__all__ = ["HaloConfig", "HaloEngine", "HaloExchange"]
 
 
 class HaloExchange(torch.autograd.Function):
@@ -71,7 +73,11 @@ class HaloExchange(torch.autograd.Function):
         return grad_local[: plan.num_owned] + returned, None, None, None, None, None
 
 
-@register("halo")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HaloConfig:
+    """The halo exchange has no settings."""
+
+
 class HaloEngine(Engine):
     """Bulk halo exchange per layer, then compute (see the module docstring)."""
 

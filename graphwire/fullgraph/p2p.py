@@ -97,10 +97,6 @@ import torch
 from torch import nn
 
 from graphwire.comm.base import PendingSum, Work
-from graphwire.fullgraph.base import (
-    local_message_graph,
-    register,
-)
 from graphwire.fullgraph.g3_backward import G3Backward
 from graphwire.fullgraph.g3_bins import (
     ORDERS,
@@ -120,6 +116,7 @@ from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
 from graphwire.nn.models import GNN, Projecting, SumsSources, sums_sources
+from graphwire.run.local_graph import local_message_graph
 
 __all__ = ["LASTS", "MODES", "P2PEngine", "SYNCS"]
 
@@ -128,7 +125,6 @@ SYNCS = ("layer", "epoch")
 LASTS = ("sums", "bins")
 
 
-@register("g3")
 class P2PEngine(G3Backward):
     """G3 peer-to-peer exchange in bins (see the module docstring).
 

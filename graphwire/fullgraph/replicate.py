@@ -17,23 +17,29 @@ of one CSR.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from graphwire.comm.base import Transport
-from graphwire.fullgraph.base import Engine, register
+from graphwire.fullgraph.base import Engine
 from graphwire.graph.order import stable_order
 from graphwire.nn.base import MessageGraph
 from graphwire.partition.local import LocalPart
+from graphwire.run.local_graph import with_self_loops
 
-__all__ = ["ReplicateEngine"]
+__all__ = ["ReplicateConfig", "ReplicateEngine"]
 
 TAG = "setup.replicate"
 
 
-@register("replicate")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplicateConfig:
+    """Replication has no settings."""
+
+
 class ReplicateEngine(Engine):
     """Replicated L-hop neighbourhood, no per-layer exchange."""
 
@@ -125,11 +131,9 @@ class ReplicateEngine(Engine):
 
 def _owned_csr(part: LocalPart, self_loops: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """In-edges of the owned nodes as ``(indptr, global source IDs)``."""
-    from graphwire.fullgraph.base import _with_self_loops
-
     indptr, indices = part.indptr.to(torch.int64), part.indices.to(torch.int64)
     if self_loops:
-        indptr, indices = _with_self_loops(indptr, indices, part.num_owned)
+        indptr, indices = with_self_loops(indptr, indices, part.num_owned)
     return indptr, part.local_to_global(indices)
 
 

@@ -29,8 +29,9 @@ disjoint parts of the epoch's ``train_s``.
 Both fetch modes see the same blocks and the same feature values, so they take
 bitwise-identical steps: ``rapid`` changes only where rows come from.
 
-Evaluation is exact full-graph inference through the ``halo`` engine (as the
-single-process loop evaluates on the whole graph), after the epochs
+Evaluation is exact full-graph inference (``inference``, which the caller
+supplies: the full-graph loops' halo engine, as the single-process loop
+evaluates on the whole graph), after the epochs
 :meth:`~graphwire.run.config.TrainConfig.evaluates` names.
 
 Each epoch's record counts the traffic of its window of the run
@@ -50,20 +51,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphwire.comm.base import Transport
-from graphwire.fullgraph.distributed import (
-    load_on_every_rank,
-    phase_record,
-    restore_training_state,
-    save_on_every_rank,
-    summed_loss,
-    training_state,
-)
+from graphwire.feature.traffic import TrafficWindows
+from graphwire.minibatch.fetchers import FETCHERS
 from graphwire.minibatch.loop import RankLoop
-from graphwire.minibatch.traffic import TrafficWindows
 from graphwire.partition.local import LocalPart
 from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.collective import InferenceFactory, phase_record, summed_loss
 from graphwire.run.config import TrainConfig
+from graphwire.run.job import EpochStream, Job
 from graphwire.run.meter import ResourceMeter
+from graphwire.run.state import (
+    load_on_every_rank,
+    restore_training_state,
+    save_on_every_rank,
+    training_state,
+)
 from graphwire.run.training import (
     BestEpoch,
     EpochRecord,
@@ -72,7 +74,7 @@ from graphwire.run.training import (
     check_finite_loss,
 )
 
-__all__ = ["MinibatchRun", "train_minibatch_distributed"]
+__all__ = ["MinibatchRun", "train_minibatch_distributed", "train_rank"]
 
 
 @dataclass(kw_only=True)
@@ -108,6 +110,7 @@ def train_minibatch_distributed(
     config: TrainConfig,
     fetch: Any = "on-demand",
     *,
+    inference: InferenceFactory,
     on_epoch: Callable[[EpochRecord], None] | None = None,
     on_restore: Callable[[list[EpochRecord]], None] | None = None,
     checkpoint: CheckpointConfig | None = None,
@@ -120,6 +123,9 @@ def train_minibatch_distributed(
         config: model, optimiser, ``fanouts``, ``batch_size`` (per trainer).
         fetch: the fetcher (``--fetch``): its name, or its config
             (:data:`~graphwire.minibatch.fetchers.FETCHERS`).
+        inference: what evaluates the model on the whole graph (the
+            full-graph loops' exact inference:
+            :class:`~graphwire.fullgraph.inference.ExactInference`).
         on_epoch: called on every rank with each epoch's record.
         on_restore: called on every rank with the records a resume restored.
         checkpoint: checkpoint every K epochs and/or resume from the latest.
@@ -128,7 +134,7 @@ def train_minibatch_distributed(
         The run, with accuracies over all ranks' nodes.
     """
     began = time.perf_counter()
-    loop = RankLoop(part, transport, config, fetch)
+    loop = RankLoop(part, transport, config, fetch, inference=inference)
     windows = TrafficWindows(transport, loop.store)
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
@@ -297,3 +303,26 @@ def _restore(
     """Load ``state``; ``(the first epoch still to run, the fetcher's state)``."""
     restore_training_state(state, loop.model, loop.optimizer, best, records)
     return int(state["sampler"]["next_epoch"]), state.get("cache")
+
+
+def train_rank(
+    part: LocalPart,
+    transport: Transport,
+    job: Job,
+    on_epoch: EpochStream,
+    *,
+    inference: InferenceFactory,
+) -> MinibatchRun:
+    """:func:`train_minibatch_distributed` as a distributed
+    :class:`~graphwire.run.job.Job` runs it (``job.strategy``: the fetcher's
+    name or config); bind ``inference`` with ``functools.partial``."""
+    return train_minibatch_distributed(
+        part,
+        transport,
+        job.config,
+        job.strategy or FETCHERS.default,
+        inference=inference,
+        on_epoch=on_epoch,
+        on_restore=on_epoch.restored,
+        checkpoint=job.rank_checkpoint(),
+    )

@@ -15,14 +15,6 @@ import torch.nn.functional as F
 from graphwire.comm.base import Transport
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.fetcher import Fetcher
-from graphwire.fullgraph.distributed import (
-    _global_metrics,
-    _split_sizes,
-    build_engine,
-    forward_loss,
-    seeded_model,
-    sync_gradients,
-)
 from graphwire.minibatch.fetchers import FETCHERS
 from graphwire.minibatch.owned import owned_csr
 from graphwire.minibatch.schedule import (
@@ -33,6 +25,13 @@ from graphwire.minibatch.schedule import (
 )
 from graphwire.nn.models import LAYER_KINDS
 from graphwire.partition.local import LocalPart, trainable_classes
+from graphwire.run.collective import (
+    InferenceFactory,
+    global_metrics,
+    seeded_model,
+    split_sizes,
+    sync_gradients,
+)
 from graphwire.run.config import TrainConfig
 from graphwire.run.training import make_optimizer
 from graphwire.sampler.base import Batch, SampledBatch
@@ -49,6 +48,8 @@ class RankLoop:
         transport: connects the ranks.
         config: model, optimiser, fan-outs and batch size.
         fetch: the fetcher's name (``--fetch``) or its config.
+        inference: makes what evaluates the model on the whole graph
+            (:class:`~graphwire.run.collective.Inference`).
     """
 
     def __init__(
@@ -57,6 +58,8 @@ class RankLoop:
         transport: Transport,
         config: TrainConfig,
         fetch: Any = "on-demand",
+        *,
+        inference: InferenceFactory,
     ) -> None:
         num_classes = trainable_classes(part)
         assert part.x is not None and part.train_local is not None  # (checked)
@@ -65,7 +68,7 @@ class RankLoop:
         self.part, self.transport, self.config = part, transport, config
         self.rank, self.world = transport.rank, transport.world_size
         # First, before any service starts: it checks no split is empty.
-        self.sizes = _split_sizes(part, transport)
+        self.sizes = split_sizes(part, transport)
         kind = LAYER_KINDS[config.model]
         self.sampler = DistNeighborSampler(
             owned_csr(part, transport, kind), part.book, transport, config.fanouts
@@ -81,10 +84,7 @@ class RankLoop:
         self.epochs = range(0)  # the epochs this process trains: start() sets them
         self.model = seeded_model(part.x.shape[1], num_classes, config)
         self.optimizer = make_optimizer(self.model, config)
-        # Evaluation only: no backward, so no loss rows to plan returns for.
-        self.eval_engine = build_engine(
-            part, transport, config, "halo", {"loss_rows": None}
-        )
+        self.inference = inference(part, transport, config)
         self.counters: dict[str, Any] = {
             "train_share": self.share.numel(),
             "steps_per_epoch": self.steps,
@@ -139,14 +139,12 @@ class RankLoop:
         return F.cross_entropy(logits, y)
 
     def evaluate(self, loss: float) -> dict[str, float]:
-        self.model.eval()
-        with torch.no_grad():
-            logits, _ = forward_loss(
-                self.eval_engine, self.model, self.sizes["train"], None
-            )
-            return _global_metrics(
-                logits, self.part, self.transport, self.sizes, torch.tensor(loss)
-            )
+        """Global accuracies and validation loss of the model on the whole
+        graph, with the epoch's summed training ``loss`` (collective)."""
+        logits = self.inference(self.model)
+        return global_metrics(
+            logits, self.part, self.transport, self.sizes, torch.tensor(loss)
+        )
 
     def close(self, collective: bool = True) -> None:
         """Stop the fetcher's threads and remove what it wrote; with

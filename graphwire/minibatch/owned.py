@@ -4,7 +4,7 @@ The distributed sampler (:mod:`graphwire.sampler.dist`) samples the in-edges
 of owned nodes from the graph the model expects (``A`` for GraphSAGE, ``A + I``
 for GAT, ``A + I`` with ``gcn_norm`` weights for GCN), in global IDs. This is
 the same local graph the full-graph engines aggregate over
-(:func:`~graphwire.fullgraph.base.local_message_graph`, whose GCN weights use
+(:func:`~graphwire.run.local_graph.local_message_graph`, whose GCN weights use
 the global degrees), with sources mapped to global IDs and the rank's first
 global edge ID from the ranks' edge counts (``setup.edges``).
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from graphwire.comm.base import Transport
 from graphwire.comm.plan import ExchangePlan
-from graphwire.fullgraph.base import local_message_graph
 from graphwire.nn.models import LayerKind
 from graphwire.partition.local import LocalPart
+from graphwire.run.local_graph import local_message_graph
 from graphwire.sampler.dist import OwnedCSR
 
 __all__ = ["owned_csr"]

@@ -31,6 +31,7 @@ __all__ = [
     "Partitioner",
     "canonical_part_ids",
     "check_num_parts",
+    "check_method",
     "get_partitioner",
     "register",
     "unique_sorted",
@@ -272,3 +273,15 @@ def get_partitioner(name: str, **params: Any) -> Partitioner:
         return cls(**params)
     except TypeError as error:
         raise ValueError(f"partition method {name!r}: {error}") from error
+
+
+def check_method(name: str | None, flag: str = "--partition") -> None:
+    """``name`` (from ``flag``; None: not given) must name a registered
+    partitioner; checked before any data is read.
+
+    Raises:
+        ValueError: naming the flag and the known methods.
+    """
+    if name is not None and name not in PARTITIONERS:
+        known = ", ".join(sorted(PARTITIONERS))
+        raise ValueError(f"{flag} {name}: unknown; expected one of {known}")

@@ -116,9 +116,6 @@ class TrainConfig:
     hidden: int | None = option(None, help="hidden width (model default)")
     num_layers: int = option(2, flag="--layers", help="message-passing layers")
     dropout: float | None = option(None, help="dropout (model default)")
-    attn_dropout: float | None = option(
-        None, only="gat", help="GAT: dropout on attention coefficients (model default)"
-    )
     lr: float | None = option(None, help="learning rate (model default)")
     weight_decay: float | None = option(None, help="L2 (model default)")
     epochs: int = option(200, help="most epochs")
@@ -132,6 +129,9 @@ class TrainConfig:
     heads: int = option(8, only="gat", help="GAT: attention heads in hidden layers")
     out_heads: int = option(
         1, only="gat", help="GAT: attention heads in the output layer, averaged"
+    )
+    attn_dropout: float | None = option(
+        None, only="gat", help="GAT: dropout on attention coefficients (model default)"
     )
     fanouts: Sequence[int] | None = option(
         None,

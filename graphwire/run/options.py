@@ -25,10 +25,18 @@ import dataclasses
 import math
 import numbers
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["OptionError", "check_options", "flag_of", "option", "option_fields"]
+__all__ = [
+    "OptionError",
+    "check_options",
+    "check_value",
+    "field_type",
+    "flag_of",
+    "option",
+    "option_fields",
+]
 
 _NO_DEFAULT: Any = dataclasses.MISSING
 
@@ -60,6 +68,7 @@ def option(
     excludes: str | None = None,
     only: str | None = None,
     parse: Callable[[str], Any] | None = None,
+    folder: bool = False,
     metavar: str | None = None,
 ) -> Any:
     """A dataclass field with what the command line needs to offer it.
@@ -82,6 +91,9 @@ def option(
         parse: how the command line's text becomes the value, for a field
             that is not an int, float, str or bool (``"10,25"`` -> a list);
             raises ValueError saying what was expected.
+        folder: the value is a folder the run writes: the command line
+            refuses one that exists and is not a folder, or cannot be made,
+            before any work.
         metavar: the value's name in ``--help``.
     """
     metadata = {
@@ -94,6 +106,7 @@ def option(
         "excludes": excludes,
         "only": only,
         "parse": parse,
+        "folder": folder,
         "metavar": metavar,
     }
     return dataclasses.field(default=default, metadata=metadata)
@@ -145,16 +158,28 @@ def check_options(config: Any) -> None:
                 continue
             raise OptionError(name, f"expected {_kind_name(kind)}, got None")
         value = _typed(name, value, kind)
-        choices = meta["choices"]
-        if choices is not None and value not in choices:
-            listed = ", ".join(str(c) for c in choices)
-            raise OptionError(name, f"expected one of {listed}, got {value!r}")
-        if kind in (int, float):
-            _check_bounds(name, value, meta)
+        check_value(meta, name, value)
         other = meta["excludes"]
         if other is not None and getattr(config, other) is not None:
             raise OptionError(name, f"only without {other}", other=other)
         object.__setattr__(config, name, value)
+
+
+def check_value(metadata: Mapping[str, Any], name: str, value: Any) -> None:
+    """``value`` (of the field's type) within the choices and bounds of an
+    option field's ``metadata``.
+
+    Raises:
+        OptionError: naming ``name``, with what was expected and found.
+    """
+    choices = metadata.get("choices")
+    if choices is not None and value not in choices:
+        listed = ", ".join(str(c) for c in choices)
+        raise OptionError(name, f"expected one of {listed}, got {value!r}")
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        _check_bounds(
+            name, float(value) if not isinstance(value, int) else value, metadata
+        )
 
 
 def _kind_name(kind: type) -> str:
@@ -189,9 +214,9 @@ def _typed(name: str, value: Any, kind: type) -> Any:
         ) from None
 
 
-def _check_bounds(name: str, value: float, meta: Any) -> None:
+def _check_bounds(name: str, value: float, meta: Mapping[str, Any]) -> None:
     """``value`` within the field's bounds; with bounds, also finite."""
-    least, strict, most = meta["least"], meta["strict"], meta["most"]
+    least, strict, most = meta.get("least"), meta.get("strict"), meta.get("most")
     if least is None and most is None:
         return
     low = least is None or value > least or (value == least and not strict)

@@ -102,6 +102,11 @@ class Registry:
         self._entries[name] = entry
         return entry
 
+    def unregister(self, name: str) -> None:
+        """Remove strategy ``name`` (a test's own, say); unknown names are
+        ignored."""
+        self._entries.pop(name, None)
+
     def resolve(self, choice: Any) -> tuple[Strategy, Any]:
         """``(strategy, config)`` of a strategy's name (with its default
         config) or of one of their configs.

@@ -33,23 +33,25 @@ from torch import nn
 from graphwire.comm.base import Transport
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
-from graphwire.fullgraph.base import ENGINES, register
 from graphwire.fullgraph.distributed import (
     build_engine,
     forward_loss,
-    seeded_model,
     train_distributed,
 )
+from graphwire.fullgraph.engines import EXCHANGES
+from graphwire.fullgraph.g3.config import G3Config
 from graphwire.fullgraph.g3_bins import BinGraph, SumGraph
-from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
 from graphwire.fullgraph.p2p import P2PEngine
 from graphwire.partition.format import load_part
 from graphwire.run.checkpoint import CheckpointConfig
+from graphwire.run.collective import seeded_model
 from graphwire.run.config import TrainConfig
+from graphwire.run.job import Job, RankReport, run_rank
 from graphwire.run.training import EpochRecord
 
 __all__ = [
     "DYING_G3",
+    "DyingG3Config",
     "DyingP2PEngine",
     "StepCase",
     "register_dying_g3",
@@ -115,10 +117,18 @@ class DyingP2PEngine(P2PEngine):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DyingG3Config(G3Config):
+    """G3's settings, and when to die."""
+
+    die_rank: int = -1
+    die_epoch: int = -1
+    note: str | None = None
+
+
 def register_dying_g3() -> None:
     """Make :data:`DYING_G3` an exchange name (in this process only)."""
-    if DYING_G3 not in ENGINES:
-        register(DYING_G3)(DyingP2PEngine)
+    EXCHANGES.register(DYING_G3, DyingP2PEngine, DyingG3Config)
 
 
 # ------------------------------------------------------------------ parity
@@ -242,9 +252,9 @@ def train_state(
 
 
 def run_rank_recording_pid(
-    ctx: WorkerContext, job: FullGraphJob, pid_folder: str
+    ctx: WorkerContext, job: Job, pid_folder: str
 ) -> list[RankReport] | None:
-    """:func:`run_rank` (``job.exchange`` may be :data:`DYING_G3`), after
+    """:func:`run_rank` (``job.strategy`` may be :data:`DYING_G3`'s config), after
     writing ``rank{r}.pid`` into ``pid_folder``."""
     register_dying_g3()
     (Path(pid_folder) / f"rank{ctx.rank}.pid").write_text(str(os.getpid()))

@@ -8,6 +8,7 @@ import torch
 
 from graphwire.comm.base import Transport
 from graphwire.feature.rapid import RapidConfig, RapidStore
+from graphwire.fullgraph.inference import ExactInference
 from graphwire.minibatch.dist import train_minibatch_distributed
 from graphwire.minibatch.loop import RankLoop
 from graphwire.partition.format import load_part
@@ -36,6 +37,7 @@ def train(
         transport,
         config,
         fetch,
+        inference=ExactInference,
         on_restore=lambda records: restored.extend(r.epoch for r in records),
         checkpoint=checkpoint,
     )
@@ -77,7 +79,9 @@ def feature_paths(
     ``g * 10 + column`` (new global IDs): prefetched, fallback (assembled by
     the trainer), cache lookups, on-demand pulls. Returns the worst error."""
     part = load_part(folder, transport.rank)
-    loop = RankLoop(part, transport, config, RapidConfig(n_hot=n_hot))
+    loop = RankLoop(
+        part, transport, config, RapidConfig(n_hot=n_hot), inference=ExactInference
+    )
     rapid = loop.fetcher
     assert isinstance(rapid, RapidStore)
     worst = 0.0

@@ -12,11 +12,7 @@ import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
 from graphwire.comm.local import run_local
-from graphwire.fullgraph.distributed import (
-    build_engine,
-    forward_loss,
-    seeded_model,
-)
+from graphwire.fullgraph.distributed import build_engine, forward_loss
 from graphwire.graph.graph import Graph
 from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.nn.models import GNN, LAYER_KINDS
@@ -26,6 +22,7 @@ from graphwire.partition import (
     load_part,
     write_partitioned,
 )
+from graphwire.run.collective import seeded_model
 from graphwire.run.config import TrainConfig
 from graphwire.run.training import make_model
 

@@ -1,5 +1,5 @@
 """Every rank of a job loads its part of the same parts, or every rank
-refuses alike (:func:`~graphwire.fullgraph.job.load_agreed_part`): on two
+refuses alike (:func:`~graphwire.run.job.load_agreed_part`): on two
 machines that do not share ``--out``, the parts rank 0 wrote are not on the
 other, whose ranks would fail alone while the others waited on them."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from graphwire.comm.local import run_local
-from graphwire.fullgraph.job import load_agreed_part
+from graphwire.run.job import load_agreed_part
 from tests.fullgraph.dist_helpers import small_graph, write_parts
 
 

@@ -77,7 +77,7 @@ def test_ranks_that_find_different_checkpoints_all_refuse_to_resume(
     0 (restored) until the run ends apart. Every rank refuses, naming what
     each found; ranks that agree resume."""
     from graphwire.comm.local import run_local
-    from graphwire.fullgraph.distributed import load_on_every_rank
+    from graphwire.run.state import load_on_every_rank
 
     shared = CheckpointConfig(str(tmp_path / "shared"), every=1, run=RUN)
     for rank in (0, 1):
@@ -128,12 +128,14 @@ def test_checkpoints_written_without_settings_still_resume(tmp_path) -> None:
 def _cli_checkpoint(tmp_path, *flags: str) -> CheckpointConfig:
     """The CheckpointConfig ``graphwire train`` builds from ``flags``."""
     from graphwire.cli import build_parser
-    from graphwire.commands.train import build_config
-    from graphwire.commands.train_dist import _checkpoint
+    from graphwire.commands.train import flag_table, given_values
+    from graphwire.run.build import build_spec
+    from graphwire.run.parts import checkpoint_config
 
     argv = ["train", "--dataset", str(tmp_path), "--workers", "2", *flags]
-    args = build_parser().parse_args(argv)
-    config = _checkpoint(args, tmp_path / "out", build_config(args))
+    table = flag_table()
+    spec = build_spec(table, *given_values(table, build_parser().parse_args(argv)))
+    config = checkpoint_config(spec, tmp_path / "out")
     assert config is not None
     return config
 
@@ -301,12 +303,9 @@ def test_a_rank_file_another_run_wrote_is_refused_naming_it(tmp_path) -> None:
 def test_a_state_that_does_not_fit_the_model_is_refused_in_a_line() -> None:
     """A file changed by hand so its weights fit another model: one line
     naming the rank and epoch, not torch's size-mismatch paragraph."""
-    from graphwire.fullgraph.distributed import (
-        restore_training_state,
-        seeded_model,
-        training_state,
-    )
+    from graphwire.run.collective import seeded_model
     from graphwire.run.config import TrainConfig
+    from graphwire.run.state import restore_training_state, training_state
     from graphwire.run.training import BestEpoch, make_optimizer
 
     def fresh(hidden: int):

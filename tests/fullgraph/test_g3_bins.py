@@ -9,7 +9,6 @@ import torch
 
 from graphwire.comm.local import run_local
 from graphwire.comm.plan import ExchangePlan
-from graphwire.fullgraph.base import local_message_graph
 from graphwire.fullgraph.g3_bins import (
     RAMP,
     _bin,
@@ -22,6 +21,7 @@ from graphwire.graph.graph import Graph
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.models import LAYER_KINDS
 from graphwire.partition import load_part
+from graphwire.run.local_graph import local_message_graph
 from tests.fullgraph.dist_helpers import (
     config_for,
     run_dist_steps,

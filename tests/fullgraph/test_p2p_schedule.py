@@ -18,12 +18,12 @@ from graphwire.comm.local import run_local
 from graphwire.fullgraph.distributed import (
     build_engine,
     forward_loss,
-    seeded_model,
     train_distributed,
 )
 from graphwire.fullgraph.g3_bins import SumGraph
 from graphwire.fullgraph.p2p import P2PEngine
 from graphwire.partition import load_part
+from graphwire.run.collective import seeded_model
 from tests.fullgraph.dist_helpers import (
     DROPOUT_SEED,
     config_for,

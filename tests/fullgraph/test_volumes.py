@@ -12,18 +12,19 @@ import torch
 
 from graphwire.comm.local import run_local
 from graphwire.comm.plan import ExchangePlan
-from graphwire.commands.train_dist import print_comm, training_bytes_by_peer
 from graphwire.fullgraph.distributed import (
     build_engine,
     forward_loss,
-    seeded_model,
     train_distributed,
 )
-from graphwire.fullgraph.job import RankReport, epoch_lines
+from graphwire.fullgraph.progress import epoch_lines
 from graphwire.graph.graph import Graph
 from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.partition.stats import PartitionStats
+from graphwire.run.collective import seeded_model
+from graphwire.run.job import RankReport
 from graphwire.run.records import format_bytes
+from graphwire.run.tables import print_comm, training_bytes_by_peer
 from graphwire.run.training import EpochRecord
 from tests.fullgraph.dist_helpers import (
     DROPOUT_SEED,

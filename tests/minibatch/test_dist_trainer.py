@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import threading
 import time
 from pathlib import Path
@@ -30,12 +31,12 @@ import torch
 from graphwire.comm.launch import WorkerFailed, launch_local
 from graphwire.comm.local import run_local
 from graphwire.feature.rapid import RapidConfig
+from graphwire.fullgraph.inference import ExactInference
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.graph.synthetic import ProductsConfig, products_graph
-from graphwire.minibatch.dist import train_minibatch_distributed
+from graphwire.minibatch.dist import train_minibatch_distributed, train_rank
 from graphwire.minibatch.fetchers import FETCHERS
-from graphwire.minibatch.job import MinibatchJob, run_rank
 from graphwire.minibatch.trainer import train_minibatch
 from graphwire.partition import (
     PartitionBook,
@@ -45,6 +46,7 @@ from graphwire.partition import (
 )
 from graphwire.run.checkpoint import CheckpointConfig
 from graphwire.run.config import TrainConfig
+from graphwire.run.job import Job, run_rank
 from graphwire.testing import run_workers
 from graphwire.testing.minibatch_probes import feature_paths, train
 from tests.fullgraph.dist_helpers import nan_feature_halves
@@ -232,11 +234,11 @@ def test_cora_on_four_workers_is_within_a_point_of_one_process(
     single = train_minibatch(cora, TrainConfig(model="sage", epochs=30, batch_size=140))
     partition = get_partitioner("metis").partition(cora, 4, seed=0)
     folder = write_partitioned(cora, partition, tmp_path / "cora-metis4")
-    job = MinibatchJob(
+    job = Job(
         folder=str(folder),
         config=TrainConfig(model="sage", epochs=30, batch_size=35),
-        options=RapidConfig(),
-        progress=False,
+        train=functools.partial(train_rank, inference=ExactInference),
+        strategy=RapidConfig(),
     )
     reports = launch_local(run_rank, 4, job, timeout_s=300.0, run_timeout_s=300.0)[0]
     assert reports is not None
@@ -401,7 +403,9 @@ def _nan_loss_message(
     )
     part = load_part(folder, transport.rank)
     try:
-        train_minibatch_distributed(part, transport, config, "on-demand")
+        train_minibatch_distributed(
+            part, transport, config, "on-demand", inference=ExactInference
+        )
     except ValueError as error:
         return str(error)
     return "no error"

@@ -24,8 +24,8 @@ from graphwire.comm.base import Transport
 from graphwire.comm.local import run_local
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.rapid import RapidConfig
+from graphwire.feature.traffic import TrafficWindows, fetch_traffic, fetched_rows
 from graphwire.graph.synthetic import ProductsConfig, products_graph
-from graphwire.minibatch.traffic import TrafficWindows, fetch_traffic, fetched_rows
 from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.run.checkpoint import CheckpointConfig
 from graphwire.run.config import TrainConfig

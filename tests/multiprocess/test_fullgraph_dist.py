@@ -37,15 +37,17 @@ import pytest
 import torch
 
 from graphwire.comm.launch import WorkerFailed, launch_local
-from graphwire.fullgraph.job import FullGraphJob, run_rank
+from graphwire.fullgraph.distributed import train_rank
+from graphwire.fullgraph.progress import print_epoch
 from graphwire.fullgraph.trainer import train_fullgraph
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.partition import get_partitioner, write_partitioned
 from graphwire.run.checkpoint import CheckpointConfig
 from graphwire.run.config import TrainConfig
+from graphwire.run.job import Job, run_rank
 from graphwire.testing.fullgraph_probes import (
-    DYING_G3,
+    DyingG3Config,
     StepCase,
     run_rank_recording_pid,
     step_cases,
@@ -180,7 +182,7 @@ def test_cora_on_four_workers_matches_one_process(
     folder = write_partitioned(
         cora, partition, tmp_path / "cora-metis4", node_order="rcm"
     )
-    job = FullGraphJob(folder=str(folder), config=config, exchange="g3", progress=False)
+    job = Job(folder=str(folder), config=config, train=train_rank, strategy="g3")
     reports = launch_local(run_rank, 4, job, timeout_s=300.0, run_timeout_s=300.0)[0]
     assert reports is not None
     with _torch_threads(1):  # the workers run one thread each too
@@ -321,13 +323,13 @@ def test_killed_worker_fails_the_run_and_resume_restores_it(
     cut = CheckpointConfig(str(tmp_path / "ckpt-cut"), every=4)
     died_at, pids = tmp_path / "died_at", tmp_path / "pids"
     pids.mkdir()
-    job = FullGraphJob(
+    job = Job(
         folder=folder,
         config=config,
-        exchange=DYING_G3,
-        options={"die_rank": 1, "die_epoch": 9, "note": str(died_at)},
+        train=train_rank,
+        strategy=DyingG3Config(die_rank=1, die_epoch=9, note=str(died_at)),
         checkpoint=cut,
-        progress=True,  # rank 0 prints each epoch it finishes
+        show=print_epoch,  # rank 0 prints each epoch it finishes
     )
     capfd.readouterr()
     with pytest.raises(WorkerFailed) as failure:

@@ -19,10 +19,10 @@ import pytest
 from matplotlib.image import imread
 
 from graphwire.cli import main
-from graphwire.fullgraph.distributed import TRAINING_TAGS
 from graphwire.run.plots import DPI, PLOTS, figure_inches
 from graphwire.run.records import format_bytes
 from graphwire.run.report import read_run
+from graphwire.run.summary import TRAINING_TAGS
 from tests.multiprocess.cli_runs import SPEC
 
 TRAIN = ["train", "--dataset", SPEC, "--workers", "2", "--quiet", "--timeout", "120"]

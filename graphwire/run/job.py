@@ -1,11 +1,14 @@
-"""A distributed full-graph job: what every rank runs, however it was started.
+"""A distributed job: what every rank runs, however it was started.
 
-``graphwire train --workers N`` spawns N local processes with
-:func:`~graphwire.comm.launch.launch_local`; ``torchrun ... -m graphwire train``
-starts the processes itself. Either way each process calls :func:`run_rank`
-with its :class:`~graphwire.comm.context.WorkerContext`: join the process
-group, load this rank's part (memory-mapped), train, then gather every rank's
-report on rank 0, which returns them (the others return ``None``).
+``graphwire train --workers N`` starts N local processes
+(:func:`~graphwire.comm.launch.launch_local`); ``torchrun ... -m graphwire
+train`` starts them itself. Either way each process calls :func:`run_rank`
+with its :class:`~graphwire.comm.context.WorkerContext` and the same
+:class:`Job`: join the process group, load this rank's part
+(memory-mapped), run the job's loop, then gather every rank's report on rank
+0, which returns them (the others return ``None``). The loop is the job's
+``train`` (a full-graph or a mini-batch one): :func:`run_rank` does not know
+which.
 
 While it trains, rank 0 streams its epoch records into
 ``OUT/metrics.jsonl.partial`` (:class:`EpochStream`), so a long run can be
@@ -25,66 +28,63 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from graphwire.comm.base import Transport, name_ranks
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist import TorchTransport
-from graphwire.fullgraph.distributed import train_distributed
 from graphwire.partition.format import load_part
 from graphwire.partition.local import LocalPart
 from graphwire.run.checkpoint import CheckpointConfig, parts_digest
 from graphwire.run.config import TrainConfig
-from graphwire.run.records import MetricsLog, format_bytes
-from graphwire.run.training import EpochRecord, TrainResult, format_acc
+from graphwire.run.records import MetricsLog
+from graphwire.run.training import EpochRecord, TrainResult
 
 __all__ = [
     "EpochStream",
-    "FullGraphJob",
-    "RunLog",
+    "Job",
     "RankReport",
-    "epoch_lines",
     "gather_reports",
     "load_agreed_part",
     "rank_report",
     "run_rank",
-    "serve_rank",
 ]
 
 
-@dataclass(frozen=True)
-class RunLog:
-    """Where rank 0 streams the run's records: ``out/metrics.jsonl.partial``,
-    opened with a ``config`` record of ``header``'s fields."""
-
-    out: str
-    header: dict[str, Any]
-
-
 @dataclass(frozen=True, kw_only=True)
-class FullGraphJob:
+class Job:
     """Everything a rank needs (picklable; the same on every rank).
 
     Attributes:
         folder: the partitioned graph (one part per rank).
         config: model and optimiser settings.
-        exchange: engine name.
-        options: engine options.
+        train: the loop, ``train(part, transport, job, on_epoch)``, which
+            returns the run (its ``result``, ``ledger``, ``counters`` and
+            ``first_epoch``): a module-level function, or a
+            ``functools.partial`` of one.
+        strategy: the exchange's or fetcher's name or config, which
+            ``train`` hands its loop.
+        show: what rank 0 prints after each epoch (None: nothing).
         checkpoint: where and how often to checkpoint, and whether to resume.
-        progress: rank 0 prints each epoch (:func:`epoch_lines`).
-        log: where rank 0 streams its epoch records (None: nowhere).
+        out: the run folder rank 0 streams its records into (None: none).
+        header: the fields of the stream's ``config`` record.
         verify: each rank checks its part's files against their SHA-256 in
             ``meta.json`` as it loads them (``--verify``).
     """
 
     folder: str
     config: TrainConfig
-    exchange: str = "halo"
-    options: dict[str, Any] = field(default_factory=dict)
+    train: Callable[[LocalPart, Transport, Job, EpochStream], Any]
+    strategy: Any = None
+    show: Callable[[EpochRecord], None] | None = None
     checkpoint: CheckpointConfig | None = None
-    progress: bool = True
-    log: RunLog | None = None
+    out: str | None = None
+    header: dict[str, Any] = field(default_factory=dict)
     verify: bool = False
+
+    def rank_checkpoint(self) -> CheckpointConfig | None:
+        """The checkpoint settings, tied to this job's parts (their digest)."""
+        return self.checkpoint and self.checkpoint.on_parts(self.folder)
 
 
 @dataclass(kw_only=True)
@@ -106,67 +106,21 @@ class RankReport:
     first_epoch: int = 0  # resumed: its ledger counts epochs first_epoch.. only
 
 
-def run_rank(ctx: WorkerContext, job: FullGraphJob) -> list[RankReport] | None:
-    """Run ``job`` as rank ``ctx.rank``; rank 0 returns every rank's report."""
-
-    def train(part: LocalPart, transport: Transport, on_epoch: EpochStream) -> Any:
-        return train_distributed(
-            part,
-            transport,
-            job.config,
-            job.exchange,
-            options=job.options,
-            on_epoch=on_epoch,
-            on_restore=on_epoch.restored,
-            checkpoint=job.checkpoint and job.checkpoint.on_parts(job.folder),
-        )
-
-    return serve_rank(ctx, job, train, _print_epoch)
-
-
-class RankJob(Protocol):
-    """What :func:`serve_rank` reads of a job (either mode's)."""
-
-    @property
-    def folder(self) -> str: ...
-
-    @property
-    def log(self) -> RunLog | None: ...
-
-    @property
-    def progress(self) -> bool: ...
-
-    @property
-    def verify(self) -> bool: ...
-
-
-def serve_rank(
-    ctx: WorkerContext,
-    job: RankJob,
-    train: Callable[[LocalPart, Transport, EpochStream], Any],
-    show: Callable[[EpochRecord], None],
-) -> list[RankReport] | None:
-    """What every distributed job's rank does: join the process group, load
-    its part (``job.folder``), run ``train(part, transport, on_epoch)``
-    (which returns the run: ``result``, ``ledger``, ``counters``,
-    ``first_epoch``) with rank 0 streaming its records into ``job.log`` and
-    calling ``show`` (if ``job.progress``), then gather every rank's report
-    on rank 0, which returns them."""
+def run_rank(ctx: WorkerContext, job: Job) -> list[RankReport] | None:
+    """Run ``job`` as rank ``ctx.rank``: join the process group, load its
+    part, run ``job.train`` with rank 0 streaming its records into
+    ``job.out`` and printing each with ``job.show``, then gather every
+    rank's report on rank 0, which returns them."""
     start = time.perf_counter()
     lead = ctx.rank == 0
     transport = TorchTransport.open(ctx)
     try:
         part = load_agreed_part(job.folder, transport, job.verify)
-        log = job.log
-        with MetricsLog(log.out if lead and log else None, final=False) as stream:
+        with MetricsLog(job.out if lead else None, final=False) as stream:
             on_epoch = EpochStream(
-                ctx.rank,
-                start,
-                stream,
-                show if lead and job.progress else None,
-                log.header if log else {},
+                ctx.rank, start, stream, job.show if lead else None, job.header
             )
-            run = train(part, transport, on_epoch)
+            run = job.train(part, transport, job, on_epoch)
         return gather_reports(transport, rank_report(ctx.rank, part, run, start))
     finally:
         transport.close()
@@ -287,42 +241,3 @@ def gather_reports(transport: Transport, report: RankReport) -> list[RankReport]
     """Every rank's report on rank 0 (the others get None)."""
     reports = transport.all_gather_object(dataclasses.asdict(report), "meta.report")
     return [RankReport(**r) for r in reports] if transport.rank == 0 else None
-
-
-def epoch_lines(record: EpochRecord) -> list[str]:
-    """What rank 0 prints after an epoch: loss, accuracies and the time split;
-    then, from :func:`~graphwire.fullgraph.distributed.traffic_by_rank`, the
-    epoch's training bytes per layer (all ranks) and each rank's sent and
-    received bytes."""
-    times = record.times
-    work = times["forward_s"] + times["backward_s"]
-    comm = times.get("comm_s", 0.0)
-    lines = [
-        f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
-        f"train {format_acc(record.train_acc)}  val {format_acc(record.val_acc)}  "
-        f"test {format_acc(record.test_acc)}  compute {work - comm:.3f}s  "
-        f"comm {comm:.3f}s  sync {times.get('sync_s', 0.0):.3f}s"
-    ]
-    traffic: dict[str, dict[str, list[int]]] = record.comm.get("by_rank", {})
-    if traffic:
-        kinds = "  ".join(
-            f"{kind} {format_bytes(sum(counts['sent']))}"
-            for kind, counts in traffic.items()
-        )
-        sent, recv = _per_rank(traffic, "sent"), _per_rank(traffic, "recv")
-        ranks = "  ".join(
-            f"{rank}: {format_bytes(s)} / {format_bytes(r)}"
-            for rank, (s, r) in enumerate(zip(sent, recv, strict=True))
-        )
-        lines.append(f"           bytes {kinds}  |  sent / recv by rank  {ranks}")
-    return lines
-
-
-def _per_rank(traffic: dict[str, dict[str, list[int]]], way: str) -> list[int]:
-    """Each rank's bytes ``way`` (``sent`` or ``recv``), all kinds together."""
-    columns = zip(*(counts[way] for counts in traffic.values()), strict=True)
-    return [sum(column) for column in columns]
-
-
-def _print_epoch(record: EpochRecord) -> None:
-    print("\n".join(epoch_lines(record)), flush=True)

@@ -1,12 +1,10 @@
-"""Console output shared by the subcommands: tables, spinners, progress bars."""
+"""What commands print: tables, spinners, progress bars, the dataset's figures."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -19,16 +17,20 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from graphwire.cli import check_out_path
-from graphwire.fsutil import check_replaceable
-from graphwire.graph.datasets import load_dataset, spec_paths
+from graphwire.graph.datasets import load_dataset
 from graphwire.graph.graph import Graph
 
-console = Console(highlight=False)
+__all__ = [
+    "check_trainable_dataset",
+    "console",
+    "epoch_progress",
+    "graph_rows",
+    "load_with_status",
+    "print_table",
+    "step",
+]
 
-# How the commands number rows when --node-order is left out (partition, and
-# the graph or parts train writes): reverse Cuthill-McKee.
-NODE_ORDER = "rcm"
+console = Console(highlight=False)
 
 
 def print_table(
@@ -80,47 +82,6 @@ def epoch_progress(total: int, quiet: bool = False) -> Progress:
     )
 
 
-def check_out(out: str, dataset: str, overwrite: bool) -> None:
-    """Refuse an ``--out`` that would destroy the input or something not ours.
-
-    Run before any work, so a refusal costs nothing. ``out`` may not be the
-    input ``dataset`` reads, contain it, or lie inside it, nor lie under a
-    file (:func:`~graphwire.cli.check_out_path`); an existing ``out`` needs
-    ``--overwrite`` and must be a folder graphwire wrote.
-
-    Raises:
-        ValueError: ``out`` overlaps the input, lies under a file, or is not
-            graphwire's to replace.
-        FileExistsError: ``out`` exists and ``overwrite`` is false.
-    """
-    check_not_input(out, dataset, f"--out {out}")
-    check_out_path(out)  # a path under a file, or in a folder not ours to write
-    check_replaceable(out, overwrite, flag="--overwrite")
-
-
-def check_not_input(folder: str | Path, dataset: str, what: str) -> None:
-    """Refuse a ``folder`` to be written that is the input ``dataset`` reads,
-    contains it, or lies inside it; ``what`` names the folder in the error.
-
-    Raises:
-        ValueError: ``folder`` overlaps the input.
-    """
-    # Paths as given (a link is the input's name here) and as resolved.
-    targets = {Path(os.path.abspath(folder)), Path(folder).resolve()}
-    for given in spec_paths(dataset):
-        for source in {Path(os.path.abspath(given)), given.resolve()}:
-            if any(t == source or t in source.parents for t in targets):
-                raise ValueError(
-                    f"{what}: holds the input of --dataset {dataset}, "
-                    "refusing to replace it; write the output somewhere else"
-                )
-            if any(source in t.parents for t in targets):
-                raise ValueError(
-                    f"{what}: lies inside the input of --dataset {dataset}; "
-                    "write the output somewhere else"
-                )
-
-
 def load_with_status(spec: str, quiet: bool = False, verify: bool = False) -> Graph:
     with step(f"{'verifying' if verify else 'loading'} {spec}", quiet):
         return load_dataset(spec, verify=verify)
@@ -156,15 +117,3 @@ def check_trainable_dataset(graph: Graph, dataset: str) -> None:
             "(for R-MAT add features=F&classes=C to the spec)"
         )
     check_trainable(graph)
-
-
-def check_partition_method(method: str | None, flag: str = "--partition") -> None:
-    """``method`` (from ``flag``) must name a registered partitioner; checked
-    before any data is read."""
-    if method is None:
-        return
-    from graphwire.partition import PARTITIONERS
-
-    if method not in PARTITIONERS:
-        known = ", ".join(sorted(PARTITIONERS))
-        raise ValueError(f"{flag} {method}: unknown; expected one of {known}")

@@ -1,0 +1,47 @@
+"""What rank 0 of a distributed full-graph run prints after each epoch."""
+
+from __future__ import annotations
+
+from graphwire.run.records import format_bytes
+from graphwire.run.training import EpochRecord, format_acc
+
+__all__ = ["epoch_lines", "print_epoch"]
+
+
+def epoch_lines(record: EpochRecord) -> list[str]:
+    """What rank 0 prints after an epoch: loss, accuracies and the time split;
+    then, from :func:`~graphwire.fullgraph.distributed.traffic_by_rank`, the
+    epoch's training bytes per layer (all ranks) and each rank's sent and
+    received bytes."""
+    times = record.times
+    work = times["forward_s"] + times["backward_s"]
+    comm = times.get("comm_s", 0.0)
+    lines = [
+        f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
+        f"train {format_acc(record.train_acc)}  val {format_acc(record.val_acc)}  "
+        f"test {format_acc(record.test_acc)}  compute {work - comm:.3f}s  "
+        f"comm {comm:.3f}s  sync {times.get('sync_s', 0.0):.3f}s"
+    ]
+    traffic: dict[str, dict[str, list[int]]] = record.comm.get("by_rank", {})
+    if traffic:
+        kinds = "  ".join(
+            f"{kind} {format_bytes(sum(counts['sent']))}"
+            for kind, counts in traffic.items()
+        )
+        sent, recv = _per_rank(traffic, "sent"), _per_rank(traffic, "recv")
+        ranks = "  ".join(
+            f"{rank}: {format_bytes(s)} / {format_bytes(r)}"
+            for rank, (s, r) in enumerate(zip(sent, recv, strict=True))
+        )
+        lines.append(f"           bytes {kinds}  |  sent / recv by rank  {ranks}")
+    return lines
+
+
+def print_epoch(record: EpochRecord) -> None:
+    print("\n".join(epoch_lines(record)), flush=True)
+
+
+def _per_rank(traffic: dict[str, dict[str, list[int]]], way: str) -> list[int]:
+    """Each rank's bytes ``way`` (``sent`` or ``recv``), all kinds together."""
+    columns = zip(*(counts[way] for counts in traffic.values()), strict=True)
+    return [sum(column) for column in columns]

@@ -1,0 +1,31 @@
+"""What rank 0 of a distributed mini-batch run prints after each epoch."""
+
+from __future__ import annotations
+
+from graphwire.run.training import EpochRecord, format_acc
+
+__all__ = ["print_epoch"]
+
+
+def print_epoch(record: EpochRecord) -> None:
+    """Rank 0's line after an epoch: loss, accuracies, throughput, time split,
+    remote rows, cache hit rate and resources."""
+    t, extra = record.times, record.extra
+    hits, missed = extra["cache_hits"], extra["missed_rows"]
+    rate = hits / (hits + missed) if hits + missed else 0.0
+    res = extra["resources"]
+    joules = res["energy_j"]
+    energy = f"{joules:.1f} J" if joules is not None else res["energy_source"]
+    print(
+        f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
+        f"val {format_acc(record.val_acc)}  test {format_acc(record.test_acc)}  "
+        f"rank0 seeds/s {extra['seeds_per_s']:.0f}  "
+        f"sample {t['sample_s']:.2f}s fetch {t['fetch_s']:.2f}s "
+        f"wait {t['wait_s']:.2f}s compute {t['forward_s'] + t['backward_s']:.2f}s "
+        f"sync {t['sync_s']:.2f}s  remote rows {extra['remote_rows']} "
+        f"({extra['remote_messages']} messages, "
+        f"{extra['remote_bytes'] / 2**20:.2f} MiB)  hit rate {rate:.3f}  "
+        f"cpu {res['cpu_s']:.2f}s  peak rss {res['peak_rss_mb']:.0f} MiB  "
+        f"energy {energy}",
+        flush=True,
+    )
