@@ -41,7 +41,11 @@ from graphwire.testing.probes import (
     raise_on_rank,
     sleep_forever,
 )
-from tests.comm.launchers import sleeping_launcher, worker_children
+from tests.comm.launchers import (
+    sleeping_launcher,
+    with_repo_on_path,
+    worker_children,
+)
 
 
 def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
@@ -281,7 +285,7 @@ def test_a_child_has_the_launchers_environment_folder_and_output(
     first, later = tmp_path / "first", tmp_path / "later"
     first.mkdir()
     later.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != name}
+    env = with_repo_on_path({k: v for k, v in os.environ.items() if k != name})
     done = subprocess.run(
         [sys.executable, "-c", _TWO_LAUNCHES, name, str(first), str(later), how],
         capture_output=True,
@@ -334,7 +338,7 @@ def test_a_fork_server_that_never_starts_a_child_fails_the_launch_promptly(
     (tmp_path / "server_exits.py").write_text("import os\nos._exit(3)\n")
     (tmp_path / "server_hangs.py").write_text("import time\ntime.sleep(600)\n")
     # found through PYTHONPATH: the server does not take the launcher's sys.path
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = with_repo_on_path({**os.environ, "PYTHONPATH": str(tmp_path)})
     done = subprocess.run(
         [sys.executable, "-c", _BROKEN_SERVERS],
         capture_output=True,
