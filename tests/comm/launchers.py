@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Two workers that sleep until they are stopped.
 _SLEEPING = (
     "from graphwire.comm.launch import launch_local\n"
-    "from graphwire.testing.probes import sleep_forever\n"
+    "from tests.comm.probes import sleep_forever\n"
     "launch_local(sleep_forever, 2)\n"
 )
 

@@ -31,7 +31,12 @@ import graphwire.comm.launch as launch
 from graphwire.comm.launch import LOOPBACK, WorkerFailed, free_port, launch_local
 from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
-from graphwire.testing.probes import (
+from tests.comm.launchers import (
+    sleeping_launcher,
+    with_repo_on_path,
+    worker_children,
+)
+from tests.comm.probes import (
     backend_of,
     hang_on_rank,
     join_nowhere,
@@ -40,11 +45,6 @@ from graphwire.testing.probes import (
     quick_steps,
     raise_on_rank,
     sleep_forever,
-)
-from tests.comm.launchers import (
-    sleeping_launcher,
-    with_repo_on_path,
-    worker_children,
 )
 
 
@@ -252,7 +252,7 @@ _TWO_LAUNCHES = """
 import multiprocessing, os, sys
 import graphwire.comm.launch
 from graphwire.comm.launch import launch_local
-from graphwire.testing.probes import what_a_child_sees
+from tests.comm.probes import what_a_child_sees
 
 name, first, later, how = sys.argv[1:]
 if how == "spawn":  # as under NCCL
@@ -310,7 +310,7 @@ import time
 import psutil
 from multiprocessing import forkserver
 import graphwire.comm.launch as launch
-from graphwire.testing.probes import backend_of
+from tests.comm.probes import backend_of
 usual = launch._PRELOAD
 launch.FORK_START_S = 5.0
 for module in ("server_exits", "server_hangs"):

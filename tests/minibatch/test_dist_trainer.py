@@ -43,9 +43,9 @@ from graphwire.partition import (
     write_partitioned,
 )
 from graphwire.testing import run_workers
-from graphwire.testing.minibatch_probes import feature_paths, train
 from graphwire.training import TrainConfig
 from tests.fullgraph.dist_helpers import nan_feature_halves
+from tests.minibatch.probes import feature_paths, train
 
 
 def _graph(nodes: int = 1200) -> Graph:

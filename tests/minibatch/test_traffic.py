@@ -28,8 +28,8 @@ from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.minibatch.dist import FetchOptions
 from graphwire.minibatch.traffic import TrafficWindows, fetch_traffic, fetched_rows
 from graphwire.partition import get_partitioner, load_part, write_partitioned
-from graphwire.testing.minibatch_probes import train
 from graphwire.training import TrainConfig
+from tests.minibatch.probes import train
 
 _FIELDS = ("bytes_sent", "bytes_recv", "remote_rows", "remote_bytes")
 

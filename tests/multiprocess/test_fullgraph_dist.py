@@ -43,13 +43,6 @@ from graphwire.fullgraph.trainer import train_fullgraph
 from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.partition import get_partitioner, write_partitioned
-from graphwire.testing.fullgraph_probes import (
-    DYING_G3,
-    StepCase,
-    run_rank_recording_pid,
-    step_cases,
-    train_state,
-)
 from graphwire.training import TrainConfig
 from tests.comm.launchers import worker_children
 from tests.fullgraph.dist_helpers import (
@@ -58,6 +51,13 @@ from tests.fullgraph.dist_helpers import (
     single_step,
     small_graph,
     write_parts,
+)
+from tests.multiprocess.fullgraph_probes import (
+    DYING_G3,
+    StepCase,
+    run_rank_recording_pid,
+    step_cases,
+    train_state,
 )
 
 # Tolerance: 1e-5 relative / 1e-6 absolute, as in tests/fullgraph/test_parity.py.
