@@ -11,8 +11,8 @@ import pytest
 from graphwire.allocator import keep_freed_memory, user_set_allocator
 from graphwire.cli import main
 from graphwire.comm.launch import launch_local
-from graphwire.testing.probes import refault_pages
 from tests.cli_helpers import TINY
+from tests.comm.probes import refault_pages
 
 _GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 _PAGES = 3 * (48 << 20) // 4096  # refault_pages: three 48 MiB blocks

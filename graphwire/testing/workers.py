@@ -10,8 +10,10 @@ every exit code checked, stragglers killed at the timeout.
 
 ``fn`` must be a module-level function of an importable module: a spawned child
 imports it by name. Test modules collected with ``--import-mode=importlib`` are
-not importable that way, so worker functions live in package modules such as
-:mod:`graphwire.testing.probes`.
+not importable that way, so the tests' worker functions live in plain modules
+beside them, such as ``tests/comm/probes.py``, imported as ``tests.comm.probes``
+(pytest's ``pythonpath`` puts the repository root on ``sys.path``, which each
+child is given).
 
 Example::
 

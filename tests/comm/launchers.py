@@ -15,12 +15,22 @@ import psutil
 
 from tests.signals import default_stop_signals
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 # Two workers that sleep until they are stopped.
 _SLEEPING = (
     "from graphwire.comm.launch import launch_local\n"
-    "from graphwire.testing.probes import sleep_forever\n"
+    "from tests.comm.probes import sleep_forever\n"
     "launch_local(sleep_forever, 2)\n"
 )
+
+
+def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the repository root first on ``PYTHONPATH``: a ``python -c``
+    script and its workers import modules under ``tests`` from any working
+    folder."""
+    paths = [str(REPO_ROOT), env.get("PYTHONPATH", "")]
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
 def worker_children(pid: int | None = None) -> list[psutil.Process]:
@@ -56,7 +66,7 @@ def sleeping_launcher(
     """A launcher of two sleeping workers with ``TMPDIR=tmp``, once both
     workers run and its ``graphwire-run-*`` folder is made; killed (by its
     PID) on the way out if it still runs."""
-    env = {**os.environ, "TMPDIR": str(tmp)}
+    env = with_repo_on_path({**os.environ, "TMPDIR": str(tmp)})
     launcher = subprocess.Popen(
         [sys.executable, "-c", _SLEEPING], env=env, preexec_fn=default_stop_signals
     )

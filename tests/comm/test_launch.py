@@ -31,7 +31,12 @@ import graphwire.comm.launch as launch
 from graphwire.comm.launch import LOOPBACK, WorkerFailed, free_port, launch_local
 from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
-from graphwire.testing.probes import (
+from tests.comm.launchers import (
+    sleeping_launcher,
+    with_repo_on_path,
+    worker_children,
+)
+from tests.comm.probes import (
     backend_of,
     hang_on_rank,
     join_nowhere,
@@ -41,7 +46,6 @@ from graphwire.testing.probes import (
     raise_on_rank,
     sleep_forever,
 )
-from tests.comm.launchers import sleeping_launcher, worker_children
 
 
 def test_raising_worker_is_reported_with_rank_and_traceback() -> None:
@@ -248,7 +252,7 @@ _TWO_LAUNCHES = """
 import multiprocessing, os, sys
 import graphwire.comm.launch
 from graphwire.comm.launch import launch_local
-from graphwire.testing.probes import what_a_child_sees
+from tests.comm.probes import what_a_child_sees
 
 name, first, later, how = sys.argv[1:]
 if how == "spawn":  # as under NCCL
@@ -281,7 +285,7 @@ def test_a_child_has_the_launchers_environment_folder_and_output(
     first, later = tmp_path / "first", tmp_path / "later"
     first.mkdir()
     later.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != name}
+    env = with_repo_on_path({k: v for k, v in os.environ.items() if k != name})
     done = subprocess.run(
         [sys.executable, "-c", _TWO_LAUNCHES, name, str(first), str(later), how],
         capture_output=True,
@@ -306,7 +310,7 @@ import time
 import psutil
 from multiprocessing import forkserver
 import graphwire.comm.launch as launch
-from graphwire.testing.probes import backend_of
+from tests.comm.probes import backend_of
 usual = launch._PRELOAD
 launch.FORK_START_S = 5.0
 for module in ("server_exits", "server_hangs"):
@@ -334,7 +338,7 @@ def test_a_fork_server_that_never_starts_a_child_fails_the_launch_promptly(
     (tmp_path / "server_exits.py").write_text("import os\nos._exit(3)\n")
     (tmp_path / "server_hangs.py").write_text("import time\ntime.sleep(600)\n")
     # found through PYTHONPATH: the server does not take the launcher's sys.path
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = with_repo_on_path({**os.environ, "PYTHONPATH": str(tmp_path)})
     done = subprocess.run(
         [sys.executable, "-c", _BROKEN_SERVERS],
         capture_output=True,

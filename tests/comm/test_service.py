@@ -1,7 +1,7 @@
 """The request/response service: answers, concurrency, errors, exact ledger.
 
 In-process ranks and gloo processes run the same probe
-(:func:`graphwire.testing.service_probes.service_suite`): each rank asks every
+(:func:`tests.comm.service_probes.service_suite`): each rank asks every
 peer for rows from two threads at once, so answers to one caller's threads
 must not cross.
 """
@@ -17,7 +17,7 @@ from graphwire.comm.local import run_local
 from graphwire.comm.service import HEADER_BYTES
 from graphwire.comm.wire import pack, unpack
 from graphwire.testing import run_workers
-from graphwire.testing.service_probes import service_suite
+from tests.comm.service_probes import service_suite
 
 CASES = [("local", 2), ("local", 3), ("torch", 2), ("torch", 3)]
 

@@ -1,7 +1,7 @@
 """LocalTransport and TorchTransport (gloo, separate processes) pass the same
 behaviour tests: data, exact ledger bytes per peer and tag, determinism.
 
-Each (transport, world size) runs :func:`graphwire.testing.probes.exchange_suite`
+Each (transport, world size) runs :func:`tests.comm.probes.exchange_suite`
 once (module-scoped fixture); the tests below check what it returned. The
 process runs cost ~3 s of imports per rank, so there are four: 2, 3, 4 ranks,
 and 3 ranks whose point-to-point messages take a group of their own (as
@@ -22,7 +22,7 @@ from graphwire.comm.launch import LOOPBACK, free_port, launch_local
 from graphwire.comm.ledger import merge
 from graphwire.comm.local import run_local
 from graphwire.testing import run_workers
-from graphwire.testing.probes import (
+from tests.comm.probes import (
     FEATURE_DIM,
     NUM_P2P,
     P2P_LEN,

@@ -2,7 +2,7 @@
 
 The graph's feature row of ORIGINAL node ``i`` is ``i * 10 + column``, so one
 ``torch.equal`` checks any local or remote row. Each case partitions it, runs
-:func:`graphwire.testing.feature_probes.feature_suite` on every rank (threads
+:func:`tests.feature.probes.feature_suite` on every rank (threads
 of this process, or gloo processes) and compares with the whole graph.
 """
 
@@ -29,7 +29,7 @@ from graphwire.partition import (
     write_partitioned,
 )
 from graphwire.testing import run_workers
-from graphwire.testing.feature_probes import feature_suite
+from tests.feature.probes import feature_suite
 
 NUM_NODES, NUM_FEATURES = 420, 6
 EMBEDDINGS = {

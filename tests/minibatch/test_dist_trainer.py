@@ -48,8 +48,8 @@ from graphwire.run.checkpoint import CheckpointConfig
 from graphwire.run.config import TrainConfig
 from graphwire.run.job import Job, run_rank
 from graphwire.testing import run_workers
-from graphwire.testing.minibatch_probes import feature_paths, train
 from tests.fullgraph.dist_helpers import nan_feature_halves
+from tests.minibatch.probes import feature_paths, train
 
 
 def _graph(nodes: int = 1200) -> Graph:

@@ -29,7 +29,7 @@ from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.run.checkpoint import CheckpointConfig
 from graphwire.run.config import TrainConfig
-from graphwire.testing.minibatch_probes import train
+from tests.minibatch.probes import train
 
 _FIELDS = ("bytes_sent", "bytes_recv", "remote_rows", "remote_bytes")
 

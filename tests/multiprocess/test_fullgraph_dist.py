@@ -46,13 +46,6 @@ from graphwire.partition import get_partitioner, write_partitioned
 from graphwire.run.checkpoint import CheckpointConfig
 from graphwire.run.config import TrainConfig
 from graphwire.run.job import Job, run_rank
-from graphwire.testing.fullgraph_probes import (
-    DyingG3Config,
-    StepCase,
-    run_rank_recording_pid,
-    step_cases,
-    train_state,
-)
 from tests.comm.launchers import worker_children
 from tests.fullgraph.dist_helpers import (
     DROPOUT_SEED,
@@ -60,6 +53,13 @@ from tests.fullgraph.dist_helpers import (
     single_step,
     small_graph,
     write_parts,
+)
+from tests.multiprocess.fullgraph_probes import (
+    DyingG3Config,
+    StepCase,
+    run_rank_recording_pid,
+    step_cases,
+    train_state,
 )
 
 # Tolerance: 1e-5 relative / 1e-6 absolute, as in tests/fullgraph/test_parity.py.

@@ -26,7 +26,7 @@ from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.sampler.dist import DistNeighborSampler
 from graphwire.sampler.uniform import UniformNeighborSampler
 from graphwire.testing import run_workers
-from graphwire.testing.sampler_probes import (
+from tests.sampler.probes import (
     BLOCK_FIELDS,
     owned_graph,
     sample_batches,

@@ -1,8 +1,9 @@
 """Worker functions for the multi-process full-graph tests (tests/multiprocess).
 
 Spawned children import a worker function by its module path, so these live in
-the package. Every function here runs in a worker process started by
-:func:`~graphwire.comm.launch.launch_local` as ``fn(ctx, *args)``:
+a plain module, not a collected test module. Every function here runs in a
+worker process started by :func:`~graphwire.comm.launch.launch_local` as
+``fn(ctx, *args)``:
 
 - :func:`step_cases`: one training forward/backward per case (the parity
   oracle's counterpart), several cases over one process group;
