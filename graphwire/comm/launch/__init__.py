@@ -36,7 +36,7 @@ leaves none of its temporary files behind; the folder of a parent that was
 killed is removed by the next (:mod:`graphwire.comm.scratch`).
 
 A child that returns runs its ``atexit`` handlers and then ``os._exit(0)``:
-the interpreter's teardown is skipped (freeing torch takes 1-2 s per process,
+the interpreter's teardown is skipped (freeing torch takes seconds a process,
 and a process group left open aborts it), and threads ``fn`` left running end
 with the process.
 

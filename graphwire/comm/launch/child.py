@@ -74,11 +74,11 @@ def child_main(
 def exit_now(code: int) -> None:
     """End this worker process with ``code`` once its work is done: atexit
     handlers (logging, multiprocessing finalizers) run as usual, but the
-    interpreter's teardown is skipped. Freeing torch's modules takes 1-2 s,
+    interpreter's teardown is skipped. Freeing torch's modules takes seconds,
     and gloo's threads can abort it (SIGABRT, "terminate called without an
     active exception") after the run has finished and written its output,
     even once the process group is destroyed: a clean run must not end as a
-    failed worker (seen under ``torchrun``)."""
+    failed worker."""
     atexit._run_exitfuncs()
     _flush_stdio()
     os._exit(code)

@@ -136,9 +136,9 @@ def launch_local(
         raise TypeError(f"launch_local: args must be picklable: {error}") from error
     backend = backend if backend is not None else default_backend(world_size)
     check_local_backend(backend, world_size)
-    # The rendezvous store, hosted here as torchrun's agent hosts it: rank 0
-    # hosting it took it down when rank 0 ended, while the others asked it
-    # whose heartbeat had stopped (comm.dist._Heartbeat).
+    # The rendezvous store, hosted here as torchrun's agent hosts it, so that
+    # it outlives every rank: survivors ask it whose heartbeat stopped
+    # (comm.dist._Heartbeat).
     store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
     port = store.port
     scratch = Scratch.create()

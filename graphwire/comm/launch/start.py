@@ -17,11 +17,11 @@ from graphwire.comm.launch.errors import not_started
 from graphwire.comm.launch.watch import TERMINATE_GRACE_S
 
 # How long the fork server may take to start one child: its first start
-# waits for the server's imports (torch: 3-10 s on a loaded machine).
+# waits for the server's imports (seconds, many more on a loaded machine).
 FORK_START_S = 120.0
 # Modules the fork server imports once, so that its children start with
-# them: torch (2-3 s a process) and torch._dynamo, which torch.optim imports
-# at its first optimizer (as long again).
+# them: torch, and torch._dynamo, which torch.optim imports at its first
+# optimizer; each takes seconds a process.
 _PRELOAD = ["torch", "torch._dynamo", "graphwire.comm.dist"]
 
 _STDIO = (1, 2)
@@ -31,20 +31,19 @@ def start_context(backend: str) -> ForkServerContext | SpawnContext:
     """How children start: under gloo, forked from multiprocessing's fork
     server, which has imported :data:`_PRELOAD` (one per launching process,
     started at its first launch; single-threaded but for torch's idle
-    thread, no process group); under NCCL, or where there is no fork
-    server, spawned. A spawned child imports torch itself: a run of 2 ranks
-    took 3-5 s before its first line, where a forked one takes a fraction
-    of a second. NCCL runs are spawned so that no CUDA state can be forked
-    (the server initialises none, but a fork after CUDA's initialisation
-    leaves the child unable to use it); their start-up is small beside
-    them. Either way a child starts with the launcher's environment,
-    standard output and error, working folder and ``sys.path``
-    (:func:`~graphwire.comm.launch.child.child_main`). What is read as
-    torch and its libraries load (``TORCH_CPP_LOG_LEVEL``, which
+    thread, no process group); under NCCL, or where there is no fork server,
+    spawned. A spawned child imports torch itself, which takes seconds,
+    where a forked one starts in a fraction of one. NCCL runs are spawned so
+    that no CUDA state can be forked (the server initialises none, but a
+    fork after CUDA's initialisation leaves the child unable to use it);
+    their start-up is small beside them. Either way a child starts with the
+    launcher's environment, standard output and error, working folder and
+    ``sys.path`` (:func:`~graphwire.comm.launch.child.child_main`). What is
+    read as torch and its libraries load (``TORCH_CPP_LOG_LEVEL``, which
     :func:`_quiet_torch_log` sets for the server, the OpenMP and MKL
     variables) is read once, by the server, as it starts: a process's later
-    changes to them do not reach its forked children. (Their threads are
-    set by ``torch.set_num_threads``.)"""
+    changes to them do not reach its forked children. (Their threads are set
+    by ``torch.set_num_threads``.)"""
     if backend == "nccl" or "forkserver" not in multiprocessing.get_all_start_methods():
         return get_context("spawn")
     context = get_context("forkserver")
