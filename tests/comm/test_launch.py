@@ -27,8 +27,7 @@ import psutil
 import pytest
 import torch
 
-import graphwire.comm.launch as launch
-from graphwire.comm.launch import LOOPBACK, WorkerFailed, free_port, launch_local
+from graphwire.comm.launch import LOOPBACK, WorkerFailed, free_port, launch_local, start
 from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
 from tests.comm.launchers import (
@@ -250,14 +249,14 @@ def test_free_port_is_a_loopback_port() -> None:
 # environment, folder and standard output and error than its second has.
 _TWO_LAUNCHES = """
 import multiprocessing, os, sys
-import graphwire.comm.launch
+import graphwire.comm.launch.start
 from graphwire.comm.launch import launch_local
 from tests.comm.probes import what_a_child_sees
 
 name, first, later, how = sys.argv[1:]
 if how == "spawn":  # as under NCCL
     spawn = multiprocessing.get_context("spawn")
-    graphwire.comm.launch._start_context = lambda backend: spawn
+    graphwire.comm.launch.start.start_context = lambda backend: spawn
 saved = os.dup(1), os.dup(2)
 with open(os.path.join(first, "output"), "w") as elsewhere:
     os.dup2(elsewhere.fileno(), 1)
@@ -310,11 +309,12 @@ import time
 import psutil
 from multiprocessing import forkserver
 import graphwire.comm.launch as launch
+import graphwire.comm.launch.start as launch_start
 from tests.comm.probes import backend_of
-usual = launch._PRELOAD
-launch.FORK_START_S = 5.0
+usual = launch_start._PRELOAD
+launch_start.FORK_START_S = 5.0
 for module in ("server_exits", "server_hangs"):
-    launch._PRELOAD = [module]
+    launch_start._PRELOAD = [module]
     start = time.monotonic()
     try:
         launch.launch_local(backend_of, 2)
@@ -323,7 +323,7 @@ for module in ("server_exits", "server_hangs"):
     pid = forkserver._forkserver._forkserver_pid
     gone = not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
     print(module, "server gone:", gone, flush=True)
-launch._PRELOAD, launch.FORK_START_S = usual, 120.0
+launch_start._PRELOAD, launch_start.FORK_START_S = usual, 120.0
 print("then:", launch.launch_local(backend_of, 2), flush=True)
 """
 
@@ -368,7 +368,7 @@ def test_a_spawned_child_that_cannot_start_fails_the_launch_naming_its_rank(
     with WorkerFailed naming the rank, and rank 0, already started, is
     stopped (the OSError used to propagate bare)."""
     monkeypatch.setattr(
-        launch, "_start_context", lambda backend: multiprocessing.get_context("spawn")
+        start, "start_context", lambda backend: multiprocessing.get_context("spawn")
     )
     spawnv_passfds = multiprocessing.util.spawnv_passfds
     children: list[int] = []
