@@ -2,6 +2,6 @@
 
 from graphwire.fullgraph import (
     halo,  # noqa: F401
-    p2p,  # noqa: F401
     replicate,  # noqa: F401
 )
+from graphwire.fullgraph.g3 import engine as g3  # noqa: F401

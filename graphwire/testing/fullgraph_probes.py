@@ -41,9 +41,9 @@ from graphwire.fullgraph.distributed import (
     seeded_model,
     train_distributed,
 )
-from graphwire.fullgraph.g3_bins import BinGraph, SumGraph
+from graphwire.fullgraph.g3.bins import BinGraph, SumGraph
+from graphwire.fullgraph.g3.engine import P2PEngine
 from graphwire.fullgraph.job import FullGraphJob, RankReport, run_rank
-from graphwire.fullgraph.p2p import P2PEngine
 from graphwire.partition.format import load_part
 from graphwire.training import EpochRecord, TrainConfig
 

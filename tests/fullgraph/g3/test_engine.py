@@ -21,8 +21,8 @@ from graphwire.fullgraph.distributed import (
     seeded_model,
     train_distributed,
 )
-from graphwire.fullgraph.g3_bins import SumGraph
-from graphwire.fullgraph.p2p import P2PEngine
+from graphwire.fullgraph.g3.bins import SumGraph
+from graphwire.fullgraph.g3.engine import P2PEngine
 from graphwire.partition import load_part
 from tests.fullgraph.dist_helpers import (
     DROPOUT_SEED,
@@ -389,7 +389,7 @@ def test_the_first_g3_step_imports_no_module(tmp_path) -> None:
     # that at set-up, not in epoch 0 while the link idles. A fresh interpreter,
     # since this one has imported them already.
     folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, "-c", _FIRST_STEP, folder],
         capture_output=True,

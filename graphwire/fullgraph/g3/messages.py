@@ -1,7 +1,7 @@
 """G3's messages: how each layer's halo rows travel, and their gradients back.
 
-Built once per rank at set-up for :class:`~graphwire.fullgraph.p2p.P2PEngine`,
-from the bins of :mod:`graphwire.fullgraph.g3_bins`:
+Built once per rank at set-up for :class:`~graphwire.fullgraph.g3.engine.P2PEngine`,
+from the bins of :mod:`graphwire.fullgraph.g3.bins`:
 
 - **Bins and messages of every layer** (:func:`plan_layers`).
 - **Forward** (:func:`setup_messages`). Layer ``k``'s halo rows arrive as one
@@ -23,7 +23,7 @@ import torch
 
 from graphwire.comm.base import Transport, Work
 from graphwire.comm.plan import ExchangePlan
-from graphwire.fullgraph.g3_bins import (
+from graphwire.fullgraph.g3.bins import (
     LayerBins,
     bfs_order,
     layer_bins,
@@ -233,7 +233,7 @@ def plan_layers(
         widths: each layer's ``(input, output)`` row widths.
         budget_bytes: the memory budget of a bin.
         bin_rows: the row cap of a bin in a layer whose output is sent.
-        order: ``bfs`` or ``priority`` (:data:`~graphwire.fullgraph.g3_bins.ORDERS`).
+        order: ``bfs`` or ``priority`` (:data:`~graphwire.fullgraph.g3.bins.ORDERS`).
         halo_first: per layer, whether it computes its bins with halo inputs
             first (:func:`send_order`).
     """

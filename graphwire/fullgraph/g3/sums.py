@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from graphwire.fullgraph.g3_messages import Messages
+from graphwire.fullgraph.g3.messages import Messages
 from graphwire.graph.order import index_dtype, stable_order
 from graphwire.nn.base import MessageGraph, sparse_csr, spmm
 

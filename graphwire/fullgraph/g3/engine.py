@@ -10,7 +10,7 @@ the transfer behind computation:
   runs from its source rows to what it hands on (the next layer's rows,
   projected when that layer exchanges projected rows) and the backward can
   pipeline across layers.
-- **Bins** (:mod:`graphwire.fullgraph.g3_bins`). A rank computes its owned
+- **Bins** (:mod:`graphwire.fullgraph.g3.bins`). A rank computes its owned
   rows of a layer in bins: in BFS order with the rows that have remote
   neighbours first (G3's Step 1; ``order="priority"``: most-needed rows
   first), each bin as many rows as the layer's memory budget allows
@@ -51,7 +51,7 @@ the transfer behind computation:
   without and with halo inputs), since smaller bins would only gather shared
   source rows again. A last layer that sums its sources (GCN's ``Â m + b``,
   GraphSAGE's neighbour mean) computes eagerly message by message instead
-  (``last="sums"``, the default; :mod:`~graphwire.fullgraph.g3_sums`): the
+  (``last="sums"``, the default; :mod:`~graphwire.fullgraph.g3.sums`): the
   owned rows' terms while the halo rows are in flight, each message's as it
   is in, and in the backward each message's gradients leave as soon as they
   are computed, where a halo bin waits for nearly every message and returns
@@ -83,7 +83,7 @@ Forward bytes per layer equal ``num_halo * width * 4`` on every rank, where
 ``width`` is the exchanged row width: each halo row arrives exactly once.
 
 The forward is here; the backward and the gradient sums are in
-:class:`~graphwire.fullgraph.g3_backward.G3Backward`, its base class.
+:class:`~graphwire.fullgraph.g3.backward.G3Backward`, its base class.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ from graphwire.fullgraph.base import (
     local_message_graph,
     register,
 )
-from graphwire.fullgraph.g3_backward import G3Backward
-from graphwire.fullgraph.g3_bins import (
+from graphwire.fullgraph.g3.backward import G3Backward
+from graphwire.fullgraph.g3.bins import (
     ORDERS,
     Bin,
     BinGraph,
@@ -110,12 +110,12 @@ from graphwire.fullgraph.g3_bins import (
     SumGraph,
     table_graph,
 )
-from graphwire.fullgraph.g3_messages import (
+from graphwire.fullgraph.g3.messages import (
     plan_layers,
     plan_returns,
     send_order,
 )
-from graphwire.fullgraph.g3_sums import MessageSums, plan_sums
+from graphwire.fullgraph.g3.sums import MessageSums, plan_sums
 from graphwire.graph.seeds import derive_seed
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
@@ -135,7 +135,7 @@ class P2PEngine(G3Backward):
     Options:
         mode: one of :data:`MODES` (default ``full``).
         bin_mb: memory budget of a bin in MiB (default 256), per layer from its
-            widths (:mod:`graphwire.fullgraph.g3_bins`). G3 uses half a GPU's
+            widths (:mod:`graphwire.fullgraph.g3.bins`). G3 uses half a GPU's
             memory; on CPU the budget bounds a bin's working set.
         bin_rows: at most this many rows in a bin of a layer whose output is
             sent (G3's initial bin size, default 32768; the bins of rows
@@ -144,7 +144,7 @@ class P2PEngine(G3Backward):
             bin's own products, and shared source rows gathered again). On
             the benchmark graph's 2 parts, 8192 took about 8% more CPU time
             per epoch than 32768 (the median of 10 paired runs).
-        order: node order, one of :data:`~graphwire.fullgraph.g3_bins.ORDERS`
+        order: node order, one of :data:`~graphwire.fullgraph.g3.bins.ORDERS`
             (default ``bfs``, G3's Step 1).
         widths: each layer's ``(input, output)`` row widths, for the budget
             (``build_engine`` passes the model's); default 128 for all.
@@ -152,7 +152,7 @@ class P2PEngine(G3Backward):
             layer's gradients all-reduced as soon as its backward is done, the
             default) or ``epoch`` (one flat all-reduce after the backward).
         last: how the last layer computes: ``sums`` (summed message by
-            message as its halo rows arrive; :mod:`~graphwire.fullgraph.g3_sums`),
+            message as its halo rows arrive; :mod:`~graphwire.fullgraph.g3.sums`),
             ``bins``, or None (the default: sums where they apply, else
             bins). Sums apply to the last of two or more layers when it sums
             its sources (GCN, GraphSAGE; not GAT's softmax), exchanges
@@ -494,7 +494,7 @@ class P2PEngine(G3Backward):
         self, index: int, layer: nn.Module, grads: tuple[bool, bool]
     ) -> list[MessageGraph] | None:
         """The input layer's bins as MessageGraphs over the whole table of
-        local rows (:func:`~graphwire.fullgraph.g3_bins.table_graph`), when
+        local rows (:func:`~graphwire.fullgraph.g3.bins.table_graph`), when
         the layer only aggregates its source rows
         (``transforms_sources`` false) and they need no gradient; else None.
         Its bins then read the table as it is, with no per-bin gather of
@@ -690,7 +690,7 @@ class P2PEngine(G3Backward):
 
     def _summed(self, index: int, layer: nn.Module) -> MessageSums | None:
         """Layer ``index``'s sum split message by message
-        (:mod:`~graphwire.fullgraph.g3_sums`) when it is the last layer (the
+        (:mod:`~graphwire.fullgraph.g3.sums`) when it is the last layer (the
         ones below hand their rows on bin by bin) and sums apply to it
         (:meth:`_sums_left_out`) unless ``last`` is ``bins``; else None
         (bins).

@@ -1,7 +1,7 @@
 """G3's scheduling data: the node order, the bins of every layer, the messages.
 
 Built once per rank at set-up (G3 §5.3) for
-:class:`~graphwire.fullgraph.p2p.P2PEngine`:
+:class:`~graphwire.fullgraph.g3.engine.P2PEngine`:
 
 1. **Order.** ``bfs`` (the paper's Step 1): a breadth-first traversal of the
    part's own sub-graph, one connected component after another (each from its
@@ -30,7 +30,7 @@ Built once per rank at set-up (G3 §5.3) for
    rows (:func:`table_graph`).
 
 How the rows travel between the bins of peers:
-:mod:`graphwire.fullgraph.g3_messages`.
+:mod:`graphwire.fullgraph.g3.messages`.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class BinGraph:
 @dataclass(frozen=True, slots=True, eq=False)
 class SumGraph:
     """The graph of a layer summed message by message
-    (:mod:`graphwire.fullgraph.g3_sums`), kept from the forward for the
+    (:mod:`graphwire.fullgraph.g3.sums`), kept from the forward for the
     backward: the sum's leaf, the leaf of the destinations' input rows when
     ``finish`` reads them (else None), and the layer's output rows, ``finish``
     of them."""

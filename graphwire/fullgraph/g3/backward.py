@@ -1,13 +1,13 @@
 """The backward half of G3's engine (:class:`G3Backward`, the base of
-:class:`~graphwire.fullgraph.p2p.P2PEngine`): the whole stack's backward,
+:class:`~graphwire.fullgraph.g3.engine.P2PEngine`): the whole stack's backward,
 layer by layer, bins in reverse, pipelined across layers, and layer-wise
-parameter synchronisation (see :mod:`graphwire.fullgraph.p2p`).
+parameter synchronisation (see :mod:`graphwire.fullgraph.g3.engine`).
 
 Per rank, for layer ``l`` (top down): the gradients of the halo rows it read
 leave for their owners (``isend``, tag ``bwd.L{l}``, one message per forward
 message, each peer's in reverse order) as soon as the bins (or the sum) that
 read them are done; the gradients of the rows it sent at layer ``l`` come
-back the same way (:class:`~graphwire.fullgraph.g3_messages.Returns`) and the
+back the same way (:class:`~graphwire.fullgraph.g3.messages.Returns`) and the
 layer below's bins wait only for their own. A layer's parameter gradients,
 once complete, start their all-reduce (``sync.grad.L{l}``, non-blocking);
 :meth:`G3Backward.sync_gradients` collects them before the optimizer step.
@@ -29,9 +29,9 @@ from graphwire.fullgraph.base import (
     flat_gradients,
     sum_gradients,
 )
-from graphwire.fullgraph.g3_bins import StackGraph, SumGraph
-from graphwire.fullgraph.g3_messages import Messages, PendingReturns, Returns
-from graphwire.fullgraph.g3_sums import MessageSums
+from graphwire.fullgraph.g3.bins import StackGraph, SumGraph
+from graphwire.fullgraph.g3.messages import Messages, PendingReturns, Returns
+from graphwire.fullgraph.g3.sums import MessageSums
 
 __all__ = ["G3Backward"]
 
