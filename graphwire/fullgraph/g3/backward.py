@@ -1,132 +1,101 @@
-"""The backward half of G3's engine (:class:`G3Backward`, the base of
-:class:`~graphwire.fullgraph.g3.engine.P2PEngine`): the whole stack's backward,
-layer by layer, bins in reverse, pipelined across layers, and layer-wise
-parameter synchronisation (see :mod:`graphwire.fullgraph.g3.engine`).
+"""`G3Backward`: G3's backward, bins in reverse, pipelined across layers.
 
-Per rank, for layer ``l`` (top down): the gradients of the halo rows it read
-leave for their owners (``isend``, tag ``bwd.L{l}``, one message per forward
-message, each peer's in reverse order) as soon as the bins (or the sum) that
-read them are done; the gradients of the rows it sent at layer ``l`` come
-back the same way (:class:`~graphwire.fullgraph.g3.messages.Returns`) and the
-layer below's bins wait only for their own. A layer's parameter gradients,
-once complete, start their all-reduce (``sync.grad.L{l}``, non-blocking);
-:meth:`G3Backward.sync_gradients` collects them before the optimizer step.
+The engine owns one (:class:`~graphwire.fullgraph.g3.engine.G3Engine`
+``backward``); :class:`~graphwire.fullgraph.g3.stack.G3Stack` runs it on the
+graphs a forward kept. Per rank, for layer ``l`` (top down): the gradients of
+the halo rows it read leave for their owners (``isend``, tag ``bwd.L{l}``,
+one message per forward message, each peer's in reverse order) as soon as
+the bins (or the sum) that read them are done; only rows whose gradients the
+loss can make nonzero (``Engine.grad_plans``). The gradients of the rows it
+sent at layer ``l`` come back the same way
+(:class:`~graphwire.fullgraph.g3.messages.Returns`), and the layer below's
+bins wait only for their own: its bins whose rows no peer read run at once,
+each other bin as soon as the messages carrying its rows' gradients are in.
+Parameter gradients accumulate bin by bin; once a layer's are complete, the
+engine's gradient sync hears of it (:mod:`graphwire.fullgraph.g3.sync`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
-from torch import nn
 
-from graphwire.comm.base import PendingSum, Work
-from graphwire.fullgraph.base import (
-    Engine,
-    assign_gradients,
-    flat_gradients,
-    sum_gradients,
-)
-from graphwire.fullgraph.g3.bins import StackGraph, SumGraph
-from graphwire.fullgraph.g3.messages import Messages, PendingReturns, Returns
+from graphwire.comm.plan import ExchangePlan
+from graphwire.fullgraph.g3.messages import PendingReturns, Returns, plan_returns
+from graphwire.fullgraph.g3.stack import StackGraph, SumGraph
 from graphwire.fullgraph.g3.sums import MessageSums
+
+if TYPE_CHECKING:
+    from graphwire.fullgraph.g3.engine import G3Engine
 
 __all__ = ["G3Backward"]
 
 
-class G3Backward(Engine):
-    """G3's backward and gradient synchronisation; :class:`P2PEngine` sets
-    the attributes below up and runs the forward."""
+class G3Backward:
+    """G3's backward through the graphs of one forward (module docstring).
 
-    sync: str
-    messages: list[Messages]
-    _sends: list[Work]
-    _halo: dict[int, torch.Tensor]
-    _model_layers: list[nn.Module]
-    _layer_sums: list[tuple[list[torch.Tensor], PendingSum]]
-    _sums: dict[int, MessageSums | None]
-    _returning: list[set[int]]
-    _return_rows: list[list[dict[int, torch.Tensor]]]
-    _return_pos: list[dict[tuple[int, int], torch.Tensor]]
+    Args:
+        engine: the engine whose forwards it runs back (its part, messages,
+            wire, the model's layers, summed layers and gradient sync).
+        grad_plans: per layer, the plan its halo rows' gradients return
+            along (:meth:`~graphwire.fullgraph.base.Engine.grad_plans`).
 
-    def _walk_sums(
-        self, index: int, summed: SumGraph, grad_out: torch.Tensor
-    ) -> tuple[tuple[torch.Tensor, ...], Returns]:
-        """Backward of a layer summed message by message: ``finish``'s graph
-        gives the sum's gradient, each message's returned rows' gradients
-        leave as soon as they are computed (one product each, in reverse send
-        order, tag ``bwd.L{index}``), then the rest of ``finish``'s backward
-        (SAGE's root term and the parameters) runs while they are in flight,
-        then the owned source rows' gradient. Returns that gradient (and the
-        destinations' input rows', when ``finish`` read them) and its
-        returning messages."""
-        # The sum's gradient alone first: the returns need nothing else. As
-        # a result, not accumulated into agg.grad (a copy of grad_out for GCN).
-        (grad_agg,) = torch.autograd.grad(
-            summed.out, summed.agg, grad_out, retain_graph=True
+    Attributes:
+        return_rows: per layer, per peer, sender bin -> int64 owned rows whose
+            gradients come back from that peer.
+        return_pos: per layer, message ``(peer, sender bin)`` -> int64 halo
+            positions whose gradients go back in it.
+        returning: per layer ``k`` below the last, the bins that hand on rows
+            peers read at layer ``k + 1``: their backward waits for those
+            rows' gradients to come back.
+    """
+
+    def __init__(self, engine: G3Engine, grad_plans: list[ExchangePlan]) -> None:
+        self._engine = engine
+        self.return_rows, self.return_pos = plan_returns(
+            engine.messages, grad_plans, engine.plan, engine.part.num_owned
         )
-        assert self._sums[index] is not None
-        sums = cast(MessageSums, self._sums[index]).matrices(grad_agg.dtype)
-        pending = self._post_returns(index, grad_agg)
-        self._send_each_return(index, partial(sums.returned_grad, grad_agg=grad_agg))
-        layer = self._model_layers[index]
-        rest: list[torch.Tensor] = [p for p in layer.parameters() if p.requires_grad]
-        if summed.dst is not None:
-            rest.append(summed.dst)
-        if rest:
-            torch.autograd.backward(summed.out, grad_out, inputs=rest)
-        grad_src = sums.owned_grad(grad_agg)
-        # The returned rows' gradients are added into it as they are waited for.
-        mine = Returns(grad_src, pending)
-        if summed.dst is None:
-            return (grad_src,), mine
-        assert summed.dst.grad is not None
-        return (grad_src, summed.dst.grad), mine
+        self.returning = [
+            {b for rows in self.return_rows[k + 1] for b in rows}
+            for k in range(engine.num_layers - 1)
+        ]
 
-    def _returns(self, index: int, graph: StackGraph) -> bool:
-        """Whether the backward sends layer ``index``'s halo rows' gradients
-        to their owners: rows computed by a layer below always, the input
-        layer's when they were projected or the input needs a gradient."""
-        if index > 0:
-            return True
-        return not self.cache_input and (
-            graph.projection is not None or graph.h0.requires_grad
-        )
-
-    def _backward_stack(
+    def run(
         self, graph: StackGraph, grad_out: torch.Tensor, needs_input_grad: bool
     ) -> torch.Tensor | None:
         """The backward of the whole stack, layers top down, bins in reverse.
 
-        Layer by layer (:meth:`_walk_layer`): a layer's halo rows' gradients
+        Layer by layer (:meth:`walk_layer`): a layer's halo rows' gradients
         leave for their owners as soon as the bins that read halo rows are
         done; the layer below then runs its bins' backward at once where no
         peer read their rows, and the others as their rows' gradients come
         back (:class:`Returns`), so the layers overlap the transfers. Returns
         the input rows' gradient, or None when they need none.
         """
+        engine = self._engine
         grads: tuple[torch.Tensor, ...] = (grad_out,)
         returns: Returns | None = None
-        for index in reversed(range(self.num_layers)):
-            grads, returns = self._walk_layer(index, graph, grads, returns)
+        for index in reversed(range(engine.num_layers)):
+            grads, returns = self.walk_layer(index, graph, grads, returns)
         if returns is not None:
-            self.timed(partial(returns.wait_bin, None))
+            engine.timed(partial(returns.wait_bin, None))
         grad = grads[0] if grads else None
         if graph.projection is not None:
             assert grad is not None
             torch.autograd.backward(graph.projection, grad)
             self._layer_done(0)
             grad = graph.h0.grad
-        self.timed(self._drain_sends)
+        engine.wire.drain()
         if not needs_input_grad or grad is None:
             return None
         if len(grads) > 1:
             grad = grad + grads[1]  # the destinations' own rows (SAGE)
         return grad
 
-    def _walk_layer(
+    def walk_layer(
         self,
         index: int,
         graph: StackGraph,
@@ -150,13 +119,14 @@ class G3Backward(Engine):
         """
         bins = graph.layers[index]
         if isinstance(bins, SumGraph):
-            return self._walk_sums(index, bins, out_grads[0])
-        n = self.part.num_owned
+            return self.walk_sums(index, bins, out_grads[0])
+        engine = self._engine
+        n = engine.part.num_owned
         sends = self._returns(index, graph)
         grad_src = grad_dst = grad_halo = grad_table = None
         if index == 0 and graph.projects_halo:
             # The bins read rows of one projected table: their gradients add
-            # up in one, for the projection's backward (_backward_stack).
+            # up in one, for the projection's backward (run).
             assert graph.projection is not None
             grad_table = graph.projection.new_zeros(graph.projection.shape)
             grad_src, grad_halo = grad_table[:n], grad_table[n:]
@@ -169,9 +139,9 @@ class G3Backward(Engine):
             width = bins[0].src.shape[1] if bins else self._source_width(index, graph)
             if grad_src is None:
                 grad_src = graph.h0.new_zeros((n, width))
-            grad_halo = grad_src.new_zeros((self.plan.num_halo, width))
+            grad_halo = grad_src.new_zeros((engine.plan.num_halo, width))
             mine = Returns(grad_src, self._post_returns(index, grad_src))
-        waiting = self._returning[index] if returns is not None else set()
+        waiting = self.returning[index] if returns is not None else set()
         early = [g for g in reversed(bins) if g.index not in waiting]
         late = [g for g in reversed(bins) if g.index in waiting]
         order = (
@@ -190,7 +160,7 @@ class G3Backward(Engine):
         while order:
             g = order.pop()
             if returns is not None and g.index in waiting:
-                self.timed(partial(returns.wait_bin, g.index))
+                engine.timed(partial(returns.wait_bin, g.index))
             rows = g.bin.rows
             torch.autograd.backward(
                 list(g.outs), [grad.index_select(0, rows) for grad in out_grads]
@@ -207,48 +177,108 @@ class G3Backward(Engine):
                 if grad_halo is not None and sends and not halo_left:
                     self._send_returns(index, grad_halo)
             del g
-        if index == 0:
-            projected = graph.projection is not None
-        else:
-            layer = self._model_layers[index]
-            projected = self.exchanged_projection(index, layer) is not None
-        if not projected:  # else complete once the projection's backward ran
-            self._layer_done(index)
-        following = index + 1
-        if following < self.num_layers and self.exchanged_projection(
-            following, self._model_layers[following]
-        ):
-            # The projection of the layer above ran in this layer's bins.
-            self._layer_done(following)
+        self._bins_done(index, graph)
         grad_rows = grad_table if grad_table is not None else grad_src
         grads = tuple(t for t in (grad_rows, grad_dst) if t is not None)
         return grads, mine
+
+    def walk_sums(
+        self, index: int, summed: SumGraph, grad_out: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, ...], Returns]:
+        """Backward of a layer summed message by message: ``finish``'s graph
+        gives the sum's gradient, each message's returned rows' gradients
+        leave as soon as they are computed (one product each, in reverse send
+        order, tag ``bwd.L{index}``), then the rest of ``finish``'s backward
+        (SAGE's root term and the parameters) runs while they are in flight,
+        then the owned source rows' gradient. Returns that gradient (and the
+        destinations' input rows', when ``finish`` read them) and its
+        returning messages."""
+        # The sum's gradient alone first: the returns need nothing else. As
+        # a result, not accumulated into agg.grad (a copy of grad_out for GCN).
+        (grad_agg,) = torch.autograd.grad(
+            summed.out, summed.agg, grad_out, retain_graph=True
+        )
+        planned = self._engine.sums[index]
+        assert planned is not None
+        sums = cast(MessageSums, planned).matrices(grad_agg.dtype)
+        pending = self._post_returns(index, grad_agg)
+        self._send_each_return(index, partial(sums.returned_grad, grad_agg=grad_agg))
+        layer = self._engine.model_layers[index]
+        rest: list[torch.Tensor] = [p for p in layer.parameters() if p.requires_grad]
+        if summed.dst is not None:
+            rest.append(summed.dst)
+        if rest:
+            torch.autograd.backward(summed.out, grad_out, inputs=rest)
+        grad_src = sums.owned_grad(grad_agg)
+        # The returned rows' gradients are added into it as they are waited for.
+        mine = Returns(grad_src, pending)
+        if summed.dst is None:
+            return (grad_src,), mine
+        assert summed.dst.grad is not None
+        return (grad_src, summed.dst.grad), mine
+
+    def _returns(self, index: int, graph: StackGraph) -> bool:
+        """Whether the backward sends layer ``index``'s halo rows' gradients
+        to their owners: rows computed by a layer below always, the input
+        layer's when they were projected or the input needs a gradient."""
+        if index > 0:
+            return True
+        return not self._engine.cache_input and (
+            graph.projection is not None or graph.h0.requires_grad
+        )
+
+    def _bins_done(self, index: int, graph: StackGraph) -> None:
+        """Layer ``index``'s bins have run their backward: its gradients are
+        complete unless its projection's backward is still to run (the layer
+        below's bins, or :meth:`run`'s for the input layer), and so are those
+        of the layer above when its projection ran in these bins."""
+        engine = self._engine
+        if index == 0:
+            projected = graph.projection is not None
+        else:
+            layer = engine.model_layers[index]
+            projected = engine.exchanged_projection(index, layer) is not None
+        if not projected:
+            self._layer_done(index)
+        following = index + 1
+        if following < engine.num_layers and engine.exchanged_projection(
+            following, engine.model_layers[following]
+        ):
+            self._layer_done(following)
+
+    def _layer_done(self, index: int) -> None:
+        """Layer ``index``'s gradients are complete."""
+        engine = self._engine
+        engine.grad_sync.layer_done(index, engine.model_layers[index], engine.phase)
 
     def _source_width(self, index: int, graph: StackGraph) -> int:
         """Width of layer ``index``'s source rows on a rank without rows."""
         if index == 0:
             projection = graph.projection
             return int((projection if projection is not None else graph.h0).shape[1])
-        return self._halo[index].shape[1] if index in self._halo else 0
+        halo = self._engine.wire.halo
+        return halo[index].shape[1] if index in halo else 0
 
     def _post_returns(self, index: int, like: torch.Tensor) -> PendingReturns:
         """Post the receives of the gradients of the rows this rank sent at
         layer ``index`` (each peer's in reverse send order), into buffers of
         ``like``'s width and dtype; :class:`Returns` adds them into the owned
         source rows' gradient."""
-        tag = f"{self.phase}bwd.L{index}"
+        engine = self._engine
+        tag = f"{engine.phase}bwd.L{index}"
         pending: PendingReturns = {}
-        for peer, chunks in enumerate(self._return_rows[index]):
+        for peer, chunks in enumerate(self.return_rows[index]):
             for b in reversed(list(chunks)):
                 rows = chunks[b]
                 buf = like.new_empty((rows.numel(), like.shape[1]))
-                pending[(peer, b)] = (self.transport.irecv(buf, peer, tag), buf, rows)
+                work = engine.transport.irecv(buf, peer, tag)
+                pending[(peer, b)] = (work, buf, rows)
         return pending
 
     def _send_returns(self, index: int, grad_halo: torch.Tensor) -> None:
         """Send the halo rows' gradients of layer ``index`` (``grad_halo``,
         in halo positions) to their owners."""
-        returned = self._return_pos[index]
+        returned = self.return_pos[index]
 
         def payload(key: tuple[int, int]) -> torch.Tensor | None:
             rows = returned.get(key)
@@ -265,42 +295,9 @@ class G3Backward(Engine):
         ``key`` of layer ``index`` brought (None: it returns none), to their
         owner: one message per forward message, each peer's in reverse send
         order, as :meth:`_post_returns` posts the owner's receives."""
-        tag = f"{self.phase}bwd.L{index}"
-        for key in reversed(self.messages[index].keys):
+        engine = self._engine
+        tag = f"{engine.phase}bwd.L{index}"
+        for key in reversed(engine.messages[index].keys):
             grad = payload(key)
             if grad is not None:
-                self._sends.append(self.transport.isend(grad, key[0], tag))
-
-    def _layer_done(self, index: int) -> None:
-        """Layer ``index``'s gradients are complete: they start their sum
-        (``sync="layer"``), and the sums started before them move on to their
-        second phase."""
-        layer = self._model_layers[index]
-        params: list[torch.Tensor] = [p for p in layer.parameters() if p.requires_grad]
-        if self.sync != "layer" or self.phase or not params:
-            return
-        for _, pending in self._layer_sums:
-            pending.advance()
-        flat = flat_gradients(params)
-        tag = f"sync.grad.L{index}"
-        self._layer_sums.append(
-            (params, self.transport.start_all_reduce_sum(flat, tag))
-        )
-
-    def sync_gradients(self, model: nn.Module) -> None:
-        """Collect the layer-wise sums, then sum any gradient no layer covered
-        (one flat all-reduce); with ``sync="epoch"``, just the flat one."""
-        synced: set[int] = set()
-        for params, pending in self._layer_sums:
-            total = pending.wait()
-            assign_gradients(params, total)
-            synced.update(id(p) for p in params)
-        self._layer_sums.clear()
-        rest = [p for p in model.parameters() if id(p) not in synced]
-        if rest:
-            sum_gradients(rest, self.transport, "sync.grad")
-
-    def _drain_sends(self) -> None:
-        for work in self._sends:
-            work.wait()
-        self._sends.clear()
+                engine.wire.send(grad, key[0], tag)
