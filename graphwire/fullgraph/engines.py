@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from graphwire.fullgraph.base import Engine
 from graphwire.fullgraph.g3.config import G3Config
+from graphwire.fullgraph.g3.engine import G3Engine
 from graphwire.fullgraph.halo import HaloConfig, HaloEngine
-from graphwire.fullgraph.p2p import P2PEngine
 from graphwire.fullgraph.replicate import ReplicateConfig, ReplicateEngine
 from graphwire.run.registry import Registry
 
@@ -28,7 +28,7 @@ EXCHANGES.register(
 )
 EXCHANGES.register(
     "g3",
-    P2PEngine,
+    G3Engine,
     G3Config,
     about="G3: each boundary row once to each peer that needs it, in bins "
     "overlapped with compute",

@@ -41,8 +41,7 @@ from graphwire.fullgraph.distributed import (
 )
 from graphwire.fullgraph.engines import EXCHANGES
 from graphwire.fullgraph.g3.config import G3Config
-from graphwire.fullgraph.g3_bins import BinGraph, SumGraph
-from graphwire.fullgraph.p2p import P2PEngine
+from graphwire.fullgraph.g3.engine import G3Engine
 from graphwire.partition.format import load_part
 from graphwire.run.checkpoint import CheckpointConfig
 from graphwire.run.collective import seeded_model
@@ -64,7 +63,7 @@ __all__ = [
 DYING_G3 = "g3-dying"
 
 
-class DyingP2PEngine(P2PEngine):
+class DyingP2PEngine(G3Engine):
     """G3 (same numbers) whose rank ``die_rank`` SIGKILLs itself in epoch
     ``die_epoch`` (0-based, counted from the first epoch this process trains):
     in the training forward, right after sending its first message of layer 1.
@@ -85,6 +84,21 @@ class DyingP2PEngine(P2PEngine):
         self._die_epoch = die_epoch
         self._note = note
         self._epoch = -1  # training forwards seen so far, minus one
+        # Dies as a layer starts, or right after it sent a bin's rows.
+        forward_layer, send_bin = self.forward.layer, self.wire.send_bin
+
+        def dying_layer(index: int, *rest: Any) -> Any:
+            if self._now(index):
+                self._die()
+            return forward_layer(index, *rest)
+
+        def dying_send(layer: int, b: int, rows: torch.Tensor) -> None:
+            send_bin(layer, b, rows)
+            if self._now(layer) and self.wire.sends:
+                self._die()
+
+        self.forward.layer = dying_layer  # type: ignore[method-assign,assignment]
+        self.wire.send_bin = dying_send  # type: ignore[method-assign]
 
     def begin(self, model: nn.Module, dropout_seed: int | None) -> None:
         if model.training:
@@ -98,19 +112,6 @@ class DyingP2PEngine(P2PEngine):
             and self.phase == ""
             and self._epoch == self._die_epoch
         )
-
-    def _send_bin(self, layer: int, b: int, rows: torch.Tensor) -> None:
-        super()._send_bin(layer, b, rows)
-        if self._now(layer) and self._sends:
-            self._die()
-
-    def _forward_layer(
-        self, index: int, *rest: Any
-    ) -> tuple[torch.Tensor, torch.Tensor | None, list[BinGraph] | SumGraph]:
-        # Only the layer matters here; the rest goes on to g3 unchanged.
-        if self._now(index):
-            self._die()
-        return super()._forward_layer(index, *rest)
 
     def _die(self) -> None:
         if self._note is not None:  # when it died (wall clock, for the parent)

@@ -1,4 +1,4 @@
-"""G3's bins: BFS order, per-layer memory budget, message order (g3_bins)."""
+"""G3's bins: BFS order, per-layer memory budget, message order."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from graphwire.comm.local import run_local
 from graphwire.comm.plan import ExchangePlan
-from graphwire.fullgraph.g3_bins import (
+from graphwire.fullgraph.g3.bins import (
     RAMP,
     _bin,
     bfs_order,

@@ -1,7 +1,7 @@
-"""G3's scheduling data: the node order, the bins of every layer, the messages.
+"""G3's bins: the node order and the bins every layer computes in.
 
 Built once per rank at set-up (G3 §5.3) for
-:class:`~graphwire.fullgraph.p2p.P2PEngine`:
+:class:`~graphwire.fullgraph.g3.engine.G3Engine`:
 
 1. **Order.** ``bfs`` (the paper's Step 1): a breadth-first traversal of the
    part's own sub-graph, one connected component after another (each from its
@@ -25,16 +25,14 @@ Built once per rank at set-up (G3 §5.3) for
    a layer's first sends leave after a small bin instead of a full one,
    while later bins keep their size (small bins throughout would gather
    shared source rows more often).
-3. **The bins' graphs** (:class:`BinGraph`, :class:`StackGraph`), kept from
-   a forward for the backward; a bin's graph over the whole table of local
-   rows (:func:`table_graph`).
 
 How the rows travel between the bins of peers:
-:mod:`graphwire.fullgraph.g3_messages`.
+:mod:`graphwire.fullgraph.g3.messages`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,21 +44,16 @@ from graphwire.comm.plan import ExchangePlan
 from graphwire.nn.base import MessageGraph
 
 __all__ = [
-    "ORDERS",
+    "NODE_ORDERS",
     "RAMP",
     "Bin",
-    "BinGraph",
     "LayerBins",
-    "StackGraph",
-    "SumGraph",
     "bfs_order",
     "bin_bytes",
     "layer_bins",
     "priority_order",
-    "table_graph",
 ]
 
-ORDERS = ("bfs", "priority")
 RAMP = 32  # the first bin's row cap is max_rows / RAMP (module docstring, 2)
 _FLOAT_BYTES = 4
 
@@ -116,58 +109,6 @@ class LayerBins:
     bin_start: torch.Tensor
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class BinGraph:
-    """One bin's autograd graph, kept from the forward for the backward.
-
-    Attributes:
-        index: the bin's index in its layer.
-        bin: the bin.
-        src: the leaf of its source rows (input rows, or projected rows when
-            the layer exchanges them).
-        dst: the leaf of its destinations' input rows (projected layers whose
-            ``propagate`` reads them), else None.
-        outs: what the bin hands on, with their graph: the last layer's
-            output rows, or the next layer's source rows (finished: activation
-            and dropout, then projected when the next layer exchanges
-            projected rows) and, when the next layer reads its destinations'
-            input rows, those rows unprojected.
-    """
-
-    index: int
-    bin: Bin
-    src: torch.Tensor
-    dst: torch.Tensor | None
-    outs: tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class SumGraph:
-    """The graph of a layer summed message by message
-    (:mod:`graphwire.fullgraph.g3_sums`), kept from the forward for the
-    backward: the sum's leaf, the leaf of the destinations' input rows when
-    ``finish`` reads them (else None), and the layer's output rows, ``finish``
-    of them."""
-
-    agg: torch.Tensor
-    dst: torch.Tensor | None
-    out: torch.Tensor
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class StackGraph:
-    """One forward's graphs: every layer's bins (forward order) or its sum,
-    the input rows' leaf and, when layer 0 reads projected rows, their
-    projection: of the owned rows when layer 0 exchanges projected rows, of
-    the whole table ``[owned; halo]`` when ``projects_halo`` (the cached
-    input layer's rows projected here, once per forward)."""
-
-    layers: list[list[BinGraph] | SumGraph]
-    h0: torch.Tensor
-    projection: torch.Tensor | None
-    projects_halo: bool = False
-
-
 # ------------------------------------------------------------------- order
 def priority_order(mg: MessageGraph, plan: ExchangePlan) -> torch.Tensor:
     """Owned rows, most-needed first: by peers needing the row, then by remote
@@ -215,6 +156,13 @@ def bfs_order(mg: MessageGraph) -> torch.Tensor:
     remote = torch.zeros(n, dtype=torch.bool)
     remote[mg.dst_of_edges[mg.indices >= n]] = True
     return torch.cat([bfs[remote[bfs]], bfs[~remote[bfs]]]).to(torch.int64)
+
+
+# The node orders by name (G3Config.order): every owned row once.
+NODE_ORDERS: dict[str, Callable[[MessageGraph, ExchangePlan], torch.Tensor]] = {
+    "bfs": lambda mg, plan: bfs_order(mg),
+    "priority": priority_order,
+}
 
 
 # -------------------------------------------------------------------- bins
@@ -348,22 +296,3 @@ def _bin(mg: MessageGraph, rows: torch.Tensor) -> Bin:
     sub = MessageGraph(indptr, slot[sources], src_rows.numel(), rows.numel(), weight)
     is_halo = src_rows >= n
     return Bin(rows, sub, src_rows[~is_halo], src_rows[is_halo] - n)
-
-
-def table_graph(
-    bin_: Bin, num_owned: int, num_halo: int, slots: torch.Tensor | None = None
-) -> MessageGraph:
-    """``bin_``'s MessageGraph over the whole table of local rows (owned, then
-    halo) instead of its gathered source rows: the same edges and weights,
-    each source its local row, the destinations ``bin_.rows``
-    (``dst_index``). With ``slots`` (int64 [num_halo]) the table holds halo
-    position ``h`` in its halo row ``slots[h]`` instead of ``h``."""
-    mg = bin_.mg
-    return MessageGraph(
-        mg.indptr,
-        bin_.local_sources(num_owned, slots)[mg.indices],
-        num_owned + num_halo,
-        mg.num_dst,
-        mg.edge_weight,
-        dst_index=bin_.rows,
-    )

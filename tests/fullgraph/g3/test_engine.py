@@ -20,8 +20,8 @@ from graphwire.fullgraph.distributed import (
     forward_loss,
     train_distributed,
 )
-from graphwire.fullgraph.g3_bins import SumGraph
-from graphwire.fullgraph.p2p import P2PEngine
+from graphwire.fullgraph.g3.engine import G3Engine
+from graphwire.fullgraph.g3.stack import SumGraph
 from graphwire.partition import load_part
 from graphwire.run.collective import seeded_model
 from tests.fullgraph.dist_helpers import (
@@ -47,7 +47,7 @@ class _TracedWork:
 
 def _traced_step(
     transport: Any, folder: str, last: str, model_name: str = "gcn"
-) -> tuple[list[Event], list[int], set[int], P2PEngine]:
+) -> tuple[list[Event], list[int], set[int], G3Engine]:
     """One G3 training step (16-row bins, 2 layers, the last layer as
     ``last`` says): what ran, in order; the forward order of layer 0's bins;
     the layer-0 bins whose rows peers read at layer 1; the engine. For SAGE,
@@ -56,10 +56,10 @@ def _traced_step(
     part = load_part(folder, transport.rank)
     options = {"bin_rows": 16, "last": last}
     engine = build_engine(part, transport, config, "g3", options)
-    assert isinstance(engine, P2PEngine)
+    assert isinstance(engine, G3Engine)
     events: list[Event] = []
     forward_layer, isend, irecv = (
-        engine._forward_layer,
+        engine.forward.layer,
         transport.isend,
         transport.irecv,
     )
@@ -93,7 +93,7 @@ def _traced_step(
     def traced_irecv(tensor: torch.Tensor, src: int, tag: str) -> Any:
         return _TracedWork(irecv(tensor, src, tag), events, tag)
 
-    engine._forward_layer = traced_forward  # type: ignore[method-assign]
+    engine.forward.layer = traced_forward  # type: ignore[method-assign]
     transport.isend = traced_isend  # type: ignore[method-assign]
     transport.irecv = traced_irecv  # type: ignore[method-assign]
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
@@ -104,8 +104,8 @@ def _traced_step(
     model.train()
     _, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
     loss.backward()
-    order = [b for b, _ in engine._bin_order(0)]
-    return events, order, engine._returning[0], engine
+    order = [b for b, _ in engine.bin_order(0)]
+    return events, order, engine.backward.returning[0], engine
 
 
 def _layer0_backward(
@@ -154,7 +154,7 @@ def test_bins_run_in_g3_order_and_gradients_leave_before_local_bins(
         assert tail.index(backward[1]) > 1
         _layer0_backward(events, backward[2:], order, returning, engine)
         # Its bins read layer 1's halo rows from one buffer, a row for each.
-        assert engine._halo[1].shape[0] == engine.plan.num_halo > 0
+        assert engine.wire.halo[1].shape[0] == engine.plan.num_halo > 0
 
 
 def test_a_summing_last_layer_adds_each_message_and_returns_each_at_once(
@@ -173,13 +173,13 @@ def test_a_summing_last_layer_adds_each_message_and_returns_each_at_once(
         assert len(waits) == len(keys)
         assert events.index(waits[-1]) < events.index(("forward sums", 1, True))
         # So its halo buffer, which nothing writes, holds no rows.
-        assert engine._halo[1].shape[0] == 0 < engine.plan.num_halo
+        assert engine.wire.halo[1].shape[0] == 0 < engine.plan.num_halo
         # Backward: every message's gradients leave at once, one per message
         # that returns rows, before any bin of layer 0 runs its backward.
         backward = [e for e in events if e[0].startswith("backward")]
         assert backward[0] == ("backward sums", 1, True)
         tail = events[events.index(backward[0]) + 1 :]
-        returned = len(engine._return_pos[1])
+        returned = len(engine.backward.return_pos[1])
         assert returned and [e[0] for e in tail[:returned]] == ["bwd.L1"] * returned
         _layer0_backward(events, backward[1:], order, returning, engine)
 
@@ -206,16 +206,16 @@ def _summed_step(transport: Any, folder: str) -> tuple[torch.Tensor, list[Any]]:
     part = load_part(folder, transport.rank)
     options = {"bin_rows": 16, "last": "sums"}
     engine = build_engine(part, transport, config, "g3", options)
-    assert isinstance(engine, P2PEngine)
+    assert isinstance(engine, G3Engine)
     walked: list[Any] = []
-    walk_sums = engine._walk_sums
+    walk_sums = engine.backward.walk_sums
 
     def traced(index: int, summed: SumGraph, grad_out: torch.Tensor) -> Any:
         out = walk_sums(index, summed, grad_out)
         walked.append(summed.agg)
         return out
 
-    engine._walk_sums = traced  # type: ignore[method-assign]
+    engine.backward.walk_sums = traced  # type: ignore[method-assign]
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     model.train()
     logits, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
@@ -241,13 +241,13 @@ def _prepared(
     error it raised ('' for none), and whether its last layer sums."""
     part = load_part(folder, transport.rank)
     engine = build_engine(part, transport, config, "g3", options)
-    assert isinstance(engine, P2PEngine)
+    assert isinstance(engine, G3Engine)
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     try:
         engine.prepare(model)
     except ValueError as error:
         return str(error), 0
-    return "", int(engine._summed(config.num_layers - 1, model.layers[-1]) is not None)
+    return "", int(engine.summed(config.num_layers - 1, model.layers[-1]) is not None)
 
 
 @pytest.mark.parametrize(
@@ -389,7 +389,7 @@ def test_the_first_g3_step_imports_no_module(tmp_path) -> None:
     # that at set-up, not in epoch 0 while the link idles. A fresh interpreter,
     # since this one has imported them already.
     folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, "-c", _FIRST_STEP, folder],
         capture_output=True,
@@ -409,19 +409,19 @@ def _prepared_step(transport: Any, folder: str, prepare: bool) -> dict[str, Any]
     config = dataclasses.replace(config_for("gcn"), hidden=16)
     part = load_part(folder, transport.rank)
     engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
-    assert isinstance(engine, P2PEngine)
+    assert isinstance(engine, G3Engine)
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     model.train()
     built = None
     if prepare:
         engine.prepare(model)
-        built = (engine._sums.get(1), engine._table_mgs)
+        built = (engine.sums.get(1), engine.table._graphs)
         assert built[0] is not None and built[1] is not None
     logits, loss = forward_loss(engine, model, 100, DROPOUT_SEED)
     loss.backward()
     engine.sync_gradients(model)
     reused = built is not None and (
-        built[0] is engine._sums[1] and built[1] is engine._table_mgs
+        built[0] is engine.sums[1] and built[1] is engine.table._graphs
     )
     return {
         "logits": logits.detach(),
@@ -450,18 +450,18 @@ def test_train_distributed_prepares_the_engine_before_epoch_0(
 ) -> None:
     folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
     calls: list[tuple[str, int]] = []
-    prepare, begin = P2PEngine.prepare, P2PEngine.begin
+    prepare, begin = G3Engine.prepare, G3Engine.begin
 
-    def traced_prepare(self: P2PEngine, model: Any) -> None:
+    def traced_prepare(self: G3Engine, model: Any) -> None:
         calls.append(("prepare", self.transport.rank))
         prepare(self, model)
 
-    def traced_begin(self: P2PEngine, model: Any, seed: Any) -> None:
+    def traced_begin(self: G3Engine, model: Any, seed: Any) -> None:
         calls.append(("begin", self.transport.rank))
         begin(self, model, seed)
 
-    monkeypatch.setattr(P2PEngine, "prepare", traced_prepare)
-    monkeypatch.setattr(P2PEngine, "begin", traced_begin)
+    monkeypatch.setattr(G3Engine, "prepare", traced_prepare)
+    monkeypatch.setattr(G3Engine, "begin", traced_begin)
     config = dataclasses.replace(config_for("gcn"), epochs=1)
 
     def train(transport: Any) -> None:
@@ -496,7 +496,7 @@ def _projections(transport: Any, folder: str, model_name: str) -> dict[str, Any]
     config = config_for(model_name)
     part = load_part(folder, transport.rank)
     engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
-    assert isinstance(engine, P2PEngine) and engine.cache_input
+    assert isinstance(engine, G3Engine) and engine.cache_input
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     model.train()
     layer = model.layers[0]

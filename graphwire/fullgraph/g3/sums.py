@@ -28,7 +28,8 @@ the owned rows' gradient is ``own_t @ grad_agg``.
 
 The sums group the terms of each row differently from one product over
 ``[owned; halo]`` (owned sources first, then message by message), so results
-agree with the single process to float rounding, as the bins' do.
+agree with the single process to float rounding, as the bins' do. They apply
+to a last layer where :func:`sums_left_out` finds no reason against them.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
-from graphwire.fullgraph.g3_messages import Messages
+from graphwire.fullgraph.g3.messages import Messages
 from graphwire.graph.order import index_dtype, stable_order
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.sparse import sparse_csr, spmm
 
-__all__ = ["MessageSums", "plan_sums"]
+__all__ = ["MessageSums", "plan_sums", "sums_left_out"]
 
 Key = tuple[int, int]
 
@@ -100,6 +102,33 @@ class MessageSums:
         if not self.num_owned:
             return grad_agg.new_zeros((0, grad_agg.shape[1]))
         return spmm(self.own_t, grad_agg)
+
+
+def sums_left_out(
+    index: int, layer: nn.Module, projected: bool, mode: str, eager: bool
+) -> str | None:
+    """Why the last layer (``layer``, layer ``index``) cannot be summed
+    message by message, or None when it can: it must lie above the input
+    layer (whose halo rows may be cached, and whose backward the engine's
+    backward finishes itself), sum its sources
+    (:func:`~graphwire.nn.models.sums_sources`) and exchange them projected
+    (``projected``), and ``mode`` must compute ``eager``-ly."""
+    name = type(layer).__name__
+    if index == 0:
+        return "a one-layer model's last layer is its input layer"
+    if not getattr(layer, "sums_sources", False):
+        return (
+            f"the last layer ({name}) does not sum its sources (GCN and "
+            "GraphSAGE do; GAT's softmax needs every source row first)"
+        )
+    if not projected:
+        return (
+            f"the last layer ({name}) does not exchange projected rows "
+            "(its output is no narrower than its input)"
+        )
+    if not eager:
+        return f"mode {mode!r} computes no layer eagerly"
+    return None
 
 
 def plan_sums(

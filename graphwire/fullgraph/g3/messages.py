@@ -1,7 +1,8 @@
 """G3's messages: how each layer's halo rows travel, and their gradients back.
 
-Built once per rank at set-up for :class:`~graphwire.fullgraph.p2p.P2PEngine`,
-from the bins of :mod:`graphwire.fullgraph.g3_bins`:
+Built once per rank at set-up for
+:class:`~graphwire.fullgraph.g3.engine.G3Engine`, from the bins of
+:mod:`graphwire.fullgraph.g3.bins`:
 
 - **Bins and messages of every layer** (:func:`plan_layers`).
 - **Forward** (:func:`setup_messages`). Layer ``k``'s halo rows arrive as one
@@ -23,12 +24,7 @@ import torch
 
 from graphwire.comm.base import Transport, Work
 from graphwire.comm.plan import ExchangePlan
-from graphwire.fullgraph.g3_bins import (
-    LayerBins,
-    bfs_order,
-    layer_bins,
-    priority_order,
-)
+from graphwire.fullgraph.g3.bins import NODE_ORDERS, LayerBins, layer_bins
 from graphwire.graph.order import stable_order
 from graphwire.nn.base import MessageGraph
 
@@ -233,12 +229,12 @@ def plan_layers(
         widths: each layer's ``(input, output)`` row widths.
         budget_bytes: the memory budget of a bin.
         bin_rows: the row cap of a bin in a layer whose output is sent.
-        order: ``bfs`` or ``priority`` (:data:`~graphwire.fullgraph.g3_bins.ORDERS`).
+        order: the node order's name (:data:`~graphwire.fullgraph.g3.bins.NODE_ORDERS`).
         halo_first: per layer, whether it computes its bins with halo inputs
             first (:func:`send_order`).
     """
     n, num_layers = mg.num_dst, len(widths)
-    rows = bfs_order(mg) if order == "bfs" else priority_order(mg, plan)
+    rows = NODE_ORDERS[order](mg, plan)
     layers = [
         # The last layer's output goes to no peer, so the row cap (which
         # makes sends start early) does not apply to it.
