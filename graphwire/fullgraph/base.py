@@ -52,6 +52,10 @@ class Engine(ABC):
         transport: how ranks talk.
         kind: the layer kind (which graph it aggregates over).
         num_layers: layers of the model.
+        config: the engine's settings, an instance of its ``config_type``
+            (None: the defaults).
+        cache_input: fetch the halo's input rows once at set-up instead of
+            every epoch (they never change).
         loss_rows: int64 owned rows whose outputs the loss reads (None: any
             row may be read). Every other output row's gradient is zero, and
             so is that of any halo row that only such rows read in the output
@@ -59,9 +63,8 @@ class Engine(ABC):
             layer's halo rows a loss row reads, and in the layers below only
             those whose gradients can be nonzero (:meth:`grad_plans`); it
             checks that the output's zeros are zeros (:meth:`check_output_grad`).
-        options: engine-specific settings (unknown keys are an error).
-
     Attributes:
+        config: the settings.
         plan: the exchange plan of the part's halo.
         comm_s: seconds spent in communication calls since the last reset.
         counters: engine-specific counts (rows recomputed, bins, ...).
@@ -71,6 +74,8 @@ class Engine(ABC):
     """
 
     name = "engine"
+    # The engine's settings: a dataclass of option fields (registered with it).
+    config_type: type = type(None)
     # Whether the engine takes ``widths``, each layer's (input, output) row
     # widths, as an option (``build_engine`` passes the model's).
     takes_widths = False
@@ -84,12 +89,19 @@ class Engine(ABC):
         transport: Transport,
         kind: LayerKind,
         num_layers: int,
+        *,
+        config: Any = None,
         cache_input: bool = True,
         loss_rows: torch.Tensor | None = None,
-        **options: Any,
     ) -> None:
-        if options:
-            raise ValueError(f"exchange {self.name!r}: unknown options {options}")
+        if config is None:
+            config = self.config_type()
+        elif not isinstance(config, self.config_type):
+            raise TypeError(
+                f"{type(self).__name__}: expected a {self.config_type.__name__}, "
+                f"got {config!r}"
+            )
+        self.config = config
         self.cache_input = cache_input
         self._outside_loss: torch.Tensor | None = None
         if loss_rows is not None:

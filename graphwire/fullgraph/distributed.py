@@ -33,7 +33,6 @@ each edge's original (source, destination) IDs and the head
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -127,10 +126,6 @@ def build_engine(
     """
     strategy, exchange_config = EXCHANGES.resolve(exchange)
     options = dict(options or {})
-    fields = {f.name for f in dataclasses.fields(exchange_config)}
-    given = {name: options.pop(name) for name in list(options) if name in fields}
-    if given:  # TRANSITIONAL until the tests pass configs
-        exchange_config = dataclasses.replace(exchange_config, **given)
     engine_cls: type[Engine] = strategy.cls
     kind = LAYER_KINDS[config.model]
     options.setdefault("loss_rows", part.train_local)
@@ -138,8 +133,9 @@ def build_engine(
         num_classes = int(part.meta.get("num_classes") or 1)
         model = shaped_model(part.x.shape[1], num_classes, config)
         options["widths"] = [_widths(layer) for layer in model.layers]
-    settings = dataclasses.asdict(exchange_config)
-    return engine_cls(part, transport, kind, config.num_layers, **settings, **options)
+    return engine_cls(
+        part, transport, kind, config.num_layers, config=exchange_config, **options
+    )
 
 
 def _widths(layer: torch.nn.Module) -> tuple[int, int]:

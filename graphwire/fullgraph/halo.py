@@ -81,6 +81,8 @@ class HaloConfig:
 class HaloEngine(Engine):
     """Bulk halo exchange per layer, then compute (see the module docstring)."""
 
+    config_type = HaloConfig
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         mg = local_message_graph(self.part, self.plan, self.transport, self.kind)

@@ -43,6 +43,7 @@ class ReplicateConfig:
 class ReplicateEngine(Engine):
     """Replicated L-hop neighbourhood, no per-layer exchange."""
 
+    config_type = ReplicateConfig
     fetches_halo_ids = False  # ``row_ids`` has every local row's original ID
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

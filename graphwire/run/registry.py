@@ -78,12 +78,19 @@ class Registry:
 
         Raises:
             ValueError: ``name`` is taken by another strategy, ``cls`` does
-                not derive from the registry's base class, or ``config_type``
-                is not a dataclass or configures another strategy already.
+                not derive from the registry's base class or declares another
+                ``config_type``, or ``config_type`` is not a dataclass or
+                configures another strategy already.
         """
         if not (isinstance(cls, type) and issubclass(cls, self.base)):
             raise ValueError(
                 f"{self.kind} {name!r}: {cls!r} is not a {self.base.__name__}"
+            )
+        declared = getattr(cls, "config_type", config_type)
+        if not (isinstance(declared, type) and issubclass(config_type, declared)):
+            raise ValueError(
+                f"{self.kind} {name!r}: {cls.__name__} takes a "
+                f"{declared.__name__}, not a {config_type.__name__}"
             )
         if not dataclasses.is_dataclass(config_type):
             raise ValueError(

@@ -25,6 +25,7 @@ from graphwire.partition import (
 from graphwire.run.collective import seeded_model
 from graphwire.run.config import TrainConfig
 from graphwire.run.training import make_model
+from tests.multiprocess.fullgraph_probes import engine_args
 
 DROPOUT_SEED = 12345
 
@@ -125,7 +126,7 @@ def dist_step(
     oracle's weights (default: ``config``'s model, :func:`seeded_model`).
     """
     part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, exchange, options)
+    engine = build_engine(part, transport, config, *engine_args(exchange, options))
     assert part.x is not None
     sizes = (part.x.shape[1], int(part.meta["num_classes"]))
     gnn = seeded_model(*sizes, config) if model is None else model(*sizes)

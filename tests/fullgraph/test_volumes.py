@@ -33,6 +33,7 @@ from tests.fullgraph.dist_helpers import (
     small_graph,
     write_parts,
 )
+from tests.multiprocess.fullgraph_probes import engine_args
 
 
 def _ring(n: int) -> Graph:
@@ -216,7 +217,7 @@ def test_a_loss_outside_the_loss_rows_is_refused(tmp_path, exchange) -> None:
 
     def step(transport, options):
         part = load_part(folder, transport.rank)
-        engine = build_engine(part, transport, config, exchange, options)
+        engine = build_engine(part, transport, config, *engine_args(exchange, options))
         assert part.x is not None
         model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
         logits, _ = forward_loss(engine, model, 1, DROPOUT_SEED)

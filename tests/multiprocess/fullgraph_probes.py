@@ -21,6 +21,7 @@ to write the time of death to. The engine is registered only inside the workers
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -53,6 +54,7 @@ __all__ = [
     "DYING_G3",
     "DyingG3Config",
     "DyingP2PEngine",
+    "engine_args",
     "StepCase",
     "register_dying_g3",
     "run_rank_recording_pid",
@@ -63,6 +65,15 @@ __all__ = [
 DYING_G3 = "g3-dying"
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DyingG3Config(G3Config):
+    """G3's settings, and when to die."""
+
+    die_rank: int = -1
+    die_epoch: int = -1
+    note: str | None = None
+
+
 class DyingP2PEngine(G3Engine):
     """G3 (same numbers) whose rank ``die_rank`` SIGKILLs itself in epoch
     ``die_epoch`` (0-based, counted from the first epoch this process trains):
@@ -71,18 +82,13 @@ class DyingP2PEngine(G3Engine):
     A rank with nothing to send at layer 1 dies when layer 1 starts instead.
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        die_rank: int = -1,
-        die_epoch: int = -1,
-        note: str | None = None,
-        **kwargs: Any,
-    ) -> None:
+    config: DyingG3Config
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._dies = self.transport.rank == die_rank
-        self._die_epoch = die_epoch
-        self._note = note
+        self._dies = self.transport.rank == self.config.die_rank
+        self._die_epoch = self.config.die_epoch
+        self._note = self.config.note
         self._epoch = -1  # training forwards seen so far, minus one
         # Dies as a layer starts, or right after it sent a bin's rows.
         forward_layer, send_bin = self.forward.layer, self.wire.send_bin
@@ -119,18 +125,22 @@ class DyingP2PEngine(G3Engine):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DyingG3Config(G3Config):
-    """G3's settings, and when to die."""
-
-    die_rank: int = -1
-    die_epoch: int = -1
-    note: str | None = None
-
-
 def register_dying_g3() -> None:
     """Make :data:`DYING_G3` an exchange name (in this process only)."""
     EXCHANGES.register(DYING_G3, DyingP2PEngine, DyingG3Config)
+
+
+def engine_args(exchange: str, options: dict[str, Any] | None) -> tuple[Any, dict]:
+    """A test's ``(exchange, options)`` as :func:`build_engine` takes them:
+    the engine's config (the fields ``options`` names) and the engine's own
+    keywords (``cache_input``, ``loss_rows``: the rest)."""
+    strategy = EXCHANGES.get(exchange)
+    names = {f.name for f in dataclasses.fields(strategy.config_type)}
+    options = options or {}
+    fields = {k: v for k, v in options.items() if k in names}
+    return strategy.config(**fields), {
+        k: v for k, v in options.items() if k not in names
+    }
 
 
 # ------------------------------------------------------------------ parity
@@ -176,7 +186,9 @@ def _step(transport: Transport, case: StepCase) -> dict[str, Any]:
     before = _messages(transport, "fwd.L1")
     part = load_part(case.folder, transport.rank)
     assert part.x is not None and part.train_local is not None
-    engine = build_engine(part, transport, case.config, case.exchange, case.options)
+    engine = build_engine(
+        part, transport, case.config, *engine_args(case.exchange, case.options)
+    )
     num_classes = int(part.meta["num_classes"])
     model = seeded_model(part.x.shape[1], num_classes, case.config)
     model.train()
@@ -222,6 +234,7 @@ def train_state(
         ran itself, from ``first_epoch``).
     """
     register_dying_g3()
+    exchange_config, options = engine_args(exchange, options)
     trained: list[int] = []
 
     def on_epoch(record: EpochRecord) -> None:
@@ -233,7 +246,7 @@ def train_state(
             load_part(folder, ctx.rank),
             transport,
             config,
-            exchange,
+            exchange_config,
             options=options,
             on_epoch=on_epoch,
             checkpoint=checkpoint,

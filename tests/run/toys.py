@@ -35,12 +35,11 @@ class ToyExchangeConfig:
 class ToyExchange(HaloEngine):
     """The halo exchange, summing ``toy_rows`` floats at every layer."""
 
-    def __init__(self, *args: Any, toy_rows: int = 1, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._toy_rows = toy_rows
+    config_type = ToyExchangeConfig
+    config: ToyExchangeConfig
 
     def run_layer(self, index: int, *rest: Any) -> torch.Tensor:
-        ones = torch.ones(self._toy_rows)
+        ones = torch.ones(self.config.toy_rows)
         self.transport.all_reduce_sum(ones, f"{self.phase}toy.rows")
         return super().run_layer(index, *rest)
 

@@ -89,9 +89,7 @@ Forward bytes per layer equal ``num_halo * width * 4`` on every rank, where
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import inspect
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -116,8 +114,6 @@ from graphwire.run.local_graph import local_message_graph
 
 __all__ = ["G3Engine"]
 
-_FIELDS = frozenset(field.name for field in dataclasses.fields(G3Config))
-
 
 class G3Engine(Engine):
     """G3 peer-to-peer exchange in bins (see the module docstring).
@@ -125,16 +121,10 @@ class G3Engine(Engine):
     Args:
         *args: the base :class:`~graphwire.fullgraph.base.Engine`'s ``part``,
             ``transport``, ``kind`` and ``num_layers``.
-        config: G3's settings. None: from the ``options`` named after its
-            fields (``mode=``, ``bin_rows=``, ...), each defaulting to the
-            field's default; giving both is a ValueError.
         widths: each layer's ``(input, output)`` row widths, for the bins'
             budget (``build_engine`` passes the model's); default 128 for all.
-        **options: :class:`G3Config`'s fields, and the base Engine's
-            ``cache_input`` and ``loss_rows``.
-
-    Raises:
-        OptionError: a field's value is refused (the error names the field).
+        **options: the base Engine's ``config`` (a :class:`G3Config`; None:
+            the defaults), ``cache_input`` and ``loss_rows``.
 
     Attributes:
         config: the settings.
@@ -160,25 +150,16 @@ class G3Engine(Engine):
 
     takes_widths = True
     config_type = G3Config
+    config: G3Config
 
     def __init__(
         self,
         *args: Any,
-        config: G3Config | None = None,
         widths: Sequence[tuple[int, int]] | None = None,
         **options: Any,
     ) -> None:
-        fields = {name: options.pop(name) for name in list(options) if name in _FIELDS}
-        if config is None:
-            config = G3Config(**fields)
-        elif not isinstance(config, G3Config):
-            raise TypeError(f"g3 config: expected a G3Config, got {config!r}")
-        elif fields:
-            raise ValueError(
-                f"g3: options {sorted(fields)} beside config; set them on the config"
-            )
         super().__init__(*args, **options)
-        self.config = config
+        config = self.config
         widths = list(widths) if widths is not None else [(128, 128)] * self.num_layers
         if len(widths) != self.num_layers:
             raise ValueError(
@@ -365,25 +346,3 @@ class G3Engine(Engine):
                     plan = plan_sums(mg, weight, self.messages[index], returned)
             self.sums[index] = plan
         return self.sums[index]
-
-
-def _keyword_signature() -> inspect.Signature:
-    """G3Engine's constructor as its keyword path reads: each G3Config field
-    a keyword with its default, in place of ``config``. Commands record the
-    settings a run took from these defaults (``inspect.signature``)."""
-    own = inspect.signature(G3Engine.__init__)
-    fields = [
-        inspect.Parameter(
-            field.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=field.default,
-            annotation=field.type,
-        )
-        for field in dataclasses.fields(G3Config)
-    ]
-    params = [p for p in own.parameters.values() if p.name != "config"]
-    at = [p.kind for p in params].index(inspect.Parameter.KEYWORD_ONLY)
-    return own.replace(parameters=params[:at] + fields + params[at:])
-
-
-cast(Any, G3Engine.__init__).__signature__ = _keyword_signature()

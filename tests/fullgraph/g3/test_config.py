@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import pickle
 from typing import Any
 
@@ -12,8 +11,10 @@ import pytest
 
 from graphwire.comm.local import run_local
 from graphwire.fullgraph.distributed import build_engine
+from graphwire.fullgraph.engines import EXCHANGES
 from graphwire.fullgraph.g3.config import LASTS, MODES, ORDERS, SYNCS, G3Config
 from graphwire.fullgraph.g3.engine import G3Engine
+from graphwire.fullgraph.halo import HaloConfig
 from graphwire.partition import load_part
 from graphwire.run.options import OptionError, flag_of, option_fields
 from tests.fullgraph.dist_helpers import config_for, small_graph, write_parts
@@ -57,7 +58,7 @@ def test_defaults_flags_and_choices() -> None:
         ({"bin_rows": 0}, "bin_rows", "expected >= 1, got 0"),
         ({"bin_rows": 1.5}, "bin_rows", "expected an integer"),
         ({"bin_mb": 0}, "bin_mb", "expected > 0, got 0"),
-        ({"bin_mb": float("inf")}, "bin_mb", "expected a finite number"),
+        ({"bin_mb": float("inf")}, "bin_mb", "expected a finite value > 0"),
         ({"mode": None}, "mode", "expected a string, got None"),
     ],
 )
@@ -79,42 +80,33 @@ def test_values_are_normalised_and_the_config_is_frozen() -> None:
     assert pickle.loads(pickle.dumps(config)) == config
 
 
-def test_the_engine_reads_its_config_type_and_keyword_defaults() -> None:
+def test_the_engine_reads_its_config_type() -> None:
     assert G3Engine.config_type is G3Config
-    # The keyword path's defaults are the config's (commands record a run's
-    # settings from them).
-    params = inspect.signature(G3Engine.__init__).parameters.values()
-    keywords = {
-        p.name: p.default
-        for p in params
-        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and p.name != "widths"
-    }
-    assert keywords == dataclasses.asdict(G3Config())
+    assert EXCHANGES.get("g3").config_type is G3Config
 
 
-def _built(transport: Any, folder: str, options: dict[str, Any]) -> Any:
+def _built(transport: Any, folder: str, exchange: Any, options: dict[str, Any]) -> Any:
     """The engine's config, or the error building it raised."""
     part = load_part(folder, transport.rank)
     try:
-        engine = build_engine(part, transport, config_for("gcn"), "g3", options)
+        engine = build_engine(part, transport, config_for("gcn"), exchange, options)
     except (TypeError, ValueError) as error:
         return error
     assert isinstance(engine, G3Engine)
     return engine.config
 
 
-def test_the_engine_takes_a_config_or_its_fields_as_keywords(tmp_path) -> None:
+def test_the_engine_takes_its_config(tmp_path) -> None:
     folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
     config = G3Config(mode="inter", bin_rows=16)
-    given = run_local(lambda t: _built(t, folder, {"config": config}), 2)
-    keywords = {"mode": "inter", "bin_rows": 16}
-    assert run_local(lambda t: _built(t, folder, keywords), 2) == given == [config] * 2
-    assert run_local(lambda t: _built(t, folder, {}), 2) == [G3Config()] * 2
-    for options, kind, what in [
-        ({"config": config, "mode": "full"}, ValueError, "beside config"),
-        ({"config": {"mode": "inter"}}, TypeError, "expected a G3Config"),
-        ({"bin_rows": 0}, OptionError, "bin_rows: expected >= 1"),
-        ({"bin_row": 16}, ValueError, "unknown options"),
+    assert run_local(lambda t: _built(t, folder, config, {}), 2) == [config] * 2
+    assert run_local(lambda t: _built(t, folder, "g3", {}), 2) == [G3Config()] * 2
+    for exchange, options, kind, what in [
+        ("g3", {"mode": "full"}, TypeError, "unexpected keyword argument 'mode'"),
+        (HaloConfig(), {}, TypeError, "expected a G3Config"),
+        ("g3", {"bin_row": 16}, TypeError, "unexpected keyword argument 'bin_row'"),
     ]:
-        for error in run_local(lambda t, o=options: _built(t, folder, o), 2):
+        for error in run_local(
+            lambda t, e=exchange, o=options: _built(t, folder, e, o), 2
+        ):
             assert isinstance(error, kind) and what in str(error), error

@@ -20,6 +20,7 @@ from graphwire.fullgraph.distributed import (
     forward_loss,
     train_distributed,
 )
+from graphwire.fullgraph.g3.config import G3Config
 from graphwire.fullgraph.g3.engine import G3Engine
 from graphwire.fullgraph.g3.stack import SumGraph
 from graphwire.partition import load_part
@@ -30,6 +31,7 @@ from tests.fullgraph.dist_helpers import (
     small_graph,
     write_parts,
 )
+from tests.multiprocess.fullgraph_probes import engine_args
 
 Event = tuple[str, int, bool]  # (what, layer or peer, whether the bin reads halo rows)
 
@@ -55,7 +57,7 @@ def _traced_step(
     config = config_for(model_name)
     part = load_part(folder, transport.rank)
     options = {"bin_rows": 16, "last": last}
-    engine = build_engine(part, transport, config, "g3", options)
+    engine = build_engine(part, transport, config, *engine_args("g3", options))
     assert isinstance(engine, G3Engine)
     events: list[Event] = []
     forward_layer, isend, irecv = (
@@ -205,7 +207,7 @@ def _summed_step(transport: Any, folder: str) -> tuple[torch.Tensor, list[Any]]:
     config = config_for("gcn")
     part = load_part(folder, transport.rank)
     options = {"bin_rows": 16, "last": "sums"}
-    engine = build_engine(part, transport, config, "g3", options)
+    engine = build_engine(part, transport, config, *engine_args("g3", options))
     assert isinstance(engine, G3Engine)
     walked: list[Any] = []
     walk_sums = engine.backward.walk_sums
@@ -240,7 +242,7 @@ def _prepared(
     """Build G3 with ``options`` and prepare it for ``config``'s model: the
     error it raised ('' for none), and whether its last layer sums."""
     part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, "g3", options)
+    engine = build_engine(part, transport, config, *engine_args("g3", options))
     assert isinstance(engine, G3Engine)
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     try:
@@ -287,7 +289,7 @@ def _synced_step(transport: Any, folder: str, sync: str) -> dict[str, Any]:
     """One 3-layer G3 step with ``sync``: events in order, grads, ledger."""
     config = dataclasses.replace(config_for("gcn"), num_layers=3, fanouts=None)
     part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16, "sync": sync})
+    engine = build_engine(part, transport, config, G3Config(bin_rows=16, sync=sync))
     events: list[Event] = []
     isend = transport.isend
 
@@ -336,7 +338,7 @@ def _misuse(transport: Any, folder: str) -> list[str]:
     """The errors g3 gives for inputs it cannot run."""
     config = config_for("gcn")
     part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
+    engine = build_engine(part, transport, config, G3Config(bin_rows=16))
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     model.train()
     errors = []
@@ -408,7 +410,7 @@ def _prepared_step(transport: Any, folder: str, prepare: bool) -> dict[str, Any]
     # Hidden 16 > 12 features: the input layer aggregates first, in place.
     config = dataclasses.replace(config_for("gcn"), hidden=16)
     part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
+    engine = build_engine(part, transport, config, G3Config(bin_rows=16))
     assert isinstance(engine, G3Engine)
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     model.train()
@@ -481,7 +483,7 @@ def test_prepare_names_a_model_of_another_depth(tmp_path) -> None:
 
     def prepare(transport: Any) -> None:
         part = load_part(folder, transport.rank)
-        engine = build_engine(part, transport, config, "g3", {})
+        engine = build_engine(part, transport, config, "g3")
         deeper = dataclasses.replace(config, num_layers=3, fanouts=None)
         model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), deeper)
         with pytest.raises(ValueError, match="the model has 3 layers, the engine was"):
@@ -495,7 +497,7 @@ def _projections(transport: Any, folder: str, model_name: str) -> dict[str, Any]
     input layer's ``project``, and how many rows the table has."""
     config = config_for(model_name)
     part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, "g3", {"bin_rows": 16})
+    engine = build_engine(part, transport, config, G3Config(bin_rows=16))
     assert isinstance(engine, G3Engine) and engine.cache_input
     model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
     model.train()
