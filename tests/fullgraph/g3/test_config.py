@@ -15,6 +15,7 @@ from graphwire.fullgraph.engines import EXCHANGES
 from graphwire.fullgraph.g3.config import LASTS, MODES, ORDERS, SYNCS, G3Config
 from graphwire.fullgraph.g3.engine import G3Engine
 from graphwire.fullgraph.halo import HaloConfig
+from graphwire.nn.models import LAYER_KINDS
 from graphwire.partition import load_part
 from graphwire.run.options import OptionError, flag_of, option_fields
 from tests.fullgraph.dist_helpers import config_for, small_graph, write_parts
@@ -96,6 +97,16 @@ def _built(transport: Any, folder: str, exchange: Any, options: dict[str, Any]) 
     return engine.config
 
 
+def _g3_with(transport: Any, folder: str, config: Any) -> Any:
+    """The error G3Engine raises for ``config``, built directly."""
+    part = load_part(folder, transport.rank)
+    try:
+        G3Engine(part, transport, LAYER_KINDS["gcn"], 2, config=config)
+    except TypeError as error:
+        return str(error)
+    return "built"
+
+
 def test_the_engine_takes_its_config(tmp_path) -> None:
     folder = str(write_parts(small_graph(), 2, tmp_path, "metis"))
     config = G3Config(mode="inter", bin_rows=16)
@@ -103,10 +114,12 @@ def test_the_engine_takes_its_config(tmp_path) -> None:
     assert run_local(lambda t: _built(t, folder, "g3", {}), 2) == [G3Config()] * 2
     for exchange, options, kind, what in [
         ("g3", {"mode": "full"}, TypeError, "unexpected keyword argument 'mode'"),
-        (HaloConfig(), {}, TypeError, "expected a G3Config"),
+        ("g3", {"config": HaloConfig()}, TypeError, "multiple values"),
         ("g3", {"bin_row": 16}, TypeError, "unexpected keyword argument 'bin_row'"),
     ]:
         for error in run_local(
             lambda t, e=exchange, o=options: _built(t, folder, e, o), 2
         ):
             assert isinstance(error, kind) and what in str(error), error
+    said = run_local(lambda t: _g3_with(t, folder, HaloConfig()), 2)
+    assert said == ["G3Engine: expected a G3Config, got HaloConfig()"] * 2
