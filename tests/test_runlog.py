@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from graphwire.run.records import MetricsLog, format_bytes, format_summary
+from graphwire.run.records import MetricsLog, format_summary
+from graphwire.units import format_bytes
 
 
 def test_summary_line_format() -> None:

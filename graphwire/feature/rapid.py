@@ -34,7 +34,7 @@ from graphwire.comm.scratch import Scratch
 from graphwire.feature.cache import HotCache, assemble_inputs
 from graphwire.feature.fetcher import Fetched, Fetcher, Schedule
 from graphwire.feature.prefetch import Prefetcher
-from graphwire.run.options import check_options, option
+from graphwire.options import check_options, option
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.presample import (
     PresampledEpoch,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from graphwire.run.records import format_bytes
 from graphwire.run.training import EpochRecord, format_acc
+from graphwire.units import format_bytes
 
 __all__ = ["epoch_lines", "print_epoch"]
 

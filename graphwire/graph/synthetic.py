@@ -31,7 +31,7 @@ import torch
 
 from graphwire.graph.graph import Graph
 from graphwire.graph.seeds import check_seed
-from graphwire.run.records import format_bytes
+from graphwire.units import format_bytes
 
 __all__ = [
     "MAX_NODES",

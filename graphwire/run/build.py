@@ -22,10 +22,10 @@ from typing import Any
 
 from graphwire.comm.context import WorkerContext, under_torchrun
 from graphwire.graph.datasets import check_verifiable
+from graphwire.options import OptionError, check_value
 from graphwire.partition.base import check_method
 from graphwire.run.config import TrainConfig
 from graphwire.run.flags import Flag, FlagTable
-from graphwire.run.options import OptionError, check_value
 from graphwire.run.spec import (
     CheckpointSpec,
     DataSpec,

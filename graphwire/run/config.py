@@ -2,7 +2,7 @@
 
 Fields left ``None`` take the model's default from :data:`MODEL_DEFAULTS` when
 the config is made, so ``as_dict()`` always shows the values a run used. The
-fields are :func:`~graphwire.run.options.option` s: the command line offers
+fields are :func:`~graphwire.options.option` s: the command line offers
 each as a flag (``num_layers`` as ``--layers``).
 """
 
@@ -19,7 +19,7 @@ import torch
 from graphwire.graph.seeds import check_seed, is_int
 from graphwire.nn.dropout import check_dropout
 from graphwire.nn.models import LAYER_KINDS
-from graphwire.run.options import option
+from graphwire.options import option
 from graphwire.sampler.uniform import check_fanouts
 
 __all__ = ["MAX_LR", "MODEL_DEFAULTS", "TrainConfig", "parse_fanouts"]

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from graphwire.options import field_type, flag_of, option_fields
 from graphwire.run.config import TrainConfig
-from graphwire.run.options import field_type, flag_of, option_fields
 from graphwire.run.registry import Registry
 from graphwire.run.spec import (
     MODES,

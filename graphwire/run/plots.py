@@ -20,8 +20,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from graphwire.fsutil import atomic_file
-from graphwire.run.records import format_bytes
 from graphwire.run.report import PHASES, RunSummary
+from graphwire.units import format_bytes
 
 __all__ = ["DPI", "PLOTS", "figure_inches", "write_plots"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from graphwire.fsutil import write_failed
 
-__all__ = ["MetricsLog", "format_bytes", "format_summary", "peak_rss_mb"]
+__all__ = ["MetricsLog", "format_summary", "peak_rss_mb"]
 
 
 def _strict(value: Any) -> Any:
@@ -42,19 +42,6 @@ def _strict(value: Any) -> Any:
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far, in MiB (Linux ru_maxrss is KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def format_bytes(num_bytes: float) -> str:
-    """``num_bytes`` for people: B below 1000, else KiB, MiB, GiB or TiB to
-    three significant digits (``512 B``, ``14.4 KiB``, ``4.27 MiB``)."""
-    value = float(num_bytes)
-    if abs(value) < 999.5:
-        return f"{value:.0f} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if abs(value) < 999.5 or unit == "TiB":
-            break
-    return f"{value:.3g} {unit}" if abs(value) < 999.5 else f"{value:.0f} {unit}"
 
 
 def _format_value(value: Any) -> str:

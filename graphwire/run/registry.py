@@ -2,7 +2,7 @@
 
 ``--exchange NAME`` and ``--fetch NAME`` each look up one registry entry: the
 class that implements the strategy and the frozen dataclass of
-:func:`~graphwire.run.options.option` fields that configures it. The command
+:func:`~graphwire.options.option` fields that configures it. The command
 line derives the strategy's flags and YAML keys from those fields, so a new
 strategy is one module plus one registry line::
 
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from graphwire.run.options import option_fields
+from graphwire.options import option_fields
 
 __all__ = ["Registry", "Strategy"]
 
@@ -32,7 +32,7 @@ class Strategy:
         name: the name the flag takes (``g3``).
         cls: what implements it (an engine class, a fetcher class, ...).
         config_type: its config: a frozen dataclass whose fields are
-            :func:`~graphwire.run.options.option` s (none for a strategy
+            :func:`~graphwire.options.option` s (none for a strategy
             without settings).
         about: one line for ``--help``: the paper, and what moves.
     """

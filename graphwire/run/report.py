@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphwire.run.records import format_bytes
+from graphwire.units import format_bytes
 
 __all__ = [
     "PHASES",

@@ -1,7 +1,7 @@
 """`RunSpec`: one typed specification of a training run.
 
 A run is made of small frozen sections, each a dataclass of
-:func:`~graphwire.run.options.option` fields whose defaults are written once,
+:func:`~graphwire.options.option` fields whose defaults are written once,
 on the field; the command line's flags and a YAML file's keys are derived from
 them (:mod:`graphwire.run.flags`)::
 
@@ -27,8 +27,8 @@ from typing import Any
 from graphwire.allocator import MAX_KEEP_FREED_MB
 from graphwire.comm.context import MAX_TIMEOUT_S
 from graphwire.graph.datasets import DEFAULT_SPEC
+from graphwire.options import check_options, option
 from graphwire.run.config import TrainConfig
-from graphwire.run.options import check_options, option
 
 __all__ = [
     "DEFAULT_NODE_ORDER",

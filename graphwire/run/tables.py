@@ -18,7 +18,7 @@ from typing import Any
 from graphwire.feature.traffic import FETCH_KINDS
 from graphwire.run.console import console, print_table
 from graphwire.run.job import RankReport
-from graphwire.run.records import MetricsLog, format_bytes, format_summary
+from graphwire.run.records import MetricsLog, format_summary
 from graphwire.run.summary import (
     TRAINING_TAGS,
     fullgraph_summary,
@@ -29,6 +29,7 @@ from graphwire.run.summary import (
     write_records,
 )
 from graphwire.run.training import TrainResult
+from graphwire.units import format_bytes
 
 __all__ = [
     "fullgraph_report",

@@ -23,9 +23,9 @@ from graphwire.partition import get_partitioner, load_part, write_partitioned
 from graphwire.partition.stats import PartitionStats
 from graphwire.run.collective import seeded_model
 from graphwire.run.job import RankReport
-from graphwire.run.records import format_bytes
 from graphwire.run.tables import print_comm, training_bytes_by_peer
 from graphwire.run.training import EpochRecord
+from graphwire.units import format_bytes
 from tests.fullgraph.dist_helpers import (
     DROPOUT_SEED,
     config_for,

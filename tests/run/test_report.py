@@ -20,9 +20,9 @@ from matplotlib.image import imread
 
 from graphwire.cli import main
 from graphwire.run.plots import DPI, PLOTS, figure_inches
-from graphwire.run.records import format_bytes
 from graphwire.run.report import read_run
 from graphwire.run.summary import TRAINING_TAGS
+from graphwire.units import format_bytes
 from tests.multiprocess.cli_runs import SPEC
 
 TRAIN = ["train", "--dataset", SPEC, "--workers", "2", "--quiet", "--timeout", "120"]

@@ -19,7 +19,7 @@ from graphwire.feature.ondemand import OnDemand
 from graphwire.fullgraph.engines import EXCHANGES
 from graphwire.fullgraph.halo import HaloEngine
 from graphwire.minibatch.fetchers import FETCHERS
-from graphwire.run.options import check_options, option
+from graphwire.options import check_options, option
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,15 +1,15 @@
 """`G3Config`: the settings of G3's engine (``--exchange g3``).
 
 Each field carries its command-line flag, help, choices and bounds
-(:func:`~graphwire.run.options.option`); an invalid value raises
-:class:`~graphwire.run.options.OptionError` naming the field.
+(:func:`~graphwire.options.option`); an invalid value raises
+:class:`~graphwire.options.OptionError` naming the field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphwire.run.options import check_options, option
+from graphwire.options import check_options, option
 
 __all__ = ["LASTS", "MODES", "ORDERS", "SYNCS", "G3Config"]
 

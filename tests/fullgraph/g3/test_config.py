@@ -16,8 +16,8 @@ from graphwire.fullgraph.g3.config import LASTS, MODES, ORDERS, SYNCS, G3Config
 from graphwire.fullgraph.g3.engine import G3Engine
 from graphwire.fullgraph.halo import HaloConfig
 from graphwire.nn.models import LAYER_KINDS
+from graphwire.options import OptionError, flag_of, option_fields
 from graphwire.partition import load_part
-from graphwire.run.options import OptionError, flag_of, option_fields
 from tests.fullgraph.dist_helpers import config_for, small_graph, write_parts
 
 

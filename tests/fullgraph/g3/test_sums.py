@@ -8,7 +8,8 @@ import torch
 
 from graphwire.fullgraph.g3.messages import Messages
 from graphwire.fullgraph.g3.sums import plan_sums
-from graphwire.nn.base import MessageGraph, spmm_sum
+from graphwire.nn.aggregate import spmm_sum
+from graphwire.nn.base import MessageGraph
 
 # 3 owned rows (sources 0-2), 4 halo rows (sources 3-6) in two messages of
 # peer 1: bin 0 carries halo positions 2 then 0, bin 1 positions 1 then 3.
