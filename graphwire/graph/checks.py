@@ -1,7 +1,8 @@
-"""The checks a :class:`~graphwire.graph.graph.Graph` runs on what it is
-given: lossless conversion to its dtypes, node IDs in range, splits that
-name each labelled node once and share none, node data as long as the node
-count. Each failure is a :class:`GraphError` naming the argument at fault."""
+"""The checks a :class:`~graphwire.graph.graph.Graph` runs on what it is given.
+
+Lossless conversion to its dtypes, node IDs in range, splits that name each
+labelled node once and share none, node data as long as the node count. Each
+failure is a :class:`GraphError` naming the argument at fault."""
 
 from __future__ import annotations
 
@@ -119,9 +120,10 @@ def node_ids(value: Any, name: str, num_nodes: int) -> torch.Tensor:
 
 
 def check_permutation(order: torch.Tensor, name: str, num_nodes: int) -> None:
-    """Refuse an ``order`` that is not a permutation of ``[0, num_nodes)``:
-    another shape, float or bool values, or IDs repeated, missing or out of
-    range."""
+    """Refuse an ``order`` that is not a permutation of ``[0, num_nodes)``.
+
+    Refused: another shape, float or bool values, or IDs repeated, missing or
+    out of range."""
     dtype = order.dtype
     bad = order.shape != (num_nodes,) or (
         dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
@@ -203,8 +205,10 @@ def node_count(value: Any, name: str) -> int:
 
 
 def check_inferred_rows(num_nodes: int, node_data: dict[str, Any]) -> None:
-    """Node data longer than the inferred node count means trailing nodes without
-    edges: say so, instead of a bare shape mismatch."""
+    """Refuse node data longer than the inferred node count, naming the cause.
+
+    Longer node data means trailing nodes without edges: say so, instead of a
+    bare shape mismatch."""
     for name, value in node_data.items():
         shape = np.shape(value) if value is not None else ()
         if shape and shape[0] > num_nodes:

@@ -84,8 +84,9 @@ def spec_paths(spec: str) -> list[Path]:
 
 
 def load_dataset(spec: str | os.PathLike[str], verify: bool = False) -> Graph:
-    """Load or generate the graph a spec names (see module doc); a path object
-    reads as its string does (a folder in graphwire's format).
+    """Load or generate the graph a spec names (see module doc).
+
+    A path object reads as its string does (a folder in graphwire's format).
 
     Args:
         spec: The dataset spec.
@@ -110,8 +111,10 @@ def load_dataset(spec: str | os.PathLike[str], verify: bool = False) -> Graph:
 
 
 def check_verifiable(spec: str) -> None:
-    """Refuse ``--verify`` of a ``spec`` that names no graphwire folder (a
-    graph or a partitioned one): only those store their files' SHA-256.
+    """Refuse ``--verify`` of a ``spec`` that names no graphwire folder.
+
+    Only graphwire folders (a graph or a partitioned one) store their files'
+    SHA-256.
 
     Raises:
         ValueError: naming the spec's scheme.
@@ -126,8 +129,10 @@ def check_verifiable(spec: str) -> None:
 
 
 def parse_flag(value: bool | str, name: str) -> bool:
-    """A yes/no option: a bool as it is, or ``true/false``, ``yes/no`` or ``1/0``
-    in any case, spaces around allowed (``?symmetrize=no``).
+    """A yes/no option as a bool.
+
+    A bool as it is, or ``true/false``, ``yes/no`` or ``1/0`` in any case,
+    spaces around allowed (``?symmetrize=no``).
 
     Raises:
         ValueError: naming ``name``, for any other value (``off``, ``maybe``,

@@ -12,9 +12,8 @@ delimiter; ``comment`` starts a comment; blank lines are skipped.
 
 Text is parsed by ``np.loadtxt``, whose C reader (numpy >= 1.23) streams the
 file, checks that every line has the same number of columns and names the row
-of a bad token. Measured here against ``np.fromstring`` plus a vectorised
-per-line column check: equal on 2M ``src,dst`` lines (about 0.8 s each), and
-loadtxt 1.4x faster on 10M float tokens; so the simpler path is kept.
+of a bad token. ``np.fromstring`` plus a vectorised per-line column check was
+no faster, so the simpler path is kept.
 """
 
 from __future__ import annotations

@@ -365,10 +365,11 @@ class Graph:
         return (out_deg[src] * in_deg[dst]).rsqrt()
 
     def permute(self, order: Any) -> Graph:
-        """The same graph with its nodes renumbered: node ``i`` of the result
-        is node ``order[i]`` of this one (``order``: a permutation of
-        ``[0, N)``). Edges, features, labels and splits follow their nodes;
-        each node's in-edges stay in their order, renumbered."""
+        """The same graph with its nodes renumbered by ``order``.
+
+        Node ``i`` of the result is node ``order[i]`` of this one (``order``: a
+        permutation of ``[0, N)``). Edges, features, labels and splits follow
+        their nodes; each node's in-edges stay in their order, renumbered."""
         order = node_ids(order, "order", self.num_nodes)
         check_permutation(order, "order", self.num_nodes)
         new_of_old = torch.empty_like(order)
@@ -390,8 +391,9 @@ class Graph:
         )
 
     def subgraph_in_edges(self, nodes: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """CSR rows of ``nodes`` (IDs: a tensor, array or list) as
-        ``(indptr [k + 1], sources [*])``, global IDs."""
+        """CSR rows of ``nodes`` as ``(indptr [k + 1], sources [*])``, global IDs.
+
+        ``nodes``: IDs as a tensor, array or list."""
         nodes = node_ids(nodes, "nodes", self.num_nodes)
         counts = self.in_degrees()[nodes]
         indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
@@ -412,8 +414,8 @@ def _csr_from_coo(
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
     if dst.size and np.all(dst[1:] >= dst[:-1]):
-        # Always a copy: ascontiguousarray returned the caller's own array, so
-        # writing into it changed the graph.
+        # Always a copy: ascontiguousarray can return the caller's own array,
+        # and writing into it would change the graph.
         indices = np.array(src, dtype=np.int64, copy=True)
     else:
         keys = torch.from_numpy(np.require(dst, np.int64, "W"))  # from_numpy: writable

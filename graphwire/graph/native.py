@@ -198,10 +198,11 @@ def read_folder_meta(
     version: int,
     fields: tuple[tuple[str, type], ...],
 ) -> dict[str, Any]:
-    """``folder/meta.json``, read and checked as far as every graphwire folder
-    shares: a JSON object naming format ``form`` and ``version``,
-    with ``fields`` of their types (an int is not a bool: JSON's true is 1 to
-    Python, and 1.0 equals 1).
+    """``folder/meta.json``, read and checked as far as every graphwire folder shares.
+
+    A JSON object naming format ``form`` and ``version``, with ``fields`` of
+    their types (an int is not a bool: JSON's true is 1 to Python, and 1.0
+    equals 1).
 
     Args:
         what: what ``folder`` should be, for the errors (``"graphwire graph
@@ -276,8 +277,9 @@ def read_meta(folder: Path) -> dict[str, Any]:
 
 
 def is_array_entry(entry: Any) -> bool:
-    """Whether ``entry`` is an array's ``meta.json`` entry as :func:`load_array`
-    reads it: ``{"dtype": str, "shape": [int, ...], "sha256": str}``. Graph and
+    """Whether ``entry`` is an array's ``meta.json`` entry, as :func:`load_array` reads.
+
+    That is ``{"dtype": str, "shape": [int, ...], "sha256": str}``. Graph and
     partitioned folders list their arrays alike."""
     return (
         isinstance(entry, dict)
@@ -296,9 +298,10 @@ def load_array(
     *,
     finite: bool = False,
 ) -> np.ndarray:
-    """The array of ``path``, as ``entry`` (its ``meta.json`` entry:
-    ``dtype``, ``shape``, ``sha256``) describes it; the checksum is read only
-    with ``verify``. Graph and partitioned folders store arrays alike.
+    """The array of ``path``, as its ``meta.json`` ``entry`` describes it.
+
+    ``entry`` gives ``dtype``, ``shape`` and ``sha256``; the checksum is read
+    only with ``verify``. Graph and partitioned folders store arrays alike.
 
     With ``finite``, a float array [N, F] holding nan or inf is refused
     (:func:`~graphwire.graph.features.check_finite_features`); with
@@ -313,7 +316,7 @@ def load_array(
     try:
         # Copy-on-write ("c", MAP_PRIVATE): pages stay shared until written, and
         # a write (g.x.sub_(...)) lands in a private copy. A read-only map
-        # ("r") made any in-place op on the tensors a segfault.
+        # ("r") would make any in-place op on the tensors a segfault.
         array = load_npy(path, mmap_mode="c" if mmap else None)
     except (ValueError, OSError, EOFError) as error:
         if verify:  # a file cut short changed after it was written: say so

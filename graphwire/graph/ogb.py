@@ -141,7 +141,7 @@ def _labels(path: Path) -> np.ndarray:
     """int64 [N] from one float per line; nan (unlabelled) becomes -1."""
     values = read_table(path, np.float64, 1)[:, 0]
     labelled = ~np.isnan(values)
-    # inf (and 1e30) passed the round() test and the int64 cast made them
+    # inf (and 1e30) pass the round() test, and an int64 cast would make them
     # -9223372036854775808; from 2**53 on a float64 holds no exact integer.
     bad = labelled & (
         ~np.isfinite(values)

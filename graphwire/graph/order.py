@@ -1,4 +1,6 @@
-"""`stable_order`: a stable sort of small non-negative integer keys in linear time;
+"""Orders and index dtypes: counting sorts, int32 indices, locality node orders.
+
+`stable_order`: a stable sort of small non-negative integer keys in linear time;
 `index_dtype`: the narrowest index dtype (int32 or int64) that holds given bounds;
 `locality_order`: a node order that puts neighbours near each other in memory.
 
@@ -12,13 +14,9 @@ entry, in column ``keys[i]``, and the CSC form lists each column's rows in
 ascending order (scipy marks it ``has_sorted_indices``), that is the
 positions, key by key, in their original order.
 
-Measured on 1,700,000 int32 keys below 100,000, one thread: about 35–42 ms,
-against 60–74 ms for ``torch.sort(stable=True)`` and 179 ms for numpy's
-stable argsort.
-
 Index arrays (CSR row pointers and columns, positions) are int32 wherever
-their values fit: MKL's sparse kernels run about 10% faster on them, and
-random access into a table of int32 moves half the bytes. `index_dtype` is
+their values fit: MKL's sparse kernels run faster on them, and random
+access into a table of int32 moves half the bytes. `index_dtype` is
 that one decision, made the same way everywhere.
 """
 
@@ -37,15 +35,17 @@ _INT32_MAX = int(torch.iinfo(torch.int32).max)
 
 
 def index_dtype(*bounds: int) -> torch.dtype:
-    """``torch.int32`` when every bound (a count, or the largest value an
-    index array will hold) is at most int32's maximum, else ``torch.int64``.
+    """``torch.int32`` when every bound fits in int32, else ``torch.int64``.
+
+    A bound is a count, or the largest value an index array will hold.
     """
     return torch.int32 if max(bounds, default=0) <= _INT32_MAX else torch.int64
 
 
 def stable_order(keys: torch.Tensor) -> torch.Tensor:
-    """int64 [n]: the permutation that sorts ``keys`` stably, equal to
-    ``torch.sort(keys, stable=True).indices``.
+    """int64 [n]: the permutation that sorts ``keys`` stably.
+
+    Equal to ``torch.sort(keys, stable=True).indices``.
 
     Args:
         keys: 1-D integer tensor of values >= 0.
@@ -67,7 +67,7 @@ def stable_order(keys: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"stable_order: keys must be >= 0, found {low}")
     if keys.device.type != "cpu" or high > _SPREAD * n + _SMALL:
         return torch.sort(keys, stable=True).indices
-    import scipy.sparse  # here: 150 ms of import that most commands never need
+    import scipy.sparse  # here: a slow import that most commands never need
 
     dtype = np.int32 if index_dtype(n, high + 1) == torch.int32 else np.int64
     rows = scipy.sparse.csr_matrix(
@@ -91,21 +91,14 @@ def locality_order(
     indices: torch.Tensor,
     group: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """int64 [N]: the nodes of the in-CSR ``(indptr, indices)`` in reverse
-    Cuthill-McKee order of its undirected form (scipy's
+    """int64 [N]: the nodes of the in-CSR in reverse Cuthill-McKee order.
+
+    The order is that of the undirected form of ``(indptr, indices)`` (scipy's
     ``reverse_cuthill_mckee``): a breadth-first order that keeps each node's
     neighbours within a narrow band of positions, so a sparse product over
     rows laid out in it reads its source rows from a small moving window of
     memory instead of from all over the table (DGL's ``reorder_graph`` with
     ``rcmk``).
-
-    Measured on part 0 of a 4-way METIS split of the 200,000-node synthetic
-    products-like graph (50,644 rows over 122,909 local rows, 958,835 edges),
-    ``A @ X`` on one thread, the least of 15 runs, parts written with
-    ``node_order="id"`` and ``"rcm"``: width 100 118-128 ms and 100-113 ms
-    (12-15% less), width 47 49-56 ms and 47-51 ms (4-9% less; two
-    sessions); a one-process GCN epoch on the whole graph (hidden 128) 12%
-    shorter.
 
     Args:
         indptr: int64 [N + 1].

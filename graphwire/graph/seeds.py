@@ -1,5 +1,7 @@
-"""`derive_seed`: independent, reproducible seeds mixed from integers; the
-checks that seeds and counts are integers (`check_seed`, `is_int`)."""
+"""Seeds mixed from integers, and the checks that seeds and counts are integers.
+
+`derive_seed` mixes integers into independent, reproducible seeds;
+`check_seed` and `is_int` are the checks."""
 
 from __future__ import annotations
 

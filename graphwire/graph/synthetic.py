@@ -340,10 +340,10 @@ def _check_memory(generator: str, settings: str, parts: dict[str, int]) -> None:
 
     Called before anything is allocated, so that the user reads which options
     are too large instead of a numpy MemoryError from deep inside. ``parts`` are
-    the generator's largest arrays in bytes; their sum estimates its peak. At the
-    sizes measured (up to 200,000 nodes) the peak was higher than the sum, as
-    temporaries made while drawing edges add up to twice the edge arrays; where
-    x dominates, the peak can be lower by up to half of the edge arrays.
+    the generator's largest arrays in bytes; their sum estimates its peak. The
+    peak can be higher than the sum, as temporaries made while drawing edges
+    add up to twice the edge arrays; where x dominates, it can be lower by up
+    to half of the edge arrays.
 
     Raises:
         ValueError: naming the generator, its size options, the bytes needed
@@ -366,8 +366,7 @@ def _check_memory(generator: str, settings: str, parts: dict[str, int]) -> None:
 
 def _lookup(cumulative: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """``searchsorted(cumulative, queries)`` clipped to valid rows, done on sorted
-    queries: binary searches in increasing order stay in cache, which is several
-    times faster than random order for millions of queries."""
+    queries: binary searches in increasing order stay in cache."""
     order = np.argsort(queries)
     found = np.empty(queries.size, dtype=np.int64)
     found[order] = np.searchsorted(cumulative, queries[order])
