@@ -161,8 +161,8 @@ def check_num_parts(graph: Graph, num_parts: int) -> None:
 def unique_sorted(values: np.ndarray) -> np.ndarray:
     """The distinct values, ascending (like ``np.unique``, by one sort).
 
-    numpy 2's ``np.unique`` takes a hash-table path for integers that is several
-    times slower than sorting on the millions of edge keys partitioning handles.
+    numpy 2's ``np.unique`` takes a hash-table path for integers that is slower
+    than sorting on the millions of edge keys partitioning handles.
     """
     ordered = np.sort(values)
     if ordered.size == 0:
@@ -276,8 +276,10 @@ def get_partitioner(name: str, **params: Any) -> Partitioner:
 
 
 def check_method(name: str | None, flag: str = "--partition") -> None:
-    """``name`` (from ``flag``; None: not given) must name a registered
-    partitioner; checked before any data is read.
+    """Refuse a partition method ``name`` that no partitioner is registered as.
+
+    ``name`` comes from ``flag`` (None: not given, accepted); checked before any
+    data is read.
 
     Raises:
         ValueError: naming the flag and the known methods.

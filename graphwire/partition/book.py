@@ -68,9 +68,10 @@ class PartitionBook:
     def from_partition(
         cls, partition: Partition, order: torch.Tensor | None = None
     ) -> PartitionBook:
-        """Relabel: part by part, and within a part in the order the nodes
-        have in ``order`` (a permutation of the original IDs; default: the
-        original IDs ascending)."""
+        """The full book of ``partition``: new IDs part by part, then by ``order``.
+
+        Within a part, nodes keep the order they have in ``order`` (a
+        permutation of the original IDs; default: the original IDs ascending)."""
         assignment = partition.assignment
         # One stable sort groups nodes by part, keeping their order within one.
         if order is None:

@@ -320,8 +320,9 @@ def load_part(
 
 
 def is_partitioned_folder(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is laid out as :func:`write_partitioned` writes
-    (``meta.json`` beside ``part_0/``), whatever its ``meta.json`` holds
+    """True when ``path`` is laid out as :func:`write_partitioned` writes.
+
+    That is ``meta.json`` beside ``part_0/``, whatever its ``meta.json`` holds
     (:func:`load_partition_meta` checks that)."""
     return (Path(path) / META).is_file() and part_folder(path, 0).is_dir()
 

@@ -1,5 +1,6 @@
-"""`HaloTracker`: the locality refinement's bookkeeping (G3's fast neighbour
-tracking), kept by moves.
+"""`HaloTracker`: the locality refinement's halo bookkeeping, kept by moves.
+
+This is G3's fast neighbour tracking.
 
 On the deduplicated graph without self-loops, ``links[p, u]`` counts u's
 out-neighbours in part p (the in-edges u sends into p), so ``u in V_p^remote
@@ -66,7 +67,8 @@ class HaloTracker:
 
         Part by part, from the in-edges of its nodes: the peak is ``links``
         (4PN bytes) plus one part's in-edges and an int64 [N] count. (One
-        bincount over all P * N keys held 8PN bytes of int64 counts besides.)
+        bincount over all P * N keys would hold 8PN bytes of int64 counts
+        besides.)
         """
         num_nodes = owner.shape[0]
         links = np.zeros((self.num_parts, num_nodes), dtype=np.int32)

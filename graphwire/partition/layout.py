@@ -56,9 +56,11 @@ def part_folder(folder: str | os.PathLike[str], part_id: int) -> Path:
 
 
 def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check ``folder/meta.json`` (format, version, field types, offsets,
-    every part's counts and x width against the graph-wide fields, and every
-    array's dtype and number of dimensions against the format's).
+    """Read and check a partitioned folder's ``folder/meta.json``.
+
+    Checked: format, version, field types, offsets, every part's counts and x
+    width against the graph-wide fields, and every array's dtype and number of
+    dimensions against the format's.
 
     Raises:
         DatasetError: naming ``meta.json`` and the field that is wrong, or the
@@ -220,7 +222,9 @@ def check_part(
     num_owned: int,
     num_nodes: int,
 ) -> None:
-    """Shapes, every ID in range, no halo node owned (``start`` is the
+    """Check one loaded part's arrays, naming the file at fault.
+
+    Shapes, every ID in range, no halo node owned (``start`` is the
     part's first global ID) and no split with a node twice: a damaged file
     of the right size fails here, naming it, instead of deep in training."""
 

@@ -159,8 +159,9 @@ class LocalPart:
 
 
 def trainable_classes(part: LocalPart) -> int:
-    """``part``'s number of classes, once it is known to have what training
-    needs (features, labels, splits, labelled classes).
+    """``part``'s number of classes, once checked to have what training needs.
+
+    That is features, labels, splits and labelled classes.
 
     Raises:
         ValueError: naming the part and what it lacks.

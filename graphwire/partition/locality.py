@@ -30,13 +30,11 @@ order, so no state can repeat: the paper's "cyclic swapping" shows up as "no
 improving swap among ``patience`` tries". Swaps keep every ``|V_p|`` exactly.
 
 Edge cut. Ranking by halo change alone moves hubs (a hub's many remote
-neighbours make it the best ``v``) and grows the cut: +8.8% to balance the
-200k-node products graph in 8 parts. So candidates are ranked by
+neighbours make it the best ``v``) and grows the cut. So candidates are ranked by
 ``weight * score - cut_change`` with ``weight`` from :data:`HALO_WEIGHTS`, cheap
 swaps first; after ``patience`` rejections in a row the next weight takes over,
 and the last one ranks by halo change alone (cut change breaks ties), as the
-paper does. We stop when that one has no improving swap either. On that graph
-the schedule balances the halos for +3.4% cut.
+paper does. We stop when that one has no improving swap either.
 
 Bookkeeping (the paper's fast neighbour tracking,
 :class:`~graphwire.partition.halo.HaloTracker`). On the deduplicated graph
@@ -183,15 +181,18 @@ class RefineResult:
 
     @property
     def cut_growth(self) -> float:
-        """Relative edge-cut change, after / before - 1 (0.0 for a cut that
-        stays 0, inf for one that grows from 0)."""
+        """Relative edge-cut change, after / before - 1.
+
+        0.0 for a cut that stays 0, inf for one that grows from 0."""
         if self.edge_cut_before == 0:
             return 0.0 if self.edge_cut_after == 0 else float("inf")
         return self.edge_cut_after / self.edge_cut_before - 1.0
 
     def summary(self) -> dict[str, Any]:
-        """Flat numbers for logs (JSON's: a halo max/min over an empty halo,
-        or a cut growth from 0, inf, is None)."""
+        """Flat numbers for logs, JSON-ready.
+
+        A ratio that would be inf (a halo max/min over an empty halo, a cut
+        growth from 0) is None, as JSON has no Infinity."""
         return {
             "halo_max_min_before": _json_ratio(self.max_min(self.halo_before)),
             "halo_max_min_after": _json_ratio(self.max_min(self.halo_after)),
@@ -437,8 +438,9 @@ class LocalityPartitioner(Partitioner):
         return {**self._stage1().params(), **self._stage2()}
 
     def partition(self, graph: Graph, num_parts: int, *, seed: int = 0) -> Partition:
-        """As :meth:`Partitioner.partition`; params also record the
-        ``constraints`` stage 1 balanced, as METIS's do."""
+        """As :meth:`Partitioner.partition`, plus the ``constraints`` param.
+
+        The constraints are those stage 1 balanced, as METIS's params record."""
         result = Partitioner.partition(self, graph, num_parts, seed=seed)
         used = self._stage1().constraints(graph, int(num_parts))
         params = {**result.params, "constraints": list(used)}

@@ -87,8 +87,10 @@ CONSTRAINTS: dict[str, Callable[[Graph], np.ndarray]] = {
 def vertex_weights(
     graph: Graph, balance: tuple[str, ...], num_parts: int
 ) -> tuple[np.ndarray, tuple[str, ...]]:
-    """Weights of the constraints in ``balance`` that ``num_parts`` (>= 1) parts
-    can share: those whose totals are at least ``num_parts`` (module docstring).
+    """Weights of the constraints in ``balance`` that ``num_parts`` parts can share.
+
+    Those are the constraints whose totals are at least ``num_parts`` (>= 1;
+    module docstring).
 
     Returns:
         ``(weights, used)``: int64 [N, C] (C = len(used)) and the names used.
