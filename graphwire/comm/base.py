@@ -49,9 +49,11 @@ class TransportError(RuntimeError):
 
 
 class JoinFailed(TransportError):
-    """The ranks did not all join the process group: an address no rank
-    hosts, a port taken, a timeout too short for the ranks to start. The
-    message says what and where; a traceback would add nothing."""
+    """The ranks did not all join the process group.
+
+    Causes: an address no rank hosts, a port taken, a timeout too short for the
+    ranks to start. The message says what and where; a traceback would add
+    nothing."""
 
 
 class Work(Protocol):
@@ -78,9 +80,10 @@ class Transport(ABC):
 
     @property
     def leads_machine(self) -> bool:
-        """Whether this rank writes what one rank per machine writes: files
-        of the run's folders, which machines may or may not share (here,
-        all ranks share one process: rank 0)."""
+        """Whether this rank writes what one rank per machine writes.
+
+        That is files of the run's folders, which machines may or may not share
+        (here, all ranks share one process: rank 0)."""
         return self.rank == 0
 
     # ------------------------------------------------------------ primitives
@@ -106,8 +109,10 @@ class Transport(ABC):
 
     @abstractmethod
     def irecv(self, tensor: torch.Tensor, src: int, tag: str) -> Work:
-        """Start receiving into ``tensor`` (its size is the message size) from
-        ``src``; messages between a pair arrive in the order they were sent."""
+        """Start receiving into ``tensor`` from ``src``.
+
+        ``tensor``'s size is the message size; messages between a pair arrive
+        in the order they were sent."""
 
     @abstractmethod
     def all_gather_object(self, obj: Any, tag: str) -> list[Any]:
@@ -122,9 +127,10 @@ class Transport(ABC):
         self.all_gather_object(None, "meta.barrier")
 
     def open_service(self, name: str, handlers: Mapping[str, Any]) -> Service:
-        """Collective: this rank's end of the request/response service ``name``
-        (see :mod:`graphwire.comm.service`); every rank passes the same
-        handler names."""
+        """Collective: this rank's end of the request/response service ``name``.
+
+        See :mod:`graphwire.comm.service`; every rank passes the same handler
+        names."""
         raise NotImplementedError(f"{type(self).__name__} has no services")
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -163,8 +169,9 @@ class Transport(ABC):
 
 
 class PendingSum:
-    """An :meth:`Transport.all_reduce_sum` in flight over ``isend``/``irecv``:
-    phase 1 sends chunk ``p`` to rank ``p``; phase 2 (:meth:`advance`) sums the
+    """An :meth:`Transport.all_reduce_sum` in flight over ``isend``/``irecv``.
+
+    Phase 1 sends chunk ``p`` to rank ``p``; phase 2 (:meth:`advance`) sums the
     chunks received in rank order and sends the sum to every rank."""
 
     def __init__(self, transport: Transport, tensor: torch.Tensor, tag: str) -> None:
@@ -248,8 +255,9 @@ def name_ranks(ranks: Sequence[int]) -> str:
 
 
 def encode_object(obj: Any) -> bytes:
-    """``obj`` pickled as every transport sends it; its length is what the
-    ledger counts for :meth:`Transport.all_gather_object`."""
+    """``obj`` pickled as every transport sends it.
+
+    Its length is what the ledger counts for :meth:`Transport.all_gather_object`."""
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 

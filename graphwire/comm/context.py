@@ -44,7 +44,9 @@ def under_torchrun() -> bool:
 
 
 def default_backend(local_ranks: int = 1) -> str:
-    """``"nccl"`` where this machine has a CUDA device for each of its
+    """The backend for ``local_ranks`` ranks on this machine: NCCL or gloo.
+
+    ``"nccl"`` where this machine has a CUDA device for each of its
     ``local_ranks`` ranks (NCCL drives one GPU per rank), else ``"gloo"``: a
     single-GPU machine runs several workers over gloo rather than not at all."""
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks
@@ -158,8 +160,9 @@ class WorkerContext:
 
     @property
     def device(self) -> torch.device:
-        """Where this worker's communicated tensors live: ``cuda:<local_rank>``
-        under NCCL, else the CPU."""
+        """Where this worker's communicated tensors live.
+
+        ``cuda:<local_rank>`` under NCCL, else the CPU."""
         if self.backend == "nccl":
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
@@ -173,8 +176,9 @@ class WorkerContext:
         return f"tcp://{host}:{self.master_port}"
 
     def to_env(self) -> dict[str, str]:
-        """The ``torchrun`` variables that describe this worker (the inverse of
-        :meth:`from_env`, less the backend and timeout)."""
+        """The ``torchrun`` variables that describe this worker.
+
+        The inverse of :meth:`from_env`, less the backend and timeout."""
         return {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),

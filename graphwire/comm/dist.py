@@ -73,8 +73,9 @@ _P2P_TAG = 0  # one channel per pair: matched in send order, as LocalTransport
 
 
 def p2p_backend(backend: str) -> str | None:
-    """The backend of a run's point-to-point messages when it is not the
-    run's own (see the module doc): gloo under NCCL, else None."""
+    """The backend of a run's point-to-point messages, when not the run's own.
+
+    gloo under NCCL (see the module doc), else None."""
     return "gloo" if backend == "nccl" else None
 
 
@@ -270,8 +271,9 @@ class TorchTransport(Transport):
         return out
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: str) -> Work:
-        """See :meth:`Transport.isend`; ``tensor`` must not change before the
-        returned work's ``wait()``."""
+        """See :meth:`Transport.isend`.
+
+        ``tensor`` must not change before the returned work's ``wait()``."""
         self._check_peer(dst, "isend", tag)
         staged = tensor.detach().contiguous().to(self._p2p_device)
         op = f"isend to rank {dst}"

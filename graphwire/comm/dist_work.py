@@ -1,5 +1,7 @@
-"""`TorchWork`: the :class:`~graphwire.comm.base.Work` of a
-:class:`~graphwire.comm.dist.TorchTransport`'s ``isend`` or ``irecv``."""
+"""`TorchWork`: a pending ``isend`` or ``irecv`` of a TorchTransport.
+
+It is the :class:`~graphwire.comm.base.Work` of a
+:class:`~graphwire.comm.dist.TorchTransport`."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ __all__ = ["TorchWork"]
 
 
 class TorchWork:
-    """A pending ``isend``/``irecv``: ``wait()`` is bounded by the group
-    timeout, raises through ``fail``, and copies a staged receive back.
+    """A pending ``isend``/``irecv`` of a ``TorchTransport``.
+
+    ``wait()`` is bounded by the group timeout, raises through ``fail``, and
+    copies a staged receive back.
 
     Args:
         work: the ``torch.distributed`` work handle.

@@ -30,8 +30,9 @@ _SILENT_S = 2.0  # a rank whose heartbeat did not move in this long is gone
 
 
 class Heartbeat:
-    """This rank's heartbeat: a daemon thread adds 1 to the rank's counter in
-    the rendezvous store every ``_BEAT_S``.
+    """This rank's heartbeat in the rendezvous store.
+
+    A daemon thread adds 1 to the rank's counter in the store every ``_BEAT_S``.
 
     After a failed collective, :meth:`lost` tells which ranks are gone: those
     whose counter did not move in ``_SILENT_S`` and that did not report a
@@ -80,8 +81,9 @@ class Heartbeat:
             self._stopped.wait(_BEAT_S)
 
     def lost(self) -> list[int] | None:
-        """The other ranks whose heartbeat stopped, seen over ``_SILENT_S``
-        (this rank's goes on meanwhile); None if the store cannot tell."""
+        """The other ranks whose heartbeat stopped; None if the store cannot tell.
+
+        Seen over ``_SILENT_S`` (this rank's goes on meanwhile)."""
         try:
             self.mark_failed()
             before = self._counts()

@@ -77,8 +77,9 @@ class Ledger:
 
     # ---------------------------------------------------------------- query
     def bytes_sent(self, tag: str | None = None, peer: int | None = None) -> int:
-        """Bytes sent, optionally only under ``tag`` (or a prefix ``fwd.``)
-        and/or only to ``peer``."""
+        """Bytes sent, optionally only under ``tag`` (prefix) / to ``peer``.
+
+        ``tag`` may be a prefix such as ``fwd.``."""
         return _total(self._sent, tag, dst=peer)
 
     def bytes_recv(self, tag: str | None = None, peer: int | None = None) -> int:
@@ -93,8 +94,9 @@ class Ledger:
             return sorted({k[2] for k in (*self._sent, *self._recv)})
 
     def snapshot(self) -> dict[str, Any]:
-        """JSON-ready ``{"sent": [[src, dst, tag, bytes, messages], ...],
-        "recv": [...]}``, sorted."""
+        """Every count, JSON-ready and sorted.
+
+        ``{"sent": [[src, dst, tag, bytes, messages], ...], "recv": [...]}``."""
         with self._lock:
             return {
                 "sent": _rows(self._sent),
@@ -150,8 +152,9 @@ def merge(snapshots: Iterable[Mapping[str, Any]]) -> dict[Key, LedgerEntry]:
 def sent_between(
     before: Mapping[str, Any], after: Mapping[str, Any]
 ) -> Iterator[tuple[int, str, int]]:
-    """``(dst, tag, bytes)`` a rank sent between two of its ledger's
-    snapshots (each ``(dst, tag)`` with bytes, once)."""
+    """``(dst, tag, bytes)`` a rank sent between two of its ledger's snapshots.
+
+    Each ``(dst, tag)`` that sent bytes comes once."""
     old = {(r[1], r[2]): r[3] for r in before["sent"]}
     for _, dst, tag, num_bytes, _ in after["sent"]:
         delta = num_bytes - old.get((dst, tag), 0)
@@ -160,8 +163,10 @@ def sent_between(
 
 
 def ledger_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    """What a rank's ledger counted between two snapshots: ``bytes_sent``,
-    ``bytes_recv``, and the bytes sent ``by_tag`` and ``by_peer`` (a str)."""
+    """What a rank's ledger counted between two snapshots.
+
+    ``bytes_sent``, ``bytes_recv``, and the bytes sent ``by_tag`` and
+    ``by_peer`` (a str)."""
     by_tag: dict[str, int] = {}
     by_peer: dict[str, int] = {}
     for dst, tag, delta in sent_between(before, after):
@@ -178,9 +183,10 @@ def ledger_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[st
 
 
 class LedgerWindows:
-    """Cuts a ledger's count into consecutive windows, each starting where
-    the one before ended (the first, where the ledger started), so every
-    byte falls in exactly one window and the windows add up to the totals.
+    """Cuts a ledger's count into consecutive windows that add up to the totals.
+
+    Each window starts where the one before ended (the first, where the ledger
+    started), so every byte falls in exactly one window.
 
     Args:
         ledger: the rank's ledger.

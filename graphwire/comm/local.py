@@ -148,9 +148,10 @@ class LocalTransport(Transport):
         return pending
 
     def open_service(self, name: str, handlers: Mapping[str, Any]) -> Service:
-        """See :meth:`Transport.open_service`; a peer's handler runs on the
-        calling thread, one request at a time per server, as a serving thread
-        would run it."""
+        """See :meth:`Transport.open_service`; handlers run on the calling thread.
+
+        A peer's handler runs on the calling thread, one request at a time per
+        server, as a serving thread would run it."""
         service = LocalService(self, name, handlers)
         with self._hub.lock:
             table = self._hub.services.setdefault(name, [None] * self.world_size)

@@ -166,8 +166,9 @@ class ExchangePlan:
     def scatter_grad(
         self, grad_halo: torch.Tensor, transport: Transport, tag: str
     ) -> torch.Tensor:
-        """Backward: the owned-row gradient contributions ``[num_owned, *S]``
-        of the halo gradients this and every other rank computed."""
+        """Backward: the owned-row gradient contributions ``[num_owned, *S]``.
+
+        They come from the halo gradients this and every other rank computed."""
         send = [
             grad_halo.new_empty((0, *grad_halo.shape[1:]))
             if p == self.rank
@@ -180,9 +181,11 @@ class ExchangePlan:
     def start_scatter_grad(
         self, grad_halo: torch.Tensor, transport: Transport, tag: str
     ) -> PendingGrad:
-        """Non-blocking :meth:`scatter_grad`: every peer's rows leave now
-        (``isend``), the returned rows are received in the background, and
-        :meth:`PendingGrad.wait` adds them to the owned rows."""
+        """Non-blocking :meth:`scatter_grad`; :meth:`PendingGrad.wait` completes it.
+
+        Every peer's rows leave now (``isend``), the returned rows are received
+        in the background, and :meth:`PendingGrad.wait` adds them to the owned
+        rows."""
         sends, recvs = [], []
         for peer in range(self.world_size):
             if peer == self.rank:
@@ -202,8 +205,9 @@ class ExchangePlan:
         like: torch.Tensor,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Sum per-peer returned rows into owned rows (peers in rank order):
-        into ``out`` [num_owned, *S] when given, else into zeros."""
+        """Sum per-peer returned rows into owned rows (peers in rank order).
+
+        Into ``out`` [num_owned, *S] when given, else into zeros."""
         grad = like.new_zeros((self.num_owned, *like.shape[1:])) if out is None else out
         for p, rows in enumerate(recv):
             if p != self.rank and rows.shape[0]:
@@ -213,8 +217,9 @@ class ExchangePlan:
 
 @dataclass(eq=False)
 class PendingGrad:
-    """Halo gradients on their way back to their owners
-    (:meth:`ExchangePlan.start_scatter_grad`)."""
+    """Halo gradients on their way back to their owners.
+
+    Made by :meth:`ExchangePlan.start_scatter_grad`."""
 
     plan: ExchangePlan
     like: torch.Tensor
@@ -222,8 +227,10 @@ class PendingGrad:
     recvs: list[tuple[int, Work, torch.Tensor]]
 
     def wait(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Wait for every transfer; the returned rows summed (peers in rank
-        order) into ``out`` [num_owned, *S], or into zeros."""
+        """Wait for every transfer; the returned rows, summed into owned rows.
+
+        Summed with peers in rank order, into ``out`` [num_owned, *S] when
+        given, else into zeros."""
         recv = [self.like.new_empty((0, *self.like.shape[1:]))] * self.plan.world_size
         for peer, work, buf in self.recvs:
             work.wait()

@@ -43,8 +43,9 @@ class Scratch:
 
     @classmethod
     def create(cls, prefix: str = PREFIX) -> Scratch:
-        """A fresh locked folder ``<prefix>*`` in the temporary folder; also
-        removes those of the same prefix whose process is dead."""
+        """A fresh locked folder ``<prefix>*`` in the temporary folder.
+
+        Also removes those of the same prefix whose process is dead."""
         path = Path(tempfile.mkdtemp(prefix=prefix))
         lock = fsutil.lock_folder(path)
         remove_abandoned(path.parent, prefix, keep=path)
@@ -60,7 +61,8 @@ class Scratch:
 def remove_abandoned(
     where: str | os.PathLike[str], prefix: str = PREFIX, keep: Path | None = None
 ) -> None:
-    """Remove the ``<prefix>*`` folders in ``where`` whose process is gone:
-    their ``.lock`` is not held. A folder without one (being made this
+    """Remove the ``<prefix>*`` folders in ``where`` whose process is gone.
+
+    Gone means their ``.lock`` is not held. A folder without one (being made this
     moment, or by an older graphwire) is left alone."""
     fsutil.remove_abandoned(where, glob.escape(prefix) + "*", keep=keep)

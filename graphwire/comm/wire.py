@@ -37,7 +37,8 @@ def bytes_per_row(row_shape: torch.Size, dtype: torch.dtype) -> int:
 
 
 def rows_as_bytes(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """``[rows, *S]`` as ``uint8 [rows, width]`` (a view when contiguous);
+    """``[rows, *S]`` as ``uint8 [rows, width]`` (a view when contiguous).
+
     ``width`` is :func:`bytes_per_row` of its rows."""
     rows = tensor.shape[0]
     if width == 0:

@@ -29,11 +29,12 @@ def child_main(
     pipe: connection.Connection,
     stdio: list[tuple[int, int]],
 ) -> None:
-    """A worker process of :func:`~graphwire.comm.launch.launch_local`: takes
-    on the launcher's environment, standard output and error (``stdio``: the
-    received descriptor and its number), runs ``fn(ctx, *args)`` of ``job``,
-    sends its result or traceback through ``pipe`` and exits (0, or 1 when
-    ``fn`` raised), never outliving ``parent_pid``."""
+    """A worker process of :func:`~graphwire.comm.launch.launch_local`.
+
+    It takes on the launcher's environment, standard output and error
+    (``stdio``: the received descriptor and its number), runs ``fn(ctx, *args)``
+    of ``job``, sends its result or traceback through ``pipe`` and exits (0, or
+    1 when ``fn`` raised), never outliving ``parent_pid``."""
     die_with_parent(parent_pid, forked_by_server=True)
     for received, fd in stdio:  # the launcher's, as a spawned child has them
         _flush_stdio()
@@ -72,8 +73,9 @@ def child_main(
 
 
 def exit_now(code: int) -> None:
-    """End this worker process with ``code`` once its work is done: atexit
-    handlers (logging, multiprocessing finalizers) run as usual, but the
+    """End this worker process with ``code`` once its work is done.
+
+    atexit handlers (logging, multiprocessing finalizers) run as usual, but the
     interpreter's teardown is skipped. Freeing torch's modules takes seconds,
     and gloo's threads can abort it (SIGABRT, "terminate called without an
     active exception") after the run has finished and written its output,

@@ -68,9 +68,10 @@ def check_importable(fn: Callable[..., Any], caller: str) -> None:
 
 
 def check_local_backend(backend: str, world_size: int) -> None:
-    """Refuse NCCL for ``world_size`` ranks on this machine unless it has a
-    GPU for each: rank ``r`` drives ``cuda:r``, and without it each child
-    would fail in ``torch.cuda.set_device``.
+    """Refuse NCCL for ``world_size`` ranks unless this machine has a GPU for each.
+
+    Rank ``r`` drives ``cuda:r``, and without it each child would fail in
+    ``torch.cuda.set_device``.
 
     Raises:
         ValueError: naming the ranks and the GPUs seen.

@@ -18,9 +18,11 @@ from graphwire.sigterm import STOP_SIGNALS
 
 
 class StopAsExit:
-    """While a launcher runs, SIGTERM (what ``timeout`` and job schedulers
-    send) and SIGHUP (its terminal gone) end it as Ctrl-C does: it stops its
-    workers and removes its scratch folder. A Python handler installed
+    """SIGTERM and SIGHUP as an exit of the launcher, while it runs.
+
+    SIGTERM (what ``timeout`` and job schedulers send) and SIGHUP (its terminal
+    gone) end it as Ctrl-C does: it stops its workers and removes its scratch
+    folder. A Python handler installed
     before (the command line's,
     :func:`~graphwire.sigterm.interrupt_on_stop_signals`, which raises
     ``KeyboardInterrupt``) is called first, so its exception is the one that
@@ -42,8 +44,7 @@ class StopAsExit:
             self.before[signum] = before
 
     def hold(self) -> None:
-        """Ignore the signals while the clean-up runs (a second one would cut
-        it)."""
+        """Ignore the signals while the clean-up runs (a second one would cut it)."""
         for signum in self.before:
             signal.signal(signum, signal.SIG_IGN)
 
@@ -61,10 +62,11 @@ def _terminate(before: Any, signum: int, frame: Any) -> None:
 
 
 def die_with_parent(parent_pid: int, forked_by_server: bool = False) -> None:
-    """Ask Linux to SIGKILL this process when its parent, ``parent_pid``,
-    dies (``PR_SET_PDEATHSIG``; elsewhere, nothing); exit at once if it
-    already has. A worker whose launcher was killed would otherwise go on
-    alone, a stray process its peers keep waiting for.
+    """Ask Linux to SIGKILL this process when its parent, ``parent_pid``, dies.
+
+    It uses ``PR_SET_PDEATHSIG`` (elsewhere it does nothing) and exits at once
+    if the parent has died already. A worker whose launcher was killed would
+    otherwise go on alone, a stray process its peers keep waiting for.
 
     With ``forked_by_server``, ``parent_pid`` is the launcher, and the
     parent multiprocessing's fork server

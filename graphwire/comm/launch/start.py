@@ -28,12 +28,14 @@ _STDIO = (1, 2)
 
 
 def start_context(backend: str) -> ForkServerContext | SpawnContext:
-    """How children start: under gloo, forked from multiprocessing's fork
-    server, which has imported :data:`_PRELOAD` (one per launching process,
-    started at its first launch; single-threaded but for torch's idle
-    thread, no process group); under NCCL, or where there is no fork server,
-    spawned. A spawned child imports torch itself, which takes seconds,
-    where a forked one starts in a fraction of one. NCCL runs are spawned so
+    """The context children start in: the fork server under gloo, else spawn.
+
+    Under gloo, children are forked from multiprocessing's fork server, which
+    has imported :data:`_PRELOAD` (one per launching process, started at its
+    first launch; single-threaded but for torch's idle thread, no process
+    group); under NCCL, or where there is no fork server, spawned. A spawned
+    child imports torch itself, which takes seconds, where a forked one starts
+    in a fraction of one. NCCL runs are spawned so
     that no CUDA state can be forked (the server initialises none, but a
     fork after CUDA's initialisation leaves the child unable to use it);
     their start-up is small beside them. Either way a child starts with the
@@ -52,9 +54,10 @@ def start_context(backend: str) -> ForkServerContext | SpawnContext:
 
 
 def start_fork_server(backend: str) -> None:
-    """Start now the fork server that the children of a ``backend`` run of
-    :func:`~graphwire.comm.launch.launch_local` will be forked by
-    (:func:`start_context`; nothing if they will be spawned), so that its
+    """Start now the fork server a ``backend`` run's children will be forked by.
+
+    The children are those of :func:`~graphwire.comm.launch.launch_local`
+    (:func:`start_context`; nothing if they will be spawned). Started now, its
     imports go on while the caller reads and splits its graph: it is started
     at the first launch otherwise, and the launch waits for them."""
     if isinstance(start_context(backend), ForkServerContext):
@@ -63,8 +66,9 @@ def start_fork_server(backend: str) -> None:
 
 
 def start_worker(child: BaseProcess, rank: int, forked: bool) -> None:
-    """``child.start()`` of rank ``rank``, forked by the fork server or
-    spawned (:func:`start_context`), with torch's C++ log quiet."""
+    """``child.start()`` of rank ``rank``, with torch's C++ log quiet.
+
+    The child is forked by the fork server or spawned (:func:`start_context`)."""
     with _quiet_torch_log():
         if forked:
             _start_forked(child, rank)
@@ -132,9 +136,10 @@ def _kill_fork_server() -> None:
 
 
 def passed_stdio(forked: bool) -> list[_InheritedFd]:
-    """The launcher's open standard output and error, for a child of the
-    fork server to put in place of its own; none for a spawned child, which
-    has them already."""
+    """The launcher's open standard output and error, for a forked child to take.
+
+    A child of the fork server puts them in place of its own; a spawned child
+    gets none, as it has them already."""
     return [_InheritedFd(fd) for fd in _STDIO if forked and _is_open(fd)]
 
 

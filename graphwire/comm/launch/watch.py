@@ -32,8 +32,10 @@ class _Failure:
 
 @dataclass
 class Watch:
-    """A launcher's watch over its children: follows every child's pipe and
-    exit sentinel until all are done, one fails, or the deadline passes."""
+    """A launcher's watch over its children.
+
+    It follows every child's pipe and exit sentinel until all are done, one
+    fails, or the deadline passes."""
 
     processes: list[BaseProcess]
     pipes: list[connection.Connection]
@@ -168,8 +170,9 @@ def _describe_exit(code: int | None) -> str:
 
 
 def stop(processes: list[BaseProcess]) -> None:
-    """Terminate every child still running (by PID), SIGKILL after a grace
-    period, and reap them all."""
+    """Terminate every child still running (by PID), and reap them all.
+
+    SIGTERM first, then SIGKILL after a grace period."""
     alive = [p for p in processes if p.is_alive()]
     for process in alive:
         process.terminate()
