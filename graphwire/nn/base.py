@@ -183,8 +183,9 @@ class MessageGraph:
         return int(self.indices.numel())
 
     def dst_rows(self, h_src: torch.Tensor) -> torch.Tensor:
-        """The destinations' own rows of ``h_src`` (float [num_src, ...] ->
-        [num_dst, ...]): the first ``num_dst``, or those ``dst_index`` names."""
+        """The destinations' own rows of ``h_src``: [num_src, ...] -> [num_dst, ...].
+
+        The first ``num_dst``, or those ``dst_index`` names."""
         if self.dst_index is None:
             return h_src[: self.num_dst]
         return h_src.index_select(0, self.dst_index)
@@ -207,8 +208,9 @@ class MessageGraph:
 
     @cached_property
     def sym_norm(self) -> torch.Tensor:
-        """float32 [E]: ``1/sqrt(out_deg(src) * in_deg(dst))`` from this graph's own
-        degrees (zero degrees count as one)."""
+        """float32 [E]: GCN weights ``1/sqrt(out_deg(src) * in_deg(dst))``.
+
+        From this graph's own degrees (zero degrees count as one)."""
         out_deg = self.out_degrees.clamp(min=1).to(torch.float32)
         in_deg = self.in_degrees().clamp(min=1).to(torch.float32)
         return (out_deg[self.indices] * in_deg[self.dst_of_edges]).rsqrt()
@@ -292,8 +294,9 @@ class MessageGraph:
     def heads_adjacency(
         self, values: torch.Tensor, transposed: bool = False
     ) -> torch.Tensor:
-        """Sparse CSR [num_dst * H, num_src * H]: one block of the adjacency per
-        head, row ``d * H + k`` holding row ``d``'s edges with head ``k``'s
+        """Sparse CSR [num_dst * H, num_src * H]: one block of the adjacency per head.
+
+        Row ``d * H + k`` holds row ``d``'s edges with head ``k``'s
         ``values`` [E, H] at columns ``s * H + k``. Times the rows [S, H, F]
         viewed as [S * H, F], it gives every head's product as [D * H, F], the
         view of [D, H, F]: no copy of a head's strided rows, no stack of the

@@ -11,22 +11,18 @@ The hash is SplitMix64's finaliser on int64 tensors (arithmetic wraps mod 2^64;
 the logical right shifts are emulated with a mask). The top 24 bits give a
 uniform in ``[0, 1)`` at float32 resolution.
 
-A dropout mask needs a draw per *entry*, and the full finaliser per entry costs
-about 25 matrix multiplies of the same shape (it dominated a training epoch).
-So the mask hashes each row ID and each column once with SplitMix64, keeping
-the top 32 bits of each (each column's word made odd), and an entry's draw is the
-int32 product ``row_word * column_word`` (mod 2^32), rounded to float32 and
-compared with the drop probability's quantile of int32 rounded alike: one
-multiply, one conversion and one float comparison per entry, in 4-byte words.
+A dropout mask needs a draw per *entry*, and the full finaliser takes many int64
+operations per entry (shifts, XORs, multiplies). So the mask hashes each row ID
+and each column once with SplitMix64, keeping the top 32 bits of each (each
+column's word made odd), and an entry's draw is the int32 product
+``row_word * column_word`` (mod 2^32), rounded to float32 and compared with
+the drop probability's quantile of int32 rounded alike: one multiply, one
+conversion and one float comparison per entry, in 4-byte words.
 For two columns ``j, k`` the draws of a row are ``z`` and ``z * m`` with
 ``m = c_k / c_j`` (mod 2^32) fixed and ``z`` uniform; the top bits of the two
-stay tied only for the rare ``m`` close to a small fraction of 2^32. Measured
-on 200,000 x 128 masks the largest correlation between any two columns is
-0.009, and on 40,000 x 1024 it is 0.024, the noise level of those samples
-(as with the draw this replaced, ``(row_hash XOR column_hash) * odd`` in
-int64, whose int64 multiply and int64-to-float conversion made the draw
-about 3x as slow and the whole dropout 1.5-2x; the same XOR in int32 ties
-pairs of columns whose hashes share their low bits: a correlation of 0.18).
+stay tied only for the rare ``m`` close to a small fraction of 2^32. (An XOR
+of the two hashes in int32 would tie pairs of columns whose hashes share their
+low bits.)
 
 GAT's attention dropout (:func:`hashed_edge_dropout`) draws per (edge, head):
 an edge's "row hash" is SplitMix64 of its source's hash XOR its destination's
@@ -142,8 +138,7 @@ def _draw(z: torch.Tensor, out: torch.Tensor, p: float) -> torch.Tensor:
     the drop rate by at most 2^-24 from ``p``, and for ``p = 0.5`` the mask
     is exactly ``z >= 0``. Float ops throughout: a comparison into a bool
     tensor, and a float times a bool, each cost more than the whole float
-    path (measured on 122,000 x 100 in one thread: the mask 30-35% faster
-    than through bool).
+    path.
     """
     out.copy_(z)
     return out.ge_(_threshold(p))
@@ -159,14 +154,12 @@ def _dense_dropout(
     """``h [n, F] * keep / (1 - p)``, entry ``(i, j)`` drawn from
     ``row_hash[i] * column_hash[j]`` (int32 words).
 
-    The draws are made a block of rows at a time: drawn whole, they were a
-    fresh n x F buffer per call, and on a 60,000 x 100 input its page faults
-    made the call three times as slow (int64 draws, then). An ``h`` that
-    needs a gradient gets a float mask of ``0`` and ``1 / (1 - p)``, which
-    autograd keeps for the backward. Any other ``h`` is multiplied block by block while
-    the block's mask is still in the cache, with no whole mask at all
-    (measured 1.3-1.5x faster on a 122,000 x 100 input, 1.1x on 50,000 x
-    128, one thread). Both give the same values. ``out``, for an ``h`` that
+    The draws are made a block of rows at a time: drawn whole, they would be a
+    fresh n x F buffer per call, whose page faults slow the call down. An
+    ``h`` that needs a gradient gets a float mask of ``0`` and ``1 / (1 - p)``,
+    which autograd keeps for the backward. Any other ``h`` is multiplied block
+    by block while the block's mask is still in the cache, with no whole mask
+    at all. Both give the same values. ``out``, for an ``h`` that
     needs no gradient, receives the result (else a new tensor does).
     """
     rows = max(1, _MASK_BLOCK // max(1, h.shape[1]))

@@ -1,5 +1,6 @@
-"""Per-edge operations on a :class:`~graphwire.nn.base.MessageGraph`: the
-dot products of each edge's two ends, and a softmax over each destination's
+"""Per-edge operations on a :class:`~graphwire.nn.base.MessageGraph`.
+
+The dot products of each edge's two ends, and a softmax over each destination's
 in-edges.
 
 Edges are in the graph's CSR order (E edges, H heads, F features).
@@ -19,8 +20,9 @@ _DOTS_BLOCK = 1 << 14
 
 
 def edge_dots(mg: MessageGraph, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per edge ``e`` of ``mg`` (CSR order), ``<a[dst(e)], b[src(e)]>``, per
-    head for 3-D rows: the gradient of an aggregation's edge weights (a
+    """Per edge ``e`` of ``mg`` (CSR order), ``<a[dst(e)], b[src(e)]>``.
+
+    Per head for 3-D rows: the gradient of an aggregation's edge weights (a
     sampled dense-dense product).
 
     float32 and float64 on CPU go through ``torch.sparse.sampled_addmm`` on

@@ -88,8 +88,9 @@ class GCNConv(ProjectsToOutput, nn.Module):
         return mg.edge_weight if mg.edge_weight is not None else mg.sym_norm
 
     def finish(self, agg: torch.Tensor, h_dst: torch.Tensor | None) -> torch.Tensor:
-        """What propagate() applies to the weighted sum: the bias (``h_dst``
-        unused)."""
+        """What propagate() applies to the weighted sum: the bias.
+
+        ``h_dst`` is unused."""
         return agg + self.bias if self.bias is not None else agg
 
     def forward(self, mg: MessageGraph, h_src: torch.Tensor) -> torch.Tensor:

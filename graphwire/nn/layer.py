@@ -1,5 +1,6 @@
-"""What the GNN layers share: the check of their sizes, and the mixin that
-tells whether a layer projects its rows before aggregating them."""
+"""What the GNN layers share: a size check, and a mixin for projecting first.
+
+The mixin tells whether a layer projects its rows before aggregating them."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ __all__ = ["ProjectsToOutput", "check_size"]
 
 
 def check_size(value: Any, name: str) -> int:
-    """``value`` as a plain int if it is a valid width or count (an integer
-    >= 1); ``ValueError`` naming ``name`` otherwise. A width of 0 builds a
-    model whose output is a constant (its bias), and a negative one fails
-    deep in torch, so layers and ``build_model`` check their sizes first."""
+    """``value`` as a plain int if it is a valid width or count (an integer >= 1).
+
+    Otherwise ``ValueError`` naming ``name``. A width of 0 builds a model whose
+    output is a constant (its bias), and a negative one fails deep in torch, so
+    layers and ``build_model`` check their sizes first."""
     if not is_int(value) or value < 1:
         raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
     return int(value)
@@ -43,8 +45,9 @@ class ProjectsToOutput:
 
     @property
     def transforms_sources(self) -> bool:
-        """Whether ``forward`` transforms every source row (work per source
-        row) rather than only aggregating them (work per edge): a caller may
-        hand a layer that does not a whole table of rows as its sources, with
+        """Whether ``forward`` transforms every source row, not only aggregates them.
+
+        That is work per source row rather than per edge. A caller may hand a
+        layer that does not a whole table of rows as its sources, with
         ``MessageGraph.dst_index``, instead of gathering the rows it reads."""
         return self.projects_first

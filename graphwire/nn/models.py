@@ -2,14 +2,16 @@
 
 The model is written against :class:`~graphwire.nn.base.MessageGraph` only, so
 the same module trains on a full graph (the same MessageGraph for every layer),
-on sampled blocks (block ``l`` for layer ``l``, input layer first) and, later, in
-distributed engines that pass a ``fetch`` hook appending halo rows.
+on sampled blocks (block ``l`` for layer ``l``, input layer first) and in
+distributed engines, through the hooks of :meth:`GNN.forward` (``fetch`` appends
+halo rows; ``run_layer`` and ``run_layers`` run the layers in pieces).
 
 Layer ``l`` runs::
 
     h     = dropout(h)                       # input_dropout for l = 0
     h_src = fetch(l, h) if fetch else h      # [num_src_l, width_l]
     h     = layer_l(mgs[l], h_src)           # [num_dst_l, width_{l+1}]
+    h     = activation(h)                    # all but the last layer
 
 Dropout comes before ``fetch`` so a row is dropped once, by its owner, and every
 consumer sees the same row (as in a single process). With ``dropout_seed`` the
@@ -17,7 +19,6 @@ mask is hashed from (seed, layer, global row ID) and equal on every process
 (:mod:`graphwire.nn.dropout`); without it, dropout draws from torch's generator.
 GAT's attention dropout is hashed likewise, from (seed, layer, source ID,
 destination ID, head), when :func:`layer_call_kwargs` passes the layer a seed.
-    h     = activation(h)                    # all but the last layer
 
 Layer kinds are registered by name in :data:`LAYER_KINDS`, each with the graph it
 expects (:meth:`LayerKind.prepare`): GCN aggregates over ``A + I`` with
@@ -146,8 +147,8 @@ def feature_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Dropout that draws random numbers only for the non-zero entries of ``x``.
 
     Same distribution as ``F.dropout`` (a zero stays zero either way), but input
-    features are often sparse (Cora: 1.3% non-zero) and drawing one random
-    number per entry dominated a full-graph GCN epoch. Dense inputs (over a
+    features are often sparse (Cora: 1.3% non-zero), where one random number per
+    entry would be drawn mostly for zeros. Dense inputs (over a
     quarter non-zero) go to ``F.dropout``, and so does an ``x`` that needs a
     gradient: a zero entry passes it on only where it is kept.
 
@@ -174,7 +175,8 @@ def feature_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 class Projecting(Protocol):
-    """A layer that splits into a row-wise projection and the rest:
+    """A layer that splits into a row-wise projection and the rest.
+
     ``forward(mg, h_src) == propagate(mg, project(h_src), mg.dst_rows(h_src))``."""
 
     message_width: int
@@ -192,15 +194,16 @@ class Projecting(Protocol):
 
 
 def projecting(layer: nn.Module) -> Projecting | None:
-    """``layer`` as :class:`Projecting` when :func:`projects_first` holds,
-    else None."""
+    """``layer`` as :class:`Projecting` when :func:`projects_first` holds, else None."""
     return cast(Projecting, layer) if projects_first(layer) else None
 
 
 class SumsSources(Projecting, Protocol):
-    """A :class:`Projecting` layer whose ``propagate(mg, m_src, h_dst)`` is
-    ``finish(A m_src, h_dst)``, ``A`` [num_dst, num_src] holding
-    ``edge_weights(mg)`` (float [E], CSR order) and ``finish`` row-wise: the
+    """A :class:`Projecting` layer whose propagate is a weighted sum, then a finish.
+
+    Its ``propagate(mg, m_src, h_dst)`` is ``finish(A m_src, h_dst)``, ``A``
+    [num_dst, num_src] holding ``edge_weights(mg)`` (float [E], CSR order) and
+    ``finish`` row-wise: the
     weighted sum splits over any grouping of the source rows, so a caller may
     sum the rows it has while others are still on their way (GCN's ``Â m +
     b``; GraphSAGE's neighbour mean, then its root term and bias)."""
@@ -211,8 +214,9 @@ class SumsSources(Projecting, Protocol):
 
 
 def sums_sources(layer: nn.Module) -> SumsSources | None:
-    """``layer`` as :class:`SumsSources` when it projects first and says
-    ``sums_sources``, else None."""
+    """``layer`` as :class:`SumsSources`, or None.
+
+    It is one when it projects first and says ``sums_sources``."""
     if not getattr(layer, "sums_sources", False) or not projects_first(layer):
         return None
     return cast(SumsSources, layer)

@@ -73,13 +73,16 @@ class SAGEConv(ProjectsToOutput, nn.Module):
     sums_sources = True
 
     def edge_weights(self, mg: MessageGraph) -> torch.Tensor:
-        """float32 [E]: the mean's weight of every edge of ``mg``,
-        ``1 / in_degree(dst)``, in CSR order."""
+        """float32 [E]: the mean's weight of every edge of ``mg``, in CSR order.
+
+        The weight is ``1 / in_degree(dst)``."""
         return mg.mean_weight
 
     def finish(self, agg: torch.Tensor, h_dst: torch.Tensor | None) -> torch.Tensor:
-        """What propagate() applies to the neighbour mean ``agg`` [num_dst,
-        out_dim]: the root term of ``h_dst`` [num_dst, in_dim] and the bias."""
+        """What propagate() applies to the neighbour mean: the root term and bias.
+
+        ``agg`` [num_dst, out_dim] is the mean; the root term is of ``h_dst``
+        [num_dst, in_dim]."""
         if h_dst is None:
             raise ValueError("SAGEConv.propagate: needs h_dst, the root term's rows")
         return self._combine(h_dst, agg)

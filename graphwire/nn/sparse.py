@@ -1,5 +1,6 @@
-"""Sparse CSR tensors: building them, their product with dense rows, and
-the index of an adjacency expanded to several heads.
+"""Sparse CSR tensors: building them, products with dense rows, per-head indices.
+
+The per-head index is that of an adjacency expanded to several heads.
 
 These work on torch's CSR tensors alone; :class:`~graphwire.nn.base.MessageGraph`
 builds its adjacencies with them.
@@ -20,8 +21,10 @@ __all__ = ["HeadsIndex", "heads_index", "sparse_csr", "spmm"]
 def sparse_csr(
     crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]
 ) -> torch.Tensor:
-    """Sparse CSR ``size`` (torch's beta warning silenced; invariants unchecked:
-    callers build valid arrays)."""
+    """A sparse CSR tensor of ``size`` from ``crow``, ``col`` and ``values``.
+
+    torch's beta warning is silenced; invariants are unchecked: callers build
+    valid arrays."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
         return torch.sparse_csr_tensor(
@@ -30,8 +33,9 @@ def sparse_csr(
 
 
 def spmm(a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """``a @ h`` for a sparse CSR ``a`` [n, m] and a dense ``h`` [m, w]: the
-    values ``torch.sparse.mm`` gives, bit for bit, in a new tensor.
+    """``a @ h`` for a sparse CSR ``a`` [n, m] and a dense ``h`` [m, w].
+
+    The values ``torch.sparse.mm`` gives, bit for bit, in a new tensor.
 
     On CPU the product is written by ``addmm`` with ``beta=0`` straight into
     an uninitialised result, one pass over the output where
@@ -48,8 +52,9 @@ def spmm(a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class HeadsIndex:
-    """The index arrays of an adjacency expanded to H heads
-    (:meth:`MessageGraph.heads_adjacency`): ``crow`` [R * H + 1] and ``col``
+    """The index arrays of an adjacency expanded to H heads.
+
+    For :meth:`MessageGraph.heads_adjacency`: ``crow`` [R * H + 1] and ``col``
     [E * H] of the expanded CSR, and ``order`` [E * H], the entry of the
     values [E, H] (flattened) each expanded entry takes."""
 
@@ -61,8 +66,9 @@ class HeadsIndex:
 def heads_index(
     crow: torch.Tensor, col: torch.Tensor, num_cols: int, heads: int
 ) -> HeadsIndex:
-    """The CSR ``crow``/``col`` (R rows, E entries) expanded to ``heads``
-    blocks: row ``r * H + k`` holds row ``r``'s entries in their order, at
+    """The CSR ``crow``/``col`` (R rows, E entries) expanded to ``heads`` blocks.
+
+    Row ``r * H + k`` holds row ``r``'s entries in their order, at
     columns ``c * H + k``, with the values of head ``k``. Entry ``(e, k)``
     lands at ``H * crow[r] + k * deg(r) + (e - crow[r])``; built a head at a
     time, so that no [E, H] int64 array is ever held."""
