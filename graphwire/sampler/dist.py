@@ -75,8 +75,9 @@ class OwnedCSR:
     def sample(
         self, dst_nid: torch.Tensor, fanout: int, seed: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``(counts [n], sources [E], eid [E], weight [E] | None)`` of owned
-        ``dst_nid``, edges in node order."""
+        """The sampled in-edges of owned ``dst_nid``, edges in node order.
+
+        Returns ``(counts [n], sources [E], eid [E], weight [E] | None)``."""
         rows = dst_nid - self.start
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= self.num_owned):
             raise ValueError(

@@ -1,5 +1,6 @@
-"""RapidGNN's presampled schedule: every batch of the run, sampled before
-training and streamed to disk, read back memory-mapped.
+"""RapidGNN's presampled schedule: every batch of the run, sampled before training.
+
+The batches are streamed to disk and read back memory-mapped.
 
 Because every batch's seeds are hashed from ``(s0, worker, epoch, batch)``
 (the mini-batch schedule), the blocks of the whole run are known
@@ -132,10 +133,11 @@ def presample_epoch(
 
 
 def lock_rank_folder(folder: Path, rank: int) -> IO[str] | None:
-    """Hold an exclusive lock on ``folder/.lock`` (made if missing) until
-    the returned file is closed or the process ends: two runs given one
-    ``--presample-dir`` would replace each other's epochs under the reader.
-    None where the file system has no locks.
+    """Hold an exclusive lock on ``folder/.lock`` until the returned file is closed.
+
+    The lock file is made if missing; the lock also ends with the process. Two
+    runs given one ``--presample-dir`` would replace each other's epochs under
+    the reader. None where the file system has no locks.
 
     Raises:
         ValueError: another live process holds the lock.

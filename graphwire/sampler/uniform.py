@@ -244,9 +244,11 @@ def sampled_weights(
     block_indptr: torch.Tensor,
     pos: torch.Tensor,
 ) -> torch.Tensor:
-    """The weights of the edges :func:`sample_rows` kept, each times its row's
-    in-degree over the edges the row kept: unbiased estimates of the row's
-    weighted sums (exactly the weights where a row kept every edge).
+    """The weights of the edges :func:`sample_rows` kept, scaled to unbiased sums.
+
+    Each is times its row's in-degree over the edges the row kept: unbiased
+    estimates of the row's weighted sums (exactly the weights where a row kept
+    every edge).
 
     Args:
         weight: float32 [e], the CSR's edge weights.
@@ -270,8 +272,10 @@ def layer_seed(batch_seed: int, layer: int) -> int:
 
 
 def check_fanouts(fanouts: Sequence[int]) -> list[int]:
-    """``fanouts`` as plain ints: one or more integers (numpy integers too,
-    not bools), each in ``[1, MAX_FANOUT]`` or ``-1`` (all neighbours).
+    """``fanouts`` as plain ints, each in ``[1, MAX_FANOUT]`` or ``-1``.
+
+    One or more integers (numpy integers too, not bools); ``-1`` takes all
+    neighbours.
 
     Raises:
         ValueError: naming ``fanouts`` and what was found (a fraction was
@@ -290,8 +294,10 @@ def check_fanouts(fanouts: Sequence[int]) -> list[int]:
 
 
 def check_batch_seed(seed: object, name: str) -> int:
-    """``seed`` as a plain int: any integral number (``operator.index``: an
-    int, a numpy integer, a 0-d integer tensor), not a bool.
+    """``seed`` as a plain int: any integral number, not a bool.
+
+    Integral as ``operator.index`` takes it: an int, a numpy integer, a 0-d
+    integer tensor.
 
     Raises:
         ValueError: naming ``name`` and what was found.
@@ -308,9 +314,9 @@ def check_batch_seed(seed: object, name: str) -> int:
 
 
 def check_seeds(seeds: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """``seeds`` as int64, checked as :class:`Graph` checks its splits: integer
-    IDs (not a boolean mask, not floats), 1-D, in ``[0, num_nodes)``; and
-    distinct.
+    """``seeds`` as int64, checked as :class:`Graph` checks its splits, and distinct.
+
+    Integer IDs (not a boolean mask, not floats), 1-D, in ``[0, num_nodes)``.
 
     Raises:
         GraphError: (a ``ValueError``) naming ``seeds`` and what was wrong.
@@ -367,8 +373,7 @@ def relabel(
     """
     dtype = slot.dtype
     num_dst = dst_nid.numel()
-    # scatter_/index_select rather than advanced indexing: several times
-    # faster on CPU.
+    # scatter_/index_select rather than advanced indexing: faster on CPU.
     slot.scatter_(0, dst_nid, torch.arange(num_dst, dtype=dtype))
     local = slot.index_select(0, src_global)
     is_new = local < 0
