@@ -74,8 +74,9 @@ def _check_index(index: Any, bound: int, name: str, what: str) -> torch.Tensor:
 
 
 def check_dims(dims: Any, dim: int) -> torch.Tensor | None:
-    """``dims`` if ``None`` or a non-empty 1-D int64 tensor of distinct
-    columns in ``[0, dim)``.
+    """``dims`` if ``None`` or a non-empty 1-D int64 tensor of distinct columns.
+
+    The columns must lie in ``[0, dim)``.
 
     Raises:
         ValueError: naming what was expected and what was found.

@@ -90,9 +90,10 @@ class HotCache:
         self.swap(epoch)
 
     def build(self, epoch: int, hot_ids: torch.Tensor, background: bool = True) -> None:
-        """Build ``epoch``'s buffer from its ranked hot IDs (the first ``n_hot``
-        distinct ones: a repeat keeps its first rank) in the buffer the steady
-        one is not; rows the steady buffer holds are copied, the others
+        """Build ``epoch``'s buffer from its ranked hot IDs, in the non-steady buffer.
+
+        The buffer holds the first ``n_hot`` distinct hot IDs (a repeat keeps
+        its first rank); rows the steady buffer holds are copied, the others
         pulled (one request per owner).
 
         Args:
@@ -159,8 +160,9 @@ class HotCache:
                 self._cond.notify_all()
 
     def swap(self, epoch: int) -> None:
-        """Make ``epoch``'s buffer steady: waits until it is complete (the
-        trainer calls this at the epoch boundary, before the next build).
+        """Make ``epoch``'s buffer steady, waiting until it is complete.
+
+        The trainer calls this at the epoch boundary, before the next build.
 
         Raises:
             ValueError: no buffer holds ``epoch`` or is being built for it.
@@ -179,9 +181,10 @@ class HotCache:
     def lookup(
         self, nid: torch.Tensor, epoch: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(hit bool [n], rows [hits, F])`` of ``nid`` in the buffer of
-        ``epoch`` (default: the steady one), waiting until it is complete
-        (also for an epoch whose build has not started yet).
+        """``(hit bool [n], rows [hits, F])`` of ``nid`` in ``epoch``'s buffer.
+
+        ``epoch`` defaults to the steady buffer's. Waits until the buffer is
+        complete (also for an epoch whose build has not started yet).
 
         Raises:
             RuntimeError: nothing was filled or built yet, so no buffer will
@@ -203,9 +206,10 @@ class HotCache:
         self._join_builder()
 
     def close(self) -> None:
-        """Serve no more lookups or swaps: those waiting for a buffer (and any
-        later ones) raise RuntimeError. A background build goes on to its end
-        (:meth:`wait_built`)."""
+        """Serve no more lookups or swaps.
+
+        Those waiting for a buffer (and any later ones) raise RuntimeError. A
+        background build goes on to its end (:meth:`wait_built`)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -224,8 +228,7 @@ class HotCache:
         which the trainer calls whatever ends its run. A prefetcher Q batches
         ahead looks up epoch e+2 while the trainer still evaluates epoch e,
         before e+1's build starts: that wait is as long as the evaluation and
-        checkpoint take (a fixed 600 s deadline failed runs that were going
-        well)."""
+        checkpoint take, so no fixed deadline fits it."""
         waited = False
         with self._cond:
             while True:
@@ -295,8 +298,9 @@ def assemble_inputs(
     kind: str,
     epoch: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, int]]:
-    """Input features of one batch: cache first, then local rows, then one
-    pull per owner for the rest.
+    """Input features of one batch: cache, then local rows, then pulls for the rest.
+
+    The rest is pulled with one request per owner.
 
     Returns:
         ``(x float32 [len(nid), F], counts)`` with ``cache_hits``,
@@ -324,8 +328,9 @@ def assemble_inputs(
 
 
 def from_thread(what: str, error: BaseException) -> Exception:
-    """The error a background thread met, to raise on the trainer's: a
-    :class:`TransportError` stays one (a peer died or hung: the launcher
+    """The error a background thread met, to raise on the trainer's thread.
+
+    A :class:`TransportError` stays one (a peer died or hung: the launcher
     blames that peer, not this rank), anything else is a RuntimeError."""
     kind = TransportError if isinstance(error, TransportError) else RuntimeError
     raised = kind(f"{what}: {error}")

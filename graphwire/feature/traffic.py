@@ -53,9 +53,11 @@ _REQUEST_TAGS = frozenset(f"{tag}.req" for tag in _ANSWER_TAGS)
 
 
 def fetch_traffic(snapshot: dict[str, Any]) -> tuple[int, int]:
-    """``(bytes, messages)`` of this rank's feature fetches as a client
-    (:data:`FETCH_KINDS`, as :func:`fetched_rows` counts their rows): its
-    ``kv.<kind>.req`` requests sent and the ``kv.<kind>`` answers it received.
+    """``(bytes, messages)`` of this rank's feature fetches as a client.
+
+    The fetches are those of :data:`FETCH_KINDS`, as :func:`fetched_rows`
+    counts their rows: its ``kv.<kind>.req`` requests sent and the
+    ``kv.<kind>`` answers it received.
     """
     requests = [r for r in snapshot["sent"] if r[2] in _REQUEST_TAGS]
     answers = [r for r in snapshot["recv"] if r[2] in _ANSWER_TAGS]
@@ -64,8 +66,9 @@ def fetch_traffic(snapshot: dict[str, Any]) -> tuple[int, int]:
 
 
 def fetched_rows(stats: dict[str, dict[str, Any]]) -> int:
-    """Rows a store has pulled from other ranks (:data:`FETCH_KINDS`), from
-    its :meth:`~graphwire.feature.base.FeatureStore.stats`."""
+    """Rows a store has pulled from other ranks (:data:`FETCH_KINDS`).
+
+    Read from its :meth:`~graphwire.feature.base.FeatureStore.stats`."""
     return sum(int(stats[kind]["remote_rows"]) for kind in FETCH_KINDS if kind in stats)
 
 
