@@ -36,8 +36,9 @@ print(json.dumps(dict(nodes=graph.num_nodes, edges=graph.num_edges,
 
 
 class GeneratorFailed(RuntimeError):
-    """The process generating the graph failed; the message says how (its
-    error's last line, or the signal that killed it)."""
+    """The process generating the graph failed.
+
+    The message says how: its error's last line, or the signal that killed it."""
 
 
 def run(options: BenchOptions) -> dict[str, Any]:

@@ -18,8 +18,9 @@ TARGET_NODES = 1_000_000
 
 @dataclass(kw_only=True, slots=True)
 class BenchOptions:
-    """What every benchmark reads (``graphwire bench --help`` says what each
-    one does with them).
+    """The options every benchmark reads.
+
+    ``graphwire bench --help`` says what each one does with them.
 
     Attributes:
         nodes: nodes of the synthetic products-like graph, 100 to 2**31
@@ -62,8 +63,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 
 
 def target_note(options: BenchOptions) -> str:
-    """What a printed target line adds when the graph is not the size the
-    targets are set for (a figure on a small graph does not meet or miss one)."""
+    """What a printed target line adds when the graph is not the targets' size.
+
+    The targets are set for :data:`TARGET_NODES` nodes; a figure on a small
+    graph does not meet or miss one."""
     if options.nodes == TARGET_NODES:
         return ""
     return f"; the targets are for {TARGET_NODES:,} nodes"
