@@ -94,8 +94,9 @@ def kill_namespace(
 
 
 def delete_namespace(name: str, ip: str) -> None:
-    """Delete ``name``; one that does not exist (an interrupt came before
-    ``ip netns add`` made it) is already gone."""
+    """Delete namespace ``name``; one that does not exist is already gone.
+
+    It may not exist when an interrupt came before ``ip netns add`` made it."""
     try:
         run_or_raise([ip, "netns", "del", name])
     except RuntimeError:
@@ -105,10 +106,12 @@ def delete_namespace(name: str, ip: str) -> None:
 
 
 def hold_stop_signals() -> None:
-    """Make SIGTERM and SIGHUP interrupt
-    (:func:`graphwire.sigterm.interrupt_on_stop_signals`) until
-    :func:`release_stop_signals`, each where it has its default (which
-    deletes no namespace) and this is the main thread; else leave it be."""
+    """Make SIGTERM and SIGHUP interrupt until :func:`release_stop_signals`.
+
+    Each signal is taken over as
+    :func:`graphwire.sigterm.interrupt_on_stop_signals` does, where it has its
+    default (which deletes no namespace) and this is the main thread; else it
+    is left be."""
     if _HELD:
         return
     before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
@@ -121,8 +124,10 @@ def hold_stop_signals() -> None:
 
 
 def release_stop_signals() -> None:
-    """Put the defaults back once no namespace is live, for each signal
-    whose handler is still the one :func:`hold_stop_signals` installed."""
+    """Put the stop signals' defaults back once no namespace is live.
+
+    Only for each signal whose handler is still the one
+    :func:`hold_stop_signals` installed."""
     if LIVE or not _HELD:
         return
     if threading.current_thread() is not threading.main_thread():

@@ -1,6 +1,8 @@
-"""`ShapedNetwork`: a network namespace whose loopback is bandwidth-shaped,
-with its :class:`ShapeConfig`, and :func:`netns_available` to tell whether
-one can be made here. See the package doc for the shaping modes.
+"""`ShapedNetwork`: a network namespace whose loopback is bandwidth-shaped.
+
+The module also holds its :class:`ShapeConfig`, and :func:`netns_available`
+to tell whether one can be made here. See the package doc for the shaping
+modes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""`tcp_stream`: one timed TCP stream between two processes in a namespace,
-to check that a :class:`~graphwire.testing.netns.ShapedNetwork` shapes what
+"""`tcp_stream`: one timed TCP stream between two processes in a namespace.
+
+It checks that a :class:`~graphwire.testing.netns.ShapedNetwork` shapes what
 it should (run it before a benchmark)."""
 
 from __future__ import annotations
