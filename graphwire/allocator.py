@@ -6,12 +6,9 @@ passes the *trim threshold*. The mmap threshold starts at 128 KiB and rises as
 large blocks are freed, but never above 32 MiB. A training epoch allocates and
 frees tensors of the same large sizes at every layer (features, messages,
 G3's bins, dropout masks), so above the threshold each allocation's pages are
-faulted in and zeroed again. On the benchmark graph (200,000 nodes, 4 workers,
-8 epochs and their set-up) a G3 run took 1.51 million page faults and a halo
-run 1.28 million; with both thresholds at 1 GiB, 0.91 and 0.75 million, with
-the largest worker's peak memory 975 MiB against 982 (G3) and 827 against
-794 (halo). PyTorch's CPU tuning advice (jemalloc or tcmalloc) is for the same
-reuse; this needs no other library.
+faulted in and zeroed again. Raising both thresholds keeps those blocks for
+reuse instead, with little change to peak memory. PyTorch's CPU tuning advice
+(jemalloc or tcmalloc) is for the same reuse; this needs no other library.
 
 Kept apart from :mod:`graphwire.comm.launch` so that the command line can call
 it without importing torch.
@@ -38,9 +35,10 @@ _USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def user_set_allocator() -> str | None:
-    """What says the user chose the allocator's behaviour themselves, if
-    anything: glibc's own variables or tunables, or another allocator
-    preloaded (jemalloc, tcmalloc, mimalloc)."""
+    """What says the user chose the allocator's behaviour themselves, if anything.
+
+    glibc's own variables or tunables, or another allocator preloaded
+    (jemalloc, tcmalloc, mimalloc)."""
     for name in _USER_VARIABLES:
         if name in os.environ:
             return name
@@ -52,8 +50,7 @@ def user_set_allocator() -> str | None:
 
 
 def check_keep_freed_mb(mb: int) -> None:
-    """Raises ValueError unless ``mb`` is an int from 0 to
-    :data:`MAX_KEEP_FREED_MB`."""
+    """Raises ValueError unless ``mb`` is an int from 0 to :data:`MAX_KEEP_FREED_MB`."""
     if isinstance(mb, bool) or not isinstance(mb, int):
         raise ValueError(f"keep_freed_mb: expected an int, got {mb!r}")
     if not 0 <= mb <= MAX_KEEP_FREED_MB:
@@ -85,7 +82,7 @@ def keep_freed_memory(mb: int) -> bool:
     libc = ctypes.CDLL(None)
     size = mb << 20
     # The mmap threshold first: a trim threshold set alone stops the mmap
-    # one rising, and more blocks than before were mapped and unmapped.
+    # one rising, and more blocks than before would be mapped and unmapped.
     if not libc.mallopt(_M_MMAP_THRESHOLD, size):
         return False
     return bool(libc.mallopt(_M_TRIM_THRESHOLD, size))

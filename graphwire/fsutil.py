@@ -153,10 +153,12 @@ def _replace_dir(new: Path, target: Path) -> None:
 
 
 def lock_folder(folder: Path) -> IO[str] | None:
-    """Hold an exclusive lock on ``folder/.lock`` until the returned file is
-    closed (or the process dies): :func:`remove_abandoned` leaves the folder
-    alone meanwhile. ``folder`` must be new. None where the file system has
-    no locks; then ``folder`` has no ``.lock`` and is never removed."""
+    """Hold an exclusive lock on ``folder/.lock`` until the returned file is closed.
+
+    The lock also ends when the process dies; :func:`remove_abandoned` leaves
+    the folder alone meanwhile. ``folder`` must be new. None where the file
+    system has no locks; then ``folder`` has no ``.lock`` and is never
+    removed."""
     lock = open(folder / f"{_LOCK}.new", "w")  # noqa: SIM115 - the caller's
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: never waits
@@ -176,11 +178,12 @@ def remove_abandoned(
     *,
     files: bool = False,
 ) -> None:
-    """Remove the folders that match ``pattern`` in ``where`` and whose writer
-    is gone: their ``.lock`` is not held; with ``files``, the files instead,
-    those not locked themselves. A folder without ``.lock`` (being made this
-    moment, or on a file system without locks) is left alone, as is whatever
-    cannot be locked."""
+    """Remove the folders that match ``pattern`` in ``where`` and whose writer is gone.
+
+    Gone: their ``.lock`` is not held; with ``files``, the files instead, those
+    not locked themselves. A folder without ``.lock`` (being made this moment,
+    or on a file system without locks) is left alone, as is whatever cannot be
+    locked."""
     for path in Path(where).glob(pattern):
         if path == keep or path.is_symlink() or path.is_dir() == files:
             continue
@@ -246,7 +249,9 @@ def check_replaceable(
 def check_creatable(
     target: str | os.PathLike[str], name: str, *, file: bool = False
 ) -> None:
-    """``target`` must be a folder, or a path where one can be made; with
+    """Refuse a ``target`` that cannot be written: a folder, or with ``file`` a file.
+
+    ``target`` must be a folder, or a path where one can be made; with
     ``file``, a file (written beside, then renamed: :func:`atomic_file`), not
     a folder, whose folder can be made.
 
@@ -374,16 +379,18 @@ _NPY_LOCK = threading.Lock()
 def load_npy(
     path: str | os.PathLike[str], mmap_mode: Literal["r", "c"] | None = None
 ) -> Any:
-    """``np.load(path, mmap_mode, allow_pickle=False)``, one thread at a time
-    (the header's parse is not thread-safe on CPython 3.11); an ``.npz``
-    gives its archive, as ``np.load`` does."""
+    """``np.load(path, mmap_mode, allow_pickle=False)``, one thread at a time.
+
+    The header's parse is not thread-safe on CPython 3.11; an ``.npz`` gives
+    its archive, as ``np.load`` does."""
     with _NPY_LOCK:
         return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
 
 
 def write_failed(path: str | os.PathLike[str], error: OSError) -> OSError:
-    """``error``, raised writing ``path``, as one that names the file: a
-    write or flush that fails (a full disk, a file size limit) says only
+    """``error``, raised writing ``path``, as one that names the file.
+
+    A write or flush that fails (a full disk, a file size limit) says only
     ``[Errno 28] No space left on device``, and numpy's short write only
     ``N requested and M written``.
 

@@ -6,8 +6,9 @@ __all__ = ["format_bytes"]
 
 
 def format_bytes(num_bytes: float) -> str:
-    """``num_bytes`` for people: B below 1000, else KiB, MiB, GiB or TiB to
-    three significant digits (``512 B``, ``14.4 KiB``, ``4.27 MiB``)."""
+    """``num_bytes`` for people: B below 1000, else KiB, MiB, GiB or TiB.
+
+    To three significant digits (``512 B``, ``14.4 KiB``, ``4.27 MiB``)."""
     value = float(num_bytes)
     if abs(value) < 999.5:
         return f"{value:.0f} B"
