@@ -148,8 +148,9 @@ class Engine(ABC):
         return self.part.orig_nid
 
     def prepare(self, model: nn.Module) -> None:
-        """Called once in set-up with the model, before the first forward:
-        build what depends on its layers and does not change between epochs
+        """Called once in set-up with the model, before the first forward.
+
+        Build what depends on its layers and does not change between epochs
         (default: nothing), so that epoch 0 times training, not planning."""
         del model  # halo and replicate plan everything from the part alone
 
@@ -194,9 +195,10 @@ class Engine(ABC):
         h_dst: torch.Tensor | None,
         src_ids: torch.Tensor,
     ) -> torch.Tensor:
-        """``layer.propagate(mg, m_src, h_dst)``: the layer on rows its owners
-        projected (:meth:`exchanged_projection`), with hashed attention
-        dropout where it applies (as :meth:`call_layer`).
+        """``layer.propagate(mg, m_src, h_dst)``: the layer on owner-projected rows.
+
+        The rows are those of :meth:`exchanged_projection`; hashed attention
+        dropout applies where it does in :meth:`call_layer`.
 
         Args:
             m_src: float [mg.num_src, layer.message_width], ``layer.project``
@@ -256,9 +258,10 @@ class Engine(ABC):
         return plans
 
     def check_output_grad(self, grad: torch.Tensor) -> None:
-        """Raise if the output rows' gradient ``grad`` [num_owned, C] is
-        nonzero outside ``loss_rows``: :meth:`grad_plans` would drop part of
-        the halo rows' gradients. Only the ranks that find such rows raise;
+        """Raise if the output rows' gradient ``grad`` is nonzero outside ``loss_rows``.
+
+        ``grad`` is [num_owned, C]; :meth:`grad_plans` would drop part of the
+        halo rows' gradients. Only the ranks that find such rows raise;
         their peers then stop at the transport's timeout (or sooner, when
         the failed worker's process ends)."""
         outside = self._outside_loss
@@ -273,8 +276,9 @@ class Engine(ABC):
     def cached_input_halo(
         self, rows: torch.Tensor | None = None, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The halo's input rows after the model's input dropout (``cache_input``):
-        all of them, or those at halo positions ``rows``; written into ``out``
+        """The halo's input rows after the model's input dropout (``cache_input``).
+
+        All of them, or those at halo positions ``rows``; written into ``out``
         when given.
 
         The mask is hashed from the rows' original IDs with the seed the model
@@ -288,9 +292,10 @@ class Engine(ABC):
     def drop_input_rows(
         self, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Input rows ``x`` (original node IDs ``ids``) after the model's input
-        dropout in this forward: the mask their owners apply. Written into
-        ``out`` when given (a slice of a table, say)."""
+        """Input rows ``x`` after the model's input dropout in this forward.
+
+        ``ids`` are their original node IDs; the mask is the one their owners
+        apply. Written into ``out`` when given (a slice of a table, say)."""
         p, seed, training = self._dropout
         if not training:
             return x if out is None else out.copy_(x)
@@ -299,9 +304,11 @@ class Engine(ABC):
         return hashed_dropout(x, p, ids, derive_seed(seed, 0), out=out)
 
     def model_hooks(self) -> dict[str, Any]:
-        """Keyword arguments for :meth:`GNN.forward <graphwire.nn.models.GNN.forward>`
-        that run the model's layers on this engine: ``run_layer`` (layer by
-        layer), or ``run_layers`` for an engine that runs the whole stack."""
+        """Keyword arguments that run the model's layers on this engine.
+
+        For :meth:`GNN.forward <graphwire.nn.models.GNN.forward>`: ``run_layer``
+        (layer by layer), or ``run_layers`` for an engine that runs the whole
+        stack."""
         return {"run_layer": self.run_layer}
 
     def run_layer(
@@ -326,8 +333,9 @@ class Engine(ABC):
 
     # -------------------------------------------------------------- gradients
     def sync_gradients(self, model: nn.Module) -> None:
-        """After the backward: every parameter's gradient summed over ranks
-        (one flat all-reduce, tag ``sync.grad``)."""
+        """After the backward: every parameter's gradient summed over ranks.
+
+        One flat all-reduce, tag ``sync.grad``."""
         sum_gradients(list(model.parameters()), self.transport, "sync.grad")
 
 

@@ -300,8 +300,9 @@ def traffic_by_rank(
     transport: Transport,
     num_layers: int,
 ) -> dict[str, dict[str, list[int]]]:
-    """Collective: the bytes every rank sent and received between two of this
-    rank's ledger snapshots (an epoch's training), by kind of traffic.
+    """Collective: the bytes every rank sent and received, by kind of traffic.
+
+    Between two of this rank's ledger snapshots (an epoch's training).
 
     The kinds are each layer's exchanges (``fwd.L0``, ``bwd.L0``, ...),
     ``sync.grad`` (the parameter gradients' sums, layer-wise ones included)
@@ -346,8 +347,10 @@ def _save(
 def train_rank(
     part: LocalPart, transport: Transport, job: Job, on_epoch: EpochStream
 ) -> DistributedResult:
-    """:func:`train_distributed` as a distributed :class:`~graphwire.run.job.Job`
-    runs it (``job.strategy``: the exchange's name or config)."""
+    """:func:`train_distributed` as a distributed job runs it.
+
+    The job is a :class:`~graphwire.run.job.Job`; ``job.strategy`` is the
+    exchange's name or config."""
     return train_distributed(
         part,
         transport,
