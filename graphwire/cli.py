@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(train)
     train.set_defaults(handler=_handler("graphwire.commands.train", "run"))
 
-    bench = commands.add_parser("bench", help="run a benchmark that prints ratios")
+    bench = commands.add_parser(
+        "bench", help="run a benchmark: its figures beside their targets or references"
+    )
     bench.add_argument(
         "name",
         help=f"benchmark: {', '.join(BENCHMARKS)}, or 'list' to describe them",

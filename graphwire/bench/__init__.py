@@ -1,4 +1,4 @@
-"""Benchmarks that print ratios measured side by side in one run.
+"""Benchmarks of graphwire's parts: figures beside their targets or references.
 
 Each benchmark is one module with a ``run(options) -> dict`` function; they are
 registered by name in :data:`BENCHMARKS` and run by ``graphwire bench NAME`` or

@@ -1,4 +1,4 @@
-"""Checkpoints of a distributed full-graph run, and resuming from them.
+"""Checkpoints of a distributed run (either mode), and resuming from them.
 
 Every ``every`` epochs each rank writes ``rank{r}.pt`` for that epoch (model,
 optimizer, torch RNG state, early-stopping state, records so far) atomically;

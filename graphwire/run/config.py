@@ -68,6 +68,13 @@ def parse_fanouts(text: str) -> list[int]:
         raise ValueError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _defaults(name: str) -> str:
+    """Each model's default of setting ``name``, for ``--help``."""
+    return "default " + ", ".join(
+        f"{model} {values[name]:g}" for model, values in MODEL_DEFAULTS.items()
+    )
+
+
 # TrainConfig is frozen: __post_init__ stores the values it checked with this.
 _set = object.__setattr__
 
@@ -113,11 +120,13 @@ class TrainConfig:
         choices=("gcn", "sage", "gat"),
         help="GCN, GraphSAGE (mean) or GAT",
     )
-    hidden: int | None = option(None, help="hidden width (model default)")
+    hidden: int | None = option(None, help=f"hidden width ({_defaults('hidden')})")
     num_layers: int = option(2, flag="--layers", help="message-passing layers")
-    dropout: float | None = option(None, help="dropout (model default)")
-    lr: float | None = option(None, help="learning rate (model default)")
-    weight_decay: float | None = option(None, help="L2 (model default)")
+    dropout: float | None = option(None, help=f"dropout ({_defaults('dropout')})")
+    lr: float | None = option(None, help=f"learning rate ({_defaults('lr')})")
+    weight_decay: float | None = option(
+        None, help=f"L2 penalty ({_defaults('weight_decay')})"
+    )
     epochs: int = option(200, help="most epochs")
     patience: int | None = option(
         None,
@@ -131,7 +140,9 @@ class TrainConfig:
         1, only="gat", help="GAT: attention heads in the output layer, averaged"
     )
     attn_dropout: float | None = option(
-        None, only="gat", help="GAT: dropout on attention coefficients (model default)"
+        None,
+        only="gat",
+        help=f"GAT: dropout on attention coefficients ({_defaults('attn_dropout')})",
     )
     fanouts: Sequence[int] | None = option(
         None,

@@ -60,7 +60,7 @@ def run_one_process(spec: RunSpec, mode: Mode) -> int:
             "config",
             dataset=dataset,
             mode=spec.mode,
-            **spec.train.as_dict(),
+            **spec.train_settings(),
             keep_freed_mb=spec.launch.keep_freed_mb,
             **({} if minibatch else {"node_order": node_order}),
         )

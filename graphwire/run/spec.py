@@ -27,7 +27,7 @@ from typing import Any
 from graphwire.allocator import MAX_KEEP_FREED_MB
 from graphwire.comm.context import MAX_TIMEOUT_S
 from graphwire.graph.datasets import DEFAULT_SPEC
-from graphwire.options import check_options, option
+from graphwire.options import check_options, option, option_fields
 from graphwire.run.config import TrainConfig
 
 __all__ = [
@@ -219,6 +219,18 @@ class RunSpec:
     def distributed(self) -> bool:
         """Whether the run has more than one rank (or runs under torchrun)."""
         return self.world > 1 or self.torchrun
+
+    def train_settings(self) -> dict[str, Any]:
+        """The training settings this run uses, as JSON values (a full-graph
+        run has no fan-outs, a GCN no attention heads)."""
+        settings = self.train.as_dict()
+        for field in option_fields(TrainConfig):
+            only = field.metadata.get("only")
+            if only in MODES and only != self.mode:
+                del settings[field.name]
+            elif only == "gat" and self.train.model != "gat":
+                del settings[field.name]
+        return settings
 
     @property
     def strategy(self) -> StrategyChoice | None:

@@ -182,7 +182,7 @@ def _header(spec: RunSpec, backend: str, folder: Path, leader: bool) -> dict[str
         "workers": spec.world,
         "backend": backend,
         kind: strategy.name,
-        **spec.train.as_dict(),
+        **spec.train_settings(),
         "keep_freed_mb": spec.launch.keep_freed_mb,
         "parts": str(folder),
     }

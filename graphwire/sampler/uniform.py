@@ -16,8 +16,9 @@ Everything is vectorised over destinations and edges:
   one ``scatter_reduce``, no sort. The table makes a sampler single-threaded:
   use one sampler per thread.
 
-Randomness comes only from the ``torch.Generator`` given to :meth:`sample`, so a
-seed fixes the batch.
+Randomness comes only from what :meth:`sample` is given: a ``torch.Generator``,
+or (``hashed``) an int seed from which every node's draws are hashed; so a seed
+fixes the batch.
 """
 
 from __future__ import annotations

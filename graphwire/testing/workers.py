@@ -1,14 +1,15 @@
 """`run_workers`: the one multi-process harness (STYLE §4).
 
 ``run_workers(fn, world_size, *args)`` runs ``fn(transport, *args)`` on
-``world_size`` spawned processes, each with a ready :class:`TorchTransport`
+``world_size`` worker processes (forked by the launcher's fork server, or
+spawned for NCCL), each with a ready :class:`TorchTransport`
 (its process group set up before ``fn`` and torn down after), and returns the
 results by rank. It is :func:`~graphwire.comm.launch.launch_local` plus the
 transport: a fresh free loopback port per call, child tracebacks re-raised in
 the parent as :class:`~graphwire.comm.launch.WorkerFailed` naming the rank,
 every exit code checked, stragglers killed at the timeout.
 
-``fn`` must be a module-level function of an importable module: a spawned child
+``fn`` must be a module-level function of an importable module: a child
 imports it by name. Test modules collected with ``--import-mode=importlib`` are
 not importable that way, so the tests' worker functions live in plain modules
 beside them, such as ``tests/comm/probes.py``, imported as ``tests.comm.probes``
