@@ -107,8 +107,10 @@ def test_the_python_example_runs_and_every_rank_agrees_with_one_process(
     tmp_path: Path,
 ) -> None:
     (code,) = blocks("python")
+    # The example trains 30 epochs; the agreement holds at any count.
+    assert "epochs=30" in code, "the README example no longer trains 30 epochs"
     script = tmp_path / "example.py"
-    script.write_text(code)
+    script.write_text(code.replace("epochs=30", "epochs=8"))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p

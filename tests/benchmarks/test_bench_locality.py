@@ -45,15 +45,12 @@ def test_report_has_a_row_per_method_and_a_legend(capsys) -> None:
     assert "max/min <= 1.05 with cut +% <= 10" in out
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_ctrl_c_sigterm_or_sighup_is_one_line_and_exit_130(
-    stop: signal.Signals,
-) -> None:
+def test_ctrl_c_sigterm_or_sighup_is_one_line_and_exit_130() -> None:
     """Ctrl-C, SIGTERM or SIGHUP in a benchmark script ends it as Ctrl-C
     ends the command: one line on stderr, exit 130, no traceback, and its
     clean-up run (every network script ends the same way, through
     run_script; under SIGTERM's default bench_fullgraph left its network
-    namespace)."""
+    namespace). One script per signal, at once."""
     script = Path(bench_locality.__file__)
     # The script as __main__ with the signals as a shell gives them: a child
     # inherits an ignored or blocked signal, and then no handler ever runs
@@ -69,20 +66,27 @@ def test_ctrl_c_sigterm_or_sighup_is_one_line_and_exit_130(
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
     argv = [str(script), "--nodes", "100000", "--parts", "4", "8"]
-    process = subprocess.Popen(
-        [sys.executable, "-u", "-c", start, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    stops = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-u", "-c", start, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in stops
+    ]
     try:
-        assert process.stdout is not None
-        assert process.stdout.readline().startswith("Graph(")  # at work now
-        process.send_signal(stop)
-        _, err = process.communicate(timeout=120)
+        for stop, process in zip(stops, processes, strict=True):
+            assert process.stdout is not None
+            assert process.stdout.readline().startswith("Graph(")  # at work now
+            process.send_signal(stop)
+        errors = [process.communicate(timeout=120)[1] for process in processes]
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 130, err[-3000:]
-    assert err == "bench_locality.py: interrupted\n"
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for stop, process, err in zip(stops, processes, errors, strict=True):
+        assert process.returncode == 130, (stop.name, err[-3000:])
+        assert err == "bench_locality.py: interrupted\n", stop.name

@@ -66,19 +66,39 @@ def sleeping_launcher(
     """A launcher of two sleeping workers with ``TMPDIR=tmp``, once both
     workers run and its ``graphwire-run-*`` folder is made; killed (by its
     PID) on the way out if it still runs."""
-    env = with_repo_on_path({**os.environ, "TMPDIR": str(tmp)})
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", _SLEEPING], env=env, preexec_fn=default_stop_signals
-    )
+    with sleeping_launchers([tmp]) as started:
+        yield started[0]
+
+
+@contextmanager
+def sleeping_launchers(
+    tmps: list[Path],
+) -> Iterator[list[tuple[subprocess.Popen[bytes], list[psutil.Process]]]]:
+    """One :func:`sleeping_launcher` per folder of ``tmps``, started at once
+    (their start-up, most of their cost, overlaps)."""
+    launchers = []
+    for tmp in tmps:
+        env = with_repo_on_path({**os.environ, "TMPDIR": str(tmp)})
+        launchers.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _SLEEPING],
+                env=env,
+                preexec_fn=default_stop_signals,
+            )
+        )
     try:
         deadline = time.monotonic() + 60
-        workers: list[psutil.Process] = []
-        while len(workers) < 2 or not list(tmp.glob("graphwire-run-*")):
-            assert time.monotonic() < deadline, "the workers never started"
-            time.sleep(0.2)
-            workers = worker_children(launcher.pid)
-        yield launcher, workers
+        started = []
+        for launcher, tmp in zip(launchers, tmps, strict=True):
+            workers: list[psutil.Process] = []
+            while len(workers) < 2 or not list(tmp.glob("graphwire-run-*")):
+                assert time.monotonic() < deadline, "the workers never started"
+                time.sleep(0.2)
+                workers = worker_children(launcher.pid)
+            started.append((launcher, workers))
+        yield started
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()

@@ -14,7 +14,6 @@ import multiprocessing
 import multiprocessing.util
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from graphwire.comm.launch import LOOPBACK, WorkerFailed, free_port, launch_loca
 from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
 from tests.comm.launchers import (
-    sleeping_launcher,
+    sleeping_launchers,
     with_repo_on_path,
     worker_children,
 )
@@ -161,9 +160,9 @@ def test_the_collective_timeout_does_not_bound_the_run() -> None:
     """``timeout_s`` bounds each collective, not the run: a run longer than it
     whose collectives are quick finishes (a training run may take hours)."""
     start = time.monotonic()
-    steps = run_workers(quick_steps, 2, 20, 0.5, timeout_s=8, run_timeout_s=math.inf)
-    assert steps == [20, 20]
-    assert time.monotonic() - start > 10  # longer than the timeout, well past it
+    steps = run_workers(quick_steps, 2, 12, 0.5, timeout_s=4, run_timeout_s=math.inf)
+    assert steps == [12, 12]
+    assert time.monotonic() - start > 6  # longer than the timeout, well past it
 
 
 def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
@@ -171,7 +170,7 @@ def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
     The error names rank 1, not the peer that reported the timeout."""
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as caught:
-        run_workers(hang_on_rank, 2, 1, timeout_s=8, run_timeout_s=math.inf)
+        run_workers(hang_on_rank, 2, 1, timeout_s=5, run_timeout_s=math.inf)
     elapsed = time.monotonic() - start
     error = caught.value
     assert error.rank == 1 and error.exitcode is None
@@ -181,20 +180,25 @@ def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
     assert worker_children() == []
 
 
-@pytest.mark.parametrize("stop", STOP_SIGNALS, ids=lambda s: s.name)
 def test_sigterm_or_sighup_to_the_launcher_stops_workers_and_removes_its_scratch(
-    tmp_path: Path, stop: signal.Signals
+    tmp_path: Path,
 ) -> None:
     """SIGTERM (``timeout``, a job scheduler) or SIGHUP (the terminal
     closed) ends a launcher as Ctrl-C does: its workers stopped by PID, its
-    ``graphwire-run-*`` folder removed."""
-    with sleeping_launcher(tmp_path) as (launcher, workers):
-        time.sleep(1.0)  # let the launcher reach its watch loop
-        launcher.send_signal(stop)
-        assert launcher.wait(timeout=30) == 128 + stop
-    _, alive = psutil.wait_procs(workers, timeout=10)
-    assert alive == []
-    assert list(tmp_path.glob("graphwire-run-*")) == []
+    ``graphwire-run-*`` folder removed. One launcher per signal, at once."""
+    tmps = [tmp_path / stop.name for stop in STOP_SIGNALS]
+    for tmp in tmps:
+        tmp.mkdir()
+    with sleeping_launchers(tmps) as started:
+        time.sleep(1.0)  # let the launchers reach their watch loops
+        for stop, (launcher, _) in zip(STOP_SIGNALS, started, strict=True):
+            launcher.send_signal(stop)
+        for stop, (launcher, _) in zip(STOP_SIGNALS, started, strict=True):
+            assert launcher.wait(timeout=30) == 128 + stop, stop.name
+    for tmp, (_, workers) in zip(tmps, started, strict=True):
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert alive == []
+        assert list(tmp.glob("graphwire-run-*")) == []
 
 
 def test_unpicklable_function_fails_before_spawning() -> None:
@@ -271,34 +275,45 @@ print("seen", launch_local(what_a_child_sees, 2, name), flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["forkserver", "spawn"])
 def test_a_child_has_the_launchers_environment_folder_and_output(
-    tmp_path: Path, how: str
+    tmp_path: Path,
 ) -> None:
     """As a spawned child had them at its start, though the fork server its
     child is forked from started at the launcher's first launch, with
     another environment, folder and standard output and error. (A spawned
     child closed its standard output and error: they were 'passed along'
-    onto themselves.)"""
+    onto themselves.) Both start methods, at once."""
     name = "GRAPHWIRE_TEST_LAUNCH_VARIABLE"
-    first, later = tmp_path / "first", tmp_path / "later"
-    first.mkdir()
-    later.mkdir()
     env = with_repo_on_path({k: v for k, v in os.environ.items() if k != name})
-    done = subprocess.run(
-        [sys.executable, "-c", _TWO_LAUNCHES, name, str(first), str(later), how],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = [("set after the first launch", str(later))] * 2
-    assert f"seen {seen}" in done.stdout, done.stdout
-    for rank in range(2):
-        assert f"rank {rank} on its standard output" in done.stdout
-        assert f"rank {rank} on its standard error" in done.stderr
-    assert "rank 1" not in (first / "output").read_text()
+    runs = {}
+    for how in ("forkserver", "spawn"):
+        first, later = tmp_path / how / "first", tmp_path / how / "later"
+        first.mkdir(parents=True)
+        later.mkdir()
+        script = [sys.executable, "-c", _TWO_LAUNCHES, name, str(first), str(later)]
+        runs[how] = subprocess.Popen(
+            [*script, how],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+    try:
+        done = {how: run.communicate(timeout=120) for how, run in runs.items()}
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+    for how, (stdout, stderr) in done.items():
+        assert runs[how].returncode == 0, (how, stderr[-3000:])
+        later = tmp_path / how / "later"
+        seen = [("set after the first launch", str(later))] * 2
+        assert f"seen {seen}" in stdout, (how, stdout)
+        for rank in range(2):
+            assert f"rank {rank} on its standard output" in stdout, how
+            assert f"rank {rank} on its standard error" in stderr, how
+        assert "rank 1" not in (tmp_path / how / "first" / "output").read_text()
 
 
 # A launcher whose fork server imports only a module that exits (the server

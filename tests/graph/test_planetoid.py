@@ -390,27 +390,41 @@ def _damaged_csr(matrix: Any, damage: str) -> Any:
     return broken
 
 
-@pytest.mark.parametrize("damage", ["index", "negative index", "indptr"])
 def test_corrupt_sparse_structure_is_named_not_a_crash(
-    cora_dir: Path, tmp_path: Path, damage: str
+    cora_dir: Path, tmp_path: Path
 ) -> None:
     # Without the check, toarray() writes out of bounds (a segfault, or a
-    # silently wrong matrix), so this runs in a child process.
-    folder = linked_cora(cora_dir, tmp_path)
-    _repickle(cora_dir, folder, "tx", lambda tx: _damaged_csr(tx, damage))
+    # silently wrong matrix), so this runs in a child process: one child
+    # loads a copy of Cora damaged each way.
+    folders = []
+    for damage in ("index", "negative index", "indptr"):
+        where = tmp_path / damage.replace(" ", "-")
+        where.mkdir()
+        folder = linked_cora(cora_dir, where)
+        _repickle(cora_dir, folder, "tx", lambda tx, d=damage: _damaged_csr(tx, d))
+        folders.append(str(folder))
     script = (
+        "import sys\n"
         "from graphwire.graph.planetoid import load_planetoid\n"
         "from graphwire.graph.errors import DatasetError\n"
-        "try:\n"
-        f"    load_planetoid({str(folder)!r}, 'cora')\n"
-        "except DatasetError as error:\n"
-        "    print(error)\n"
+        "for folder in sys.argv[1:]:\n"
+        "    try:\n"
+        "        load_planetoid(folder, 'cora')\n"
+        "        print('loaded')\n"
+        "    except DatasetError as error:\n"
+        "        print(str(error).replace(chr(10), ' '))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script, *folders],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "ind.cora.tx: corrupt sparse features matrix" in result.stdout
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, result.stdout
+    for line in lines:
+        assert "ind.cora.tx: corrupt sparse features matrix" in line, line
 
 
 def test_sparse_shape_too_large_to_densify_is_named(

@@ -158,7 +158,7 @@ def test_processes_match_one_process(
 
 
 # ---------------------------------------------------------------- accuracy
-CORA_EPOCHS = 100
+CORA_EPOCHS = 50
 
 
 @contextlib.contextmanager
@@ -188,7 +188,9 @@ def test_cora_on_four_workers_matches_one_process(
     with _torch_threads(1):  # the workers run one thread each too
         single = train_fullgraph(cora, config)
     assert [r.epochs_run for r in reports] == [CORA_EPOCHS] * 4
-    assert single.test_acc >= 0.79
+    # Trained well past chance (0.14); the accuracy GCN reaches on Cora in
+    # 200 epochs is test_trainer's: the claim here is the equality.
+    assert single.test_acc >= 0.7
     # The same weights and hashed dropout masks: only float summation order
     # differs (relative loss differences ~2e-7 in practice). That may still flip
     # the argmax of a borderline node, so accuracies may differ by one node

@@ -65,41 +65,41 @@ def _stop_all(agent: subprocess.Popen, workers: list[psutil.Process]) -> None:
     agent.communicate()
 
 
-def test_a_killed_torchrun_agent_takes_its_workers_with_it(tmp_path: Path) -> None:
-    """torchrun stops its workers when it is stopped, not when it is killed:
-    a worker must not train on alone (nor keep the other nodes' agents
-    waiting for its node), so each dies with its agent."""
-    out = tmp_path / "run"
-    agent = _start(out, "--model", "gcn", "--epochs", "100000")
-    workers: list[psutil.Process] = []
-    try:
-        workers = _workers_once_training(agent, out)
-        agent.kill()
-        agent.wait()
-        _, alive = psutil.wait_procs(workers, timeout=60)
-        assert not alive, f"workers {[p.pid for p in alive]} outlived their agent"
-    finally:
-        _stop_all(agent, workers)
+def test_a_worker_dies_with_its_killed_agent_and_cleans_up_when_stopped(
+    tmp_path: Path,
+) -> None:
+    """Two agents at once, one per way a worker's agent goes:
 
-
-def test_a_worker_torchrun_stops_cleans_up_as_on_ctrl_c(tmp_path: Path) -> None:
-    """torchrun stops a node's workers with SIGTERM (another failed, or the
-    agent was told to stop). Each ends as on Ctrl-C: rapid's presampled
-    batches leave the temporary folder with it, and it says so."""
-    out, scratch = tmp_path / "run", tmp_path / "tmp"
+    - killed (SIGKILL, the OOM killer): torchrun stops its workers when it is
+      stopped, not when it is killed, and a worker must not train on alone
+      (nor keep the other nodes' agents waiting for its node), so each dies
+      with its agent;
+    - stopping its workers (another failed, or the agent was told to stop:
+      SIGTERM): each ends as on Ctrl-C, rapid's presampled batches leave the
+      temporary folder with it, and it says so.
+    """
+    killed_out, stopped_out = tmp_path / "killed", tmp_path / "stopped"
+    scratch = tmp_path / "tmp"
     scratch.mkdir()
     flags = ["--model", "sage", "--mode", "minibatch", "--fetch", "rapid"]
     flags += ["--batch-size", "100", "--fanouts", "4,4", "--epochs", "200"]
-    agent = _start(out, *flags, env={**os.environ, "TMPDIR": str(scratch)})
-    workers: list[psutil.Process] = []
+    killed = _start(killed_out, "--model", "gcn", "--epochs", "100000")
+    stopped = _start(stopped_out, *flags, env={**os.environ, "TMPDIR": str(scratch)})
+    workers: dict[str, list[psutil.Process]] = {"killed": [], "stopped": []}
     try:
-        workers = _workers_once_training(agent, out)
+        workers["killed"] = _workers_once_training(killed, killed_out)
+        killed.kill()
+        killed.wait()
+        workers["stopped"] = _workers_once_training(stopped, stopped_out)
         assert len(list(scratch.glob("graphwire-presample-*"))) == 2
-        workers[1].terminate()
-        _, stderr = agent.communicate(timeout=120)
+        workers["stopped"][1].terminate()
+        _, stderr = stopped.communicate(timeout=120)
+        _, alive = psutil.wait_procs(workers["killed"], timeout=60)
+        assert not alive, f"workers {[p.pid for p in alive]} outlived their agent"
     finally:
-        _stop_all(agent, workers)
-    assert agent.returncode != 0
+        _stop_all(killed, workers["killed"])
+        _stop_all(stopped, workers["stopped"])
+    assert stopped.returncode != 0
     assert "graphwire: interrupted" in stderr, stderr[-3000:]
     assert list(scratch.glob("graphwire-presample-*")) == []
 
@@ -116,11 +116,11 @@ def test_a_worker_killed_under_max_restarts_resumes_to_the_same_run(
     import json
 
     out = tmp_path / "run"
-    flags = ["--model", "gcn", "--epochs", "100", "--checkpoint-every", "20"]
+    flags = ["--model", "gcn", "--epochs", "40", "--checkpoint-every", "10"]
     agent = _start(out, *flags, "--resume", restarts=1)  # none yet: epoch 0
     workers: list[psutil.Process] = []
     try:
-        workers = _workers_once_training(agent, out, epochs=25)
+        workers = _workers_once_training(agent, out, epochs=13)
         for worker in workers:  # frozen, so what rank 0 streamed is final
             worker.suspend()
         streamed = _streamed_epochs(out / "metrics.jsonl.partial")
@@ -132,15 +132,15 @@ def test_a_worker_killed_under_max_restarts_resumes_to_the_same_run(
     assert agent.returncode == 0, stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     summary = records[-1]
-    assert summary["kind"] == "summary" and summary["epochs"] == 100
+    assert summary["kind"] == "summary" and summary["epochs"] == 40
     first = summary["resumed_at"]
-    assert first % 20 == 0 and first >= 20, first
+    assert first % 10 == 0 and first >= 10, first
     losses = {
         r["epoch"]: r["loss"]
         for r in records
         if r["kind"] == "epoch" and r["rank"] == 0
     }
-    assert sorted(losses) == list(range(100))
+    assert sorted(losses) == list(range(40))
     killed = {r["epoch"]: r["loss"] for r in map(json.loads, streamed)}
     again = [epoch for epoch in killed if epoch >= first]
     assert again, f"the attempt was killed at its checkpoint ({sorted(killed)})"
