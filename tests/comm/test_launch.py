@@ -22,15 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import torch
 
 from graphwire.comm.launch import LOOPBACK, WorkerFailed, free_port, launch_local, start
-from graphwire.sigterm import STOP_SIGNALS
 from graphwire.testing import run_workers
 from tests.comm.launchers import (
-    sleeping_launchers,
     with_repo_on_path,
     worker_children,
 )
@@ -180,27 +177,6 @@ def test_a_hung_worker_is_named_when_its_peers_time_out() -> None:
     assert worker_children() == []
 
 
-def test_sigterm_or_sighup_to_the_launcher_stops_workers_and_removes_its_scratch(
-    tmp_path: Path,
-) -> None:
-    """SIGTERM (``timeout``, a job scheduler) or SIGHUP (the terminal
-    closed) ends a launcher as Ctrl-C does: its workers stopped by PID, its
-    ``graphwire-run-*`` folder removed. One launcher per signal, at once."""
-    tmps = [tmp_path / stop.name for stop in STOP_SIGNALS]
-    for tmp in tmps:
-        tmp.mkdir()
-    with sleeping_launchers(tmps) as started:
-        time.sleep(1.0)  # let the launchers reach their watch loops
-        for stop, (launcher, _) in zip(STOP_SIGNALS, started, strict=True):
-            launcher.send_signal(stop)
-        for stop, (launcher, _) in zip(STOP_SIGNALS, started, strict=True):
-            assert launcher.wait(timeout=30) == 128 + stop, stop.name
-    for tmp, (_, workers) in zip(tmps, started, strict=True):
-        _, alive = psutil.wait_procs(workers, timeout=10)
-        assert alive == []
-        assert list(tmp.glob("graphwire-run-*")) == []
-
-
 def test_unpicklable_function_fails_before_spawning() -> None:
     # The message names the caller's function, not run_workers' own wrapper.
     with pytest.raises(TypeError) as raised:
@@ -327,7 +303,7 @@ import graphwire.comm.launch as launch
 import graphwire.comm.launch.start as launch_start
 from tests.comm.probes import backend_of
 usual = launch_start._PRELOAD
-launch_start.FORK_START_S = 5.0
+launch_start.FORK_START_S = 3.0
 for module in ("server_exits", "server_hangs"):
     launch_start._PRELOAD = [module]
     start = time.monotonic()
@@ -367,9 +343,9 @@ def test_a_fork_server_that_never_starts_a_child_fails_the_launch_promptly(
     # EOFError, or ConnectionRefusedError if it died before the launcher called
     died = re.search(rf"server_exits after (\d+) s: {failed} failed \(\w+Error", out)
     assert died is not None and int(died.group(1)) < 30, out
-    stuck = rf"server_hangs after (\d+) s: {failed} did not start it in 5s"
+    stuck = rf"server_hangs after (\d+) s: {failed} did not start it in 3s"
     hung = re.search(stuck, out)
-    assert hung is not None and 5 <= int(hung.group(1)) < 60, out
+    assert hung is not None and 3 <= int(hung.group(1)) < 60, out
     assert "server_exits server gone: True" in out, out
     assert "server_hangs server gone: True" in out, out
     assert "then: ['gloo', 'gloo']" in out, out

@@ -1,18 +1,21 @@
-"""A launcher's scratch folder: a killed launcher's is removed by the next
-launcher; a running one's, or one that is not a launcher's, is kept."""
+"""A launcher's scratch folder: a stopped launcher removes its own, a killed
+launcher's is removed by the next; a running one's, or one that is not a
+launcher's, is kept."""
 
 from __future__ import annotations
 
 import fcntl
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from graphwire.comm.scratch import Scratch
-from tests.comm.launchers import sleeping_launcher
+from graphwire.sigterm import STOP_SIGNALS
+from tests.comm.launchers import sleeping_launchers
 
 
 @pytest.fixture
@@ -22,16 +25,34 @@ def tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_a_killed_launchers_scratch_is_removed_by_the_next(tmp_dir: Path) -> None:
-    """SIGKILL (the OOM killer) runs no clean-up: the launcher's folder, with
-    what its workers wrote (rapid's presampled batches), stays until the
-    next launcher starts."""
-    with sleeping_launcher(tmp_dir) as (launcher, workers):
+def test_a_stopped_launcher_removes_its_scratch_and_a_killed_ones_the_next(
+    tmp_dir: Path,
+) -> None:
+    """SIGTERM (``timeout``, a job scheduler) or SIGHUP (the terminal closed)
+    ends a launcher as Ctrl-C does: its workers stopped by PID, its
+    ``graphwire-run-*`` folder removed. SIGKILL (the OOM killer) runs no
+    clean-up: the folder, with what its workers wrote (rapid's presampled
+    batches), stays until the next launcher starts. One launcher per signal,
+    at once."""
+    stopped = [tmp_dir / stop.name for stop in STOP_SIGNALS]
+    for folder in stopped:
+        folder.mkdir()
+    with sleeping_launchers([*stopped, tmp_dir]) as started:
+        *stopping, (killed, killed_workers) = started
         (abandoned,) = tmp_dir.glob("graphwire-run-*")
         (abandoned / "graphwire-presample-x").mkdir()
-        launcher.send_signal(signal.SIGKILL)
-        launcher.wait(timeout=30)
-    _, alive = psutil.wait_procs(workers, timeout=30)  # they die with it
+        time.sleep(1.0)  # let the launchers reach their watch loops
+        for stop, (launcher, _) in zip(STOP_SIGNALS, stopping, strict=True):
+            launcher.send_signal(stop)
+        killed.send_signal(signal.SIGKILL)
+        for stop, (launcher, _) in zip(STOP_SIGNALS, stopping, strict=True):
+            assert launcher.wait(timeout=30) == 128 + stop, stop.name
+        killed.wait(timeout=30)
+    for folder, (_, workers) in zip(stopped, stopping, strict=True):
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert alive == []
+        assert list(folder.glob("graphwire-run-*")) == []
+    _, alive = psutil.wait_procs(killed_workers, timeout=30)  # they die with it
     assert alive == []
     assert abandoned.is_dir()
     scratch = Scratch.create()

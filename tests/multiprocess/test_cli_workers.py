@@ -53,64 +53,90 @@ def _spawned_g3(
     return common, spawned
 
 
-@pytest.mark.parametrize(
-    ("mode", "resumed"),
-    [
-        (["--mode", "minibatch", "--batch-size", "400"], False),
-        (["--model", "gcn"], True),
-    ],
-    ids=["mini-batch", "full-graph-resumed"],
-)
+# A fresh mini-batch run and a resumed full-graph one: both modes stream
+# through one rank runner (graphwire.run.job), so the two cover it.
+STREAMED = {
+    "mini-batch": (["--mode", "minibatch", "--batch-size", "400"], False),
+    "full-graph-resumed": (["--model", "gcn"], True),
+}
+
+
 def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
-    tmp_path: Path, capfd: Capture, mode: list[str], resumed: bool
+    tmp_path: Path, capfd: Capture
 ) -> None:
     """While a run trains, ``metrics.jsonl.partial`` grows with rank 0's
     epoch records; a worker killed late ends the run with them kept (and no
     new ``metrics.jsonl``, which would look complete). A resumed run's file
     starts with the epochs its checkpoint restored, with their times, and the
-    finished run's ``metrics.jsonl`` is left as it was."""
-    out = tmp_path / "run"
-    partial = out / "metrics.jsonl.partial"
-    argv = ["train", "--dataset", SPEC, *mode]
-    argv += ["--workers", "2", "--quiet", "--timeout", "60", "--out", str(out)]
-    earlier: dict[tuple[int, int], float] = {}
-    if resumed:
-        graphwire(capfd, *argv, "--epochs", "2", "--checkpoint-every", "1").summary()
-        earlier = _epoch_times(out / "metrics.jsonl")
-        finished = (out / "metrics.jsonl").read_bytes()
-        argv += ["--resume", "--checkpoint-every", "1"]
-    run = subprocess.Popen(
-        [sys.executable, "-m", "graphwire", *argv, "--epochs", "100000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    finished run's ``metrics.jsonl`` is left as it was. The runs of
+    :data:`STREAMED` go at once."""
+    outs = {name: tmp_path / name for name in STREAMED}
+    argvs, earlier, finished = {}, {}, {}
+    for name, (mode, resumed) in STREAMED.items():
+        argv = ["train", "--dataset", SPEC, *mode, "--workers", "2", "--quiet"]
+        argv += ["--timeout", "60", "--out", str(outs[name])]
+        if resumed:
+            ran = graphwire(capfd, *argv, "--epochs", "2", "--checkpoint-every", "1")
+            ran.summary()
+            earlier[name] = _epoch_times(outs[name] / "metrics.jsonl")
+            finished[name] = (outs[name] / "metrics.jsonl").read_bytes()
+            argv += ["--resume", "--checkpoint-every", "1"]
+        argvs[name] = argv
+    runs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "graphwire", *argv, "--epochs", "100000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, argv in argvs.items()
+    }
+    stderrs = {}
     try:
-        deadline = time.monotonic() + 120
-        while _epoch_lines(partial) < 3 + 2 * resumed:
-            assert run.poll() is None, run.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no epochs streamed in 120 s"
-            time.sleep(0.2)
-        # The worker not writing the file: rank 1.
-        workers = worker_children(run.pid)
-        writing = [w for w in workers if str(partial) in _open_paths(w)]
-        assert len(workers) == 2 and len(writing) == 1
-        next(w for w in workers if w not in writing).kill()
-        _, stderr = run.communicate(timeout=120)
+        for name, run in runs.items():
+            partial = outs[name] / "metrics.jsonl.partial"
+            deadline = time.monotonic() + 120
+            while _epoch_lines(partial) < 3 + 2 * STREAMED[name][1]:
+                assert run.poll() is None, run.communicate()[1][-3000:]
+                assert time.monotonic() < deadline, f"{name}: no epochs in 120 s"
+                time.sleep(0.2)
+            # The worker not writing the file: rank 1.
+            workers = worker_children(run.pid)
+            writing = [w for w in workers if str(partial) in _open_paths(w)]
+            assert len(workers) == 2 and len(writing) == 1, name
+            next(w for w in workers if w not in writing).kill()
+        for name, run in runs.items():
+            stderrs[name] = run.communicate(timeout=120)[1]
     finally:
-        if run.poll() is None:  # SIGTERM: the launcher stops its workers
-            run.terminate()
-            try:
-                run.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                run.kill()
-                run.communicate()
-    assert run.returncode != 0 and "rank 1" in stderr, stderr[-3000:]
+        for run in runs.values():
+            if run.poll() is None:  # SIGTERM: the launcher stops its workers
+                run.terminate()
+                try:
+                    run.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    run.kill()
+                    run.communicate()
+    for name, (_, resumed) in STREAMED.items():
+        _check_stream(
+            outs[name], runs[name], stderrs[name], resumed, earlier, finished, name
+        )
+
+
+def _check_stream(
+    out: Path,
+    run: subprocess.Popen[str],
+    stderr: str,
+    resumed: bool,
+    earlier: dict[str, dict[tuple[int, int], float]],
+    finished: dict[str, bytes],
+    name: str,
+) -> None:
+    assert run.returncode != 0 and "rank 1" in stderr, (name, stderr[-3000:])
     if resumed:
-        assert (out / "metrics.jsonl").read_bytes() == finished
+        assert (out / "metrics.jsonl").read_bytes() == finished[name]
     else:
         assert not (out / "metrics.jsonl").exists()
-    records = [json.loads(line) for line in partial.open()]
+    records = [json.loads(line) for line in (out / "metrics.jsonl.partial").open()]
     assert records[0]["kind"] == "config" and records[0]["workers"] == 2
     epochs = records[1:]
     assert len(epochs) >= 3 + 2 * resumed
@@ -119,7 +145,7 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
     assert [r["epoch"] for r in epochs] == list(range(len(epochs)))
     times = [r["time"] for r in epochs]
     if resumed:  # restored with the times the first run stamped
-        assert times[:2] == [earlier[0, 0], earlier[1, 0]]
+        assert times[:2] == [earlier[name][0, 0], earlier[name][1, 0]]
         times = times[2:]
     assert all(0 < a < b for a, b in zip(times, times[1:], strict=False))
 
