@@ -111,20 +111,21 @@ def build_engine(
     part: LocalPart,
     transport: Transport,
     config: TrainConfig,
-    exchange: Any = "halo",
+    exchange: Any = None,
     options: dict[str, Any] | None = None,
 ) -> Engine:
     """The exchange engine for ``config.model`` on this rank's part.
 
     Args:
         exchange: the engine's name (``--exchange``) or its config
-            (:data:`~graphwire.fullgraph.engines.EXCHANGES`).
+            (:data:`~graphwire.fullgraph.engines.EXCHANGES`; None: its
+            default, as the command line's).
         options: the engine's keywords besides its config: ``loss_rows``
             (default the training rows, which :func:`forward_loss`'s loss
             reads; None: any row), ``cache_input``, ``widths`` (default the
             model's, for an engine that takes them).
     """
-    strategy, exchange_config = EXCHANGES.resolve(exchange)
+    strategy, exchange_config = EXCHANGES.resolve(exchange or EXCHANGES.default)
     options = dict(options or {})
     engine_cls: type[Engine] = strategy.cls
     kind = LAYER_KINDS[config.model]
@@ -174,7 +175,7 @@ def train_distributed(
     part: LocalPart,
     transport: Transport,
     config: TrainConfig,
-    exchange: Any = "halo",
+    exchange: Any = None,
     *,
     options: dict[str, Any] | None = None,
     on_epoch: Callable[[EpochRecord], None] | None = None,
@@ -188,7 +189,7 @@ def train_distributed(
         transport: connects the ranks (rank == part ID).
         config: as for single-process training.
         exchange: the engine's name (``halo``, ``replicate``, ``g3``) or its
-            config.
+            config (None: the registry's default, as the command line's).
         options: the engine's own keywords (:func:`build_engine`).
         on_epoch: called on every rank with each epoch's record.
         on_restore: called on every rank with the records a resume restored.
@@ -355,7 +356,7 @@ def train_rank(
         part,
         transport,
         job.config,
-        job.strategy or EXCHANGES.default,
+        job.strategy,
         on_epoch=on_epoch,
         on_restore=on_epoch.restored,
         checkpoint=job.rank_checkpoint(),

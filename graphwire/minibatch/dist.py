@@ -52,7 +52,6 @@ from typing import Any
 
 from graphwire.comm.base import Transport
 from graphwire.feature.traffic import TrafficWindows
-from graphwire.minibatch.fetchers import FETCHERS
 from graphwire.minibatch.loop import RankLoop
 from graphwire.partition.local import LocalPart
 from graphwire.run.checkpoint import CheckpointConfig
@@ -108,7 +107,7 @@ def train_minibatch_distributed(
     part: LocalPart,
     transport: Transport,
     config: TrainConfig,
-    fetch: Any = "on-demand",
+    fetch: Any = None,
     *,
     inference: InferenceFactory,
     on_epoch: Callable[[EpochRecord], None] | None = None,
@@ -122,7 +121,8 @@ def train_minibatch_distributed(
         transport: connects the ranks (rank == part ID).
         config: model, optimiser, ``fanouts``, ``batch_size`` (per trainer).
         fetch: the fetcher (``--fetch``): its name, or its config
-            (:data:`~graphwire.minibatch.fetchers.FETCHERS`).
+            (:data:`~graphwire.minibatch.fetchers.FETCHERS`; None: its
+            default, as the command line's).
         inference: what evaluates the model on the whole graph (the
             full-graph loops' exact inference:
             :class:`~graphwire.fullgraph.inference.ExactInference`).
@@ -320,7 +320,7 @@ def train_rank(
         part,
         transport,
         job.config,
-        job.strategy or FETCHERS.default,
+        job.strategy,
         inference=inference,
         on_epoch=on_epoch,
         on_restore=on_epoch.restored,

@@ -47,7 +47,8 @@ class RankLoop:
         part: this rank's part (features, labels and splits required).
         transport: connects the ranks.
         config: model, optimiser, fan-outs and batch size.
-        fetch: the fetcher's name (``--fetch``) or its config.
+        fetch: the fetcher's name (``--fetch``) or its config (None: the
+            registry's default).
         inference: makes what evaluates the model on the whole graph
             (:class:`~graphwire.run.collective.Inference`).
     """
@@ -57,14 +58,14 @@ class RankLoop:
         part: LocalPart,
         transport: Transport,
         config: TrainConfig,
-        fetch: Any = "on-demand",
+        fetch: Any = None,
         *,
         inference: InferenceFactory,
     ) -> None:
         num_classes = trainable_classes(part)
         assert part.x is not None and part.train_local is not None  # (checked)
         assert config.fanouts is not None
-        strategy, fetch_config = FETCHERS.resolve(fetch)
+        strategy, fetch_config = FETCHERS.resolve(fetch or FETCHERS.default)
         self.part, self.transport, self.config = part, transport, config
         self.rank, self.world = transport.rank, transport.world_size
         # First, before any service starts: it checks no split is empty.
