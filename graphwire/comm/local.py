@@ -230,6 +230,10 @@ def run_local(
 ) -> list[T]:
     """Run ``fn(transport)`` on ``world_size`` in-process ranks (threads).
 
+    The ranks are threads of this process, so while they run, torch computes
+    each operation on one thread: several ranks each starting torch's
+    intra-op pool would crowd the same cores (one rank keeps the pool).
+
     Returns:
         Each rank's return value, by rank.
 
@@ -252,12 +256,20 @@ def run_local(
         threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True)
         for r in range(world_size)
     ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout * 4)
-        if thread.is_alive():
-            raise TransportError(f"{thread.name} did not finish in {timeout * 4:.0f}s")
+    pool = torch.get_num_threads()
+    if world_size > 1:
+        torch.set_num_threads(1)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout * 4)
+            if thread.is_alive():
+                raise TransportError(
+                    f"{thread.name} did not finish in {timeout * 4:.0f}s"
+                )
+    finally:
+        torch.set_num_threads(pool)
     if errors:
         raise min(errors, key=lambda item: item[0])[1]  # the root cause
     return results
