@@ -65,8 +65,9 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
     tmp_path: Path, capfd: Capture
 ) -> None:
     """While a run trains, ``metrics.jsonl.partial`` grows with rank 0's
-    epoch records; a worker killed late ends the run with them kept (and no
-    new ``metrics.jsonl``, which would look complete). A resumed run's file
+    epoch records; a worker killed late (as the OOM killer would) ends the
+    run promptly with one line naming it, no worker left, and the records
+    kept (and no new ``metrics.jsonl``, which would look complete). A resumed run's file
     starts with the epochs its checkpoint restored, with their times, and the
     finished run's ``metrics.jsonl`` is left as it was. The runs of
     :data:`STREAMED` go at once."""
@@ -91,7 +92,7 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
         )
         for name, argv in argvs.items()
     }
-    stderrs = {}
+    stderrs, killed, ended = {}, {}, {}
     try:
         for name, run in runs.items():
             partial = outs[name] / "metrics.jsonl.partial"
@@ -105,8 +106,10 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
             writing = [w for w in workers if str(partial) in _open_paths(w)]
             assert len(workers) == 2 and len(writing) == 1, name
             next(w for w in workers if w not in writing).kill()
+            killed[name] = (time.monotonic(), workers)
         for name, run in runs.items():
             stderrs[name] = run.communicate(timeout=120)[1]
+            ended[name] = time.monotonic() - killed[name][0]
     finally:
         for run in runs.values():
             if run.poll() is None:  # SIGTERM: the launcher stops its workers
@@ -116,6 +119,15 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
                 except subprocess.TimeoutExpired:
                     run.kill()
                     run.communicate()
+    for name in STREAMED:
+        stderr, (_, workers) = stderrs[name], killed[name]
+        assert runs[name].returncode == 1, (name, stderr[-3000:])
+        lines = [line for line in stderr.splitlines() if "graphwire: error" in line]
+        assert len(lines) == 1, stderr
+        assert lines[0].startswith("graphwire: error: rank 1 was killed by SIGKILL")
+        assert ended[name] < 30.0, (name, ended[name])
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert alive == [], name
     for name, (_, resumed) in STREAMED.items():
         _check_stream(
             outs[name], runs[name], stderrs[name], resumed, earlier, finished, name

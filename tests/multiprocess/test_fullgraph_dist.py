@@ -21,12 +21,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import queue
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -232,70 +228,6 @@ def _no_workers_left() -> None:
     while left := _workers(psutil.Process()):
         assert time.monotonic() < deadline, f"workers outlived the run: {left}"
         time.sleep(0.1)
-
-
-def test_cli_exits_nonzero_naming_a_killed_worker(tmp_path: Path, graph: Graph):
-    # The CLI cannot be given a dying engine, so rank 1 is killed from outside
-    # (as the OOM killer would), once rank 0 has printed epoch 2. launch_local
-    # starts rank r as its (r+1)-th child, so the second child is rank 1.
-    folder = write_parts(graph, 3, tmp_path, "metis")
-    argv = [sys.executable, "-m", "graphwire", "train", "--dataset", str(folder)]
-    argv += ["--workers", "3", "--model", "gcn", "--exchange", "g3"]
-    argv += ["--bin-rows", "16", "--epochs", "1000", "--seed", "0"]
-    argv += ["--timeout", "60", "--out", str(tmp_path / "run")]
-    errors = tmp_path / "stderr.txt"
-    lines: queue.Queue[str | None] = queue.Queue()
-    with errors.open("w") as stderr:
-        cli = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1
-        )
-    assert cli.stdout is not None
-    stdout = cli.stdout
-
-    def read() -> None:
-        for line in stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    workers: list[psutil.Process] = []
-    try:
-        _wait_for_line(lines, re.compile(r"^epoch +2 "), timeout_s=90.0)
-        workers = _workers(psutil.Process(cli.pid))
-        assert len(workers) == 3, workers
-        killed_at = time.monotonic()
-        workers[1].kill()
-        code = cli.wait(timeout=30.0)
-        elapsed = time.monotonic() - killed_at
-    finally:
-        if cli.poll() is None:
-            for process in [*workers, psutil.Process(cli.pid)]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-            cli.wait()
-    message = errors.read_text()
-    assert code == 1, message
-    assert "graphwire: error: rank 1 was killed by SIGKILL" in message, message
-    assert elapsed < 30.0
-    assert not any(_alive(w) for w in workers), workers
-
-
-def _wait_for_line(
-    lines: queue.Queue[str | None], pattern: re.Pattern[str], timeout_s: float
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
-    while True:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no line like {pattern.pattern!r}: {''.join(seen)[-2000:]}"
-        try:
-            line = lines.get(timeout=left)
-        except queue.Empty:
-            continue
-        assert line is not None, f"the CLI exited early: {''.join(seen)[-2000:]}"
-        seen.append(line)
-        if pattern.search(line):
-            return
 
 
 # ---------------------------------------------------------- kill, resume
