@@ -39,7 +39,7 @@ from graphwire.nn.base import MessageGraph
 from graphwire.nn.dropout import hashed_dropout
 from graphwire.nn.models import LayerKind, Projecting, layer_call_kwargs, projecting
 from graphwire.partition.local import LocalPart
-from graphwire.run.collective import sum_gradients
+from graphwire.run.collective import sync_gradients
 
 __all__ = ["Engine"]
 
@@ -336,7 +336,7 @@ class Engine(ABC):
         """After the backward: every parameter's gradient summed over ranks.
 
         One flat all-reduce, tag ``sync.grad``."""
-        sum_gradients(list(model.parameters()), self.transport, "sync.grad")
+        sync_gradients(model, self.transport)
 
 
 T = TypeVar("T")

@@ -34,6 +34,7 @@ from graphwire.run.spec import (
     PartitionSpec,
     RunSpec,
     StrategyChoice,
+    option_applies,
 )
 
 __all__ = ["DISTRIBUTED_ONLY", "build_spec"]
@@ -42,10 +43,11 @@ DISTRIBUTED_ONLY = (
     "only for distributed runs (--workers N with N >= 2, or torchrun); "
     "--workers 1 trains in this process"
 )
-_ONLY = {
-    "minibatch": ("mode", "minibatch", "only with --mode minibatch"),
-    "fullgraph": ("mode", "fullgraph", "only with --mode fullgraph"),
-    "gat": ("model", "gat", "only with --model gat"),
+# Why a training setting of another mode or model is refused.
+_ONLY_WHY = {
+    "minibatch": "only with --mode minibatch",
+    "fullgraph": "only with --mode fullgraph",
+    "gat": "only with --model gat",
 }
 
 
@@ -100,9 +102,8 @@ def build_spec(
                 raise ValueError(f"{flag.flag}: {error.why}") from None
     mode = given.get("mode", "fullgraph")
     model = given.get("model", "sage")
-    context = {"mode": mode, "model": model}
-    for condition, (key, wanted, why) in _ONLY.items():
-        if context[key] != wanted:
+    for condition, why in _ONLY_WHY.items():
+        if not option_applies(condition, mode=mode, model=model, distributed=True):
             flags = [f for f in table if f.only == condition and f.section == "train"]
             given.refuse(flags, why)
     check_method(given.get("partition"))

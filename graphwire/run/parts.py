@@ -142,10 +142,8 @@ def checkpoint_config(spec: RunSpec, out: Path) -> CheckpointConfig | None:
         del settings[free]
     strategy = spec.strategy
     assert strategy is not None
-    if spec.mode == "minibatch":
-        run["fetch"] = strategy.name
-    else:
-        run["exchange"] = strategy.name
+    run[spec.strategy_kind] = strategy.name
+    if spec.mode != "minibatch":
         for unused in ("fanouts", "batch_size"):  # mini-batch settings
             del settings[unused]
     saved = saved_schedule(folder) if spec.checkpoint.resume else {}

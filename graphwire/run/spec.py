@@ -33,6 +33,7 @@ from graphwire.run.config import TrainConfig
 __all__ = [
     "DEFAULT_NODE_ORDER",
     "MODES",
+    "STRATEGY_KINDS",
     "NODE_ORDERS",
     "CheckpointSpec",
     "DataSpec",
@@ -41,11 +42,28 @@ __all__ = [
     "PartitionSpec",
     "RunSpec",
     "StrategyChoice",
+    "option_applies",
 ]
 
 MODES = ("fullgraph", "minibatch")
+# The section (and flag) of each mode's strategy.
+STRATEGY_KINDS = {"fullgraph": "exchange", "minibatch": "fetch"}
 NODE_ORDERS = ("rcm", "id")
 DEFAULT_NODE_ORDER = "rcm"  # how parts (and one process's rows) are numbered
+
+
+def option_applies(
+    only: str | None, *, mode: str, model: str, distributed: bool
+) -> bool:
+    """Whether an option with ``only`` (its field's metadata: ``distributed``,
+    a mode, ``gat``, or None for every run) applies to such a run."""
+    if only == "distributed":
+        return distributed
+    if only in MODES:
+        return mode == only
+    if only == "gat":
+        return model == "gat"
+    return True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -225,14 +243,23 @@ class RunSpec:
         run has no fan-outs, a GCN no attention heads)."""
         settings = self.train.as_dict()
         for field in option_fields(TrainConfig):
-            only = field.metadata.get("only")
-            if only in MODES and only != self.mode:
-                del settings[field.name]
-            elif only == "gat" and self.train.model != "gat":
+            if not self.applies(field.metadata.get("only")):
                 del settings[field.name]
         return settings
+
+    def applies(self, only: str | None) -> bool:
+        """Whether an option with ``only`` applies to this run."""
+        return option_applies(
+            only, mode=self.mode, model=self.train.model, distributed=self.distributed
+        )
+
+    @property
+    def strategy_kind(self) -> str:
+        """The kind of this run's strategy: ``exchange`` or ``fetch``."""
+        return STRATEGY_KINDS[self.mode]
 
     @property
     def strategy(self) -> StrategyChoice | None:
         """The exchange (full-graph) or the fetcher (mini-batch)."""
-        return self.exchange if self.mode == "fullgraph" else self.fetch
+        choice: StrategyChoice | None = getattr(self, self.strategy_kind)
+        return choice

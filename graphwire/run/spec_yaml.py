@@ -140,9 +140,8 @@ def spec_yaml(table: FlagTable, spec: RunSpec) -> str:
         out[section] = _section(table, spec, section, getattr(spec, section))
     choice = spec.strategy
     if choice is not None and spec.distributed:
-        kind = next(k for k, r in table.registries.items() if r.mode == spec.mode)
         fields = dataclasses.asdict(choice.config)
-        out[kind] = {"name": choice.name, **fields}
+        out[spec.strategy_kind] = {"name": choice.name, **fields}
     for section in ("launch", "checkpoint", "output"):
         body = _section(table, spec, section, getattr(spec, section))
         if body:
@@ -163,12 +162,6 @@ def _section(
 
 
 def _applies(flag: Flag, spec: RunSpec) -> bool:
-    if flag.only == "distributed":
-        return spec.distributed
-    if flag.only in ("minibatch", "fullgraph"):
-        return spec.mode == flag.only
-    if flag.only == "gat":
-        return spec.train.model == "gat"
     if flag.name == "node_order" and not spec.distributed:
-        return spec.mode == "fullgraph"
-    return True
+        return spec.mode == "fullgraph"  # one process reorders full-graph rows only
+    return spec.applies(flag.only)

@@ -64,18 +64,13 @@ def _check_folders(spec: RunSpec, table: FlagTable) -> None:
     choice = spec.strategy
     if choice is None:
         return
-    for flag in table.section(table_kind(spec, table)):
+    for flag in table.section(spec.strategy_kind):
         where = getattr(choice.config, flag.name, None) if flag.strategies else None
         if not (flag.metadata.get("folder") and where):
             continue
         if Path(where).exists() and not Path(where).is_dir():
             raise ValueError(f"{flag.flag} {where}: exists and is not a folder")
         check_creatable(where, f"{flag.flag} {where}")
-
-
-def table_kind(spec: RunSpec, table: FlagTable) -> str:
-    """The registry (``exchange`` or ``fetch``) of ``spec``'s mode."""
-    return next(k for k, r in table.registries.items() if r.mode == spec.mode)
 
 
 def _run_distributed(spec: RunSpec, mode: Mode, out: Path) -> int:
@@ -175,13 +170,12 @@ def _header(spec: RunSpec, backend: str, folder: Path, leader: bool) -> dict[str
 
     strategy = spec.strategy
     assert strategy is not None
-    kind = "fetch" if spec.mode == "minibatch" else "exchange"
     header: dict[str, Any] = {
         "dataset": spec.data.dataset,
         "mode": spec.mode,
         "workers": spec.world,
         "backend": backend,
-        kind: strategy.name,
+        spec.strategy_kind: strategy.name,
         **spec.train_settings(),
         "keep_freed_mb": spec.launch.keep_freed_mb,
         "parts": str(folder),
