@@ -35,8 +35,11 @@ def flag_table() -> FlagTable:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """``graphwire train``'s flags: the spec's, then the command's own."""
-    flag_table().add_to(parser)
+    """``graphwire train``'s flags: the spec's, then the command's own; the
+    table they came from rides along in the parsed arguments."""
+    table = flag_table()
+    table.add_to(parser)
+    parser.set_defaults(flag_table=table)
     parser.add_argument("--config", help="YAML file whose keys stand in for flags")
     parser.add_argument(
         "--print-spec",
@@ -60,7 +63,7 @@ def given_values(
 
 
 def run(args: argparse.Namespace) -> int:
-    table = flag_table()
+    table: FlagTable = args.flag_table
     spec = build_spec(table, *given_values(table, args))
     if args.print_spec:
         print(spec_yaml(table, spec), end="", flush=True)
