@@ -23,6 +23,7 @@ from __future__ import annotations
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -69,6 +70,8 @@ class Transport(ABC):
         rank: this worker's rank.
         world_size: number of ranks.
         ledger: what this rank has sent and received.
+        phase: where the run is (``"setup"``, ``"epoch 21"``), set by the
+            trainer: a rank held up in a call says so (:meth:`waiting`).
     """
 
     def __init__(self, rank: int, world_size: int) -> None:
@@ -77,6 +80,15 @@ class Transport(ABC):
         self.rank = rank
         self.world_size = world_size
         self.ledger = Ledger(rank)
+        self.phase = "setup"
+
+    def waiting(
+        self, op: str, tag: str, peers: Sequence[int] | None = None
+    ) -> AbstractContextManager[None]:
+        """Around a call that blocks on ``peers`` (None: every rank): a
+        transport whose waits may stall tells which rank holds one up
+        (:mod:`graphwire.comm.stall`); here, nothing."""
+        return nullcontext()
 
     @property
     def leads_machine(self) -> bool:

@@ -21,6 +21,7 @@ import torch
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_STALL_NOTICE_S",
     "DEFAULT_TIMEOUT_S",
     "MAX_TIMEOUT_S",
     "WorkerContext",
@@ -30,6 +31,7 @@ __all__ = [
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_STALL_NOTICE_S = 30.0
 # The longest timeout (about 31 years): a datetime.timedelta holds it, and
 # torch.distributed takes it.
 MAX_TIMEOUT_S = 1e9
@@ -65,6 +67,8 @@ class WorkerContext:
         master_port: port of that store.
         backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (GPU tensors).
         timeout_s: bound on every blocking collective and on the rendezvous.
+        stall_notice_s: how long a blocking call waits before the rank says
+            which rank it waits on (:mod:`~graphwire.comm.stall`); 0: never.
     """
 
     rank: int
@@ -74,6 +78,7 @@ class WorkerContext:
     master_port: int
     backend: str
     timeout_s: float = DEFAULT_TIMEOUT_S
+    stall_notice_s: float = DEFAULT_STALL_NOTICE_S
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -105,6 +110,11 @@ class WorkerContext:
                 f"timeout_s: expected > 0 and <= {MAX_TIMEOUT_S:g}, "
                 f"got {self.timeout_s}"
             )
+        if not 0 <= self.stall_notice_s <= MAX_TIMEOUT_S:
+            raise ValueError(
+                f"stall_notice_s: expected >= 0 and <= {MAX_TIMEOUT_S:g}, "
+                f"got {self.stall_notice_s}"
+            )
 
     @classmethod
     def from_env(
@@ -113,6 +123,7 @@ class WorkerContext:
         *,
         backend: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        stall_notice_s: float = DEFAULT_STALL_NOTICE_S,
     ) -> WorkerContext:
         """Read the variables ``torchrun`` sets.
 
@@ -122,6 +133,7 @@ class WorkerContext:
             backend: overrides :func:`default_backend` (of
                 ``LOCAL_WORLD_SIZE`` ranks, which torchrun sets; else of one).
             timeout_s: see :attr:`timeout_s`.
+            stall_notice_s: see :attr:`stall_notice_s`.
 
         Raises:
             ValueError: a variable is missing or malformed; the message names it.
@@ -153,6 +165,7 @@ class WorkerContext:
                 master_port=values["MASTER_PORT"],
                 backend=backend,
                 timeout_s=timeout_s,
+                stall_notice_s=stall_notice_s,
             )
         except ValueError as error:
             found = ", ".join(f"{name}={env[name]}" for name in _REQUIRED)
@@ -178,7 +191,7 @@ class WorkerContext:
     def to_env(self) -> dict[str, str]:
         """The ``torchrun`` variables that describe this worker.
 
-        The inverse of :meth:`from_env`, less the backend and timeout."""
+        The inverse of :meth:`from_env`, less the backend and timeouts."""
         return {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),

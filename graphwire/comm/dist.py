@@ -36,7 +36,9 @@ tag, and the peer: a point-to-point one's, or of two ranks the other; of
 more, a failed collective names the ranks whose
 :class:`~graphwire.comm.heartbeat.Heartbeat` stopped. Under gloo a peer that
 dies mid-collective closes its sockets, and the survivors' pending
-collectives fail at once rather than at the timeout.
+collectives fail at once rather than at the timeout. A call that waits
+``ctx.stall_notice_s`` says which rank holds it up
+(:class:`~graphwire.comm.stall.StallWatch`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from __future__ import annotations
 import os
 import pickle
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -62,6 +65,7 @@ from graphwire.comm.base import (
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.dist_work import TorchWork
 from graphwire.comm.heartbeat import Heartbeat
+from graphwire.comm.stall import StallWatch
 from graphwire.comm.wire import bytes_per_row, rows_as_bytes, rows_from_bytes
 
 if TYPE_CHECKING:
@@ -103,7 +107,19 @@ class TorchTransport(Transport):
         self._timeout = timedelta(seconds=ctx.timeout_s)
         self._owns_group = owns_group
         self._closed = False
-        self._heartbeat = Heartbeat.start(ctx) if ctx.world_size > 2 else None
+        self._heartbeat = Heartbeat.start(ctx) if ctx.world_size > 1 else None
+        self._stall: StallWatch | None = None
+        if ctx.world_size > 1 and ctx.stall_notice_s > 0:
+            self._stall = StallWatch(
+                ctx.rank,
+                ctx.world_size,
+                ctx.stall_notice_s,
+                ctx.timeout_s,
+                self._heartbeat,
+                phase=lambda: self.phase,
+            )
+            if self._heartbeat is not None:
+                self._heartbeat.status = self._stall.status
         # Made by every rank here, as new_group must be (open runs on all).
         self._p2p_group: Any = None
         self._p2p_device = self.device
@@ -189,6 +205,8 @@ class TorchTransport(Transport):
         self._closed = True
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        if self._stall is not None:
+            self._stall.stop()
         if self._p2p_group is not None and dist.is_initialized():
             dist.destroy_process_group(self._p2p_group)
         if self._owns_group and dist.is_initialized():
@@ -227,7 +245,16 @@ class TorchTransport(Transport):
             raise ValueError(f"all_to_all ({tag}): negative recv_rows {recv_rows}")
         if world == 1:
             return [mine]
-        return self._exchange(send, recv_rows, tag, self.check_splits)
+        with self.waiting("all_to_all", tag):
+            return self._exchange(send, recv_rows, tag, self.check_splits)
+
+    def waiting(
+        self, op: str, tag: str, peers: Sequence[int] | None = None
+    ) -> AbstractContextManager[None]:
+        """See :meth:`Transport.waiting`: noted by the run's stall watch."""
+        if self._stall is None:
+            return super().waiting(op, tag, peers)
+        return self._stall.waiting(op, tag, peers)
 
     def _exchange(
         self,
@@ -282,7 +309,14 @@ class TorchTransport(Transport):
         except RuntimeError as error:
             self._fail(op, tag, error)
         self.ledger.record_send(dst, tag, row_bytes(staged))
-        return TorchWork(work, op, tag, self._timeout, self._fail)
+        return TorchWork(
+            work,
+            op,
+            tag,
+            self._timeout,
+            self._fail,
+            lambda: self.waiting(op, tag, [dst]),
+        )
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: str) -> Work:
         """See :meth:`Transport.irecv`; ``tensor`` is filled by ``wait()``."""
@@ -299,12 +333,25 @@ class TorchTransport(Transport):
             self._fail(op, tag, error)
         self.ledger.record_recv(src, tag, row_bytes(staged))
         target = None if direct else tensor
-        return TorchWork(work, op, tag, self._timeout, self._fail, staged, target)
+        return TorchWork(
+            work,
+            op,
+            tag,
+            self._timeout,
+            self._fail,
+            lambda: self.waiting(op, tag, [src]),
+            staged,
+            target,
+        )
 
     def all_gather_object(self, obj: Any, tag: str) -> list[Any]:
         self._check_open(tag)
         if self.world_size == 1:
             return [obj]
+        with self.waiting("all_gather_object", tag):
+            return self._gather_object(obj, tag)
+
+    def _gather_object(self, obj: Any, tag: str) -> list[Any]:
         data = encode_object(obj)
         length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
         lengths = [torch.empty_like(length) for _ in range(self.world_size)]

@@ -127,7 +127,10 @@ class TorchService(Service):
         if work is None:  # not a member of the group: cannot happen here
             raise self._fail(peer, kind, "no work handle")
         try:
-            done = work.wait(timeout=self._timeout)
+            with self.transport.waiting(
+                f"{self.tag(kind)} request to rank {peer}", self.tag(kind), [peer]
+            ):
+                done = work.wait(timeout=self._timeout)
         except RuntimeError as error:
             raise self._fail(peer, kind, str(error)) from error
         if done is False:

@@ -6,6 +6,7 @@ It is the :class:`~graphwire.comm.base.Work` of a
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -26,6 +27,8 @@ class TorchWork:
         tag: the message's tag, for errors.
         timeout: the longest ``wait()`` waits.
         fail: raises the transport's error for ``(op, tag, error)``.
+        waiting: makes what is held while ``wait()`` blocks (the transport's
+            stall watch notes the wait).
         staged: the tensor a receive lands in, when not ``target`` itself.
         target: the caller's tensor ``staged`` is copied into on completion.
     """
@@ -37,11 +40,12 @@ class TorchWork:
         tag: str,
         timeout: timedelta,
         fail: Callable[[str, str, BaseException], NoReturn],
+        waiting: Callable[[], AbstractContextManager[None]],
         staged: torch.Tensor | None = None,
         target: torch.Tensor | None = None,
     ) -> None:
         self._work, self._op, self._tag = work, op, tag
-        self._timeout, self._fail = timeout, fail
+        self._timeout, self._fail, self._waiting = timeout, fail, waiting
         self._staged, self._target = staged, target
         self._done = False
 
@@ -49,7 +53,8 @@ class TorchWork:
         if self._done:
             return
         try:
-            completed = self._work.wait(timeout=self._timeout)
+            with self._waiting():
+                completed = self._work.wait(timeout=self._timeout)
         except RuntimeError as error:
             self._fail(self._op, self._tag, error)
         if completed is False:

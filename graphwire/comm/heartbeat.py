@@ -2,13 +2,20 @@
 
 gloo's error for a failed collective names an address, not a rank, and under
 ``torchrun --nnodes`` no launcher on the other nodes knows which rank died.
-So of more than two ranks each beats in the store the run already has
+So each rank (of two or more) beats in the store the run already has
 (``MASTER_ADDR:MASTER_PORT``: the launcher's under ``--workers``, node 0's
-agent's under torchrun), and a survivor of a failed collective asks which
-ranks stopped beating. Keys, per torchrun run and restart::
+agent's under torchrun), and a survivor of a failed collective, or a rank
+held up in one (:mod:`~graphwire.comm.stall`), asks which ranks stopped
+beating. Keys, per torchrun run and restart::
 
     graphwire/heartbeat/<run id>/<restart>/beat/<rank>     counter, +1 per beat
     graphwire/heartbeat/<run id>/<restart>/failed/<rank>   set on a failure
+    graphwire/heartbeat/<run id>/<restart>/status/<rank>   where it is, when told
+
+With a ``status`` callable a rank also publishes where it is (``epoch 21,
+waiting in all_to_all (fwd.L1)``) whenever that changed, at most once a beat:
+a rank held up by a peer (:mod:`~graphwire.comm.stall`) reads where the peer
+was last seen.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -43,10 +51,18 @@ class Heartbeat:
         rank: this rank.
         world_size: the number of ranks.
         store: the run's rendezvous store (a ``torch.distributed.Store``).
+        status: where this rank is now (None: it publishes nothing).
     """
 
-    def __init__(self, rank: int, world_size: int, store: Any) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        store: Any,
+        status: Callable[[], str] | None = None,
+    ) -> None:
         self.rank, self.world_size, self._store = rank, world_size, store
+        self.status = status
         run = os.environ.get("TORCHELASTIC_RUN_ID", "")
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._prefix = f"graphwire/heartbeat/{run}/{restart}/"
@@ -57,7 +73,9 @@ class Heartbeat:
         self._thread.start()
 
     @classmethod
-    def start(cls, ctx: WorkerContext) -> Heartbeat | None:
+    def start(
+        cls, ctx: WorkerContext, status: Callable[[], str] | None = None
+    ) -> Heartbeat | None:
         """Beat for ``ctx``'s rank; None if the store cannot be reached."""
         try:
             store = dist.TCPStore(
@@ -69,13 +87,18 @@ class Heartbeat:
             )
         except (RuntimeError, OSError):
             return None
-        return cls(ctx.rank, ctx.world_size, store)
+        return cls(ctx.rank, ctx.world_size, store, status)
 
     def _beat(self) -> None:
         key = f"{self._prefix}beat/{self.rank}"
+        told = None
         while not self._stopped.is_set():
             try:
                 self._store.add(key, 1)
+                now = self.status() if self.status is not None else None
+                if now is not None and now != told:
+                    self._store.set(f"{self._prefix}status/{self.rank}", now)
+                    told = now
             except (RuntimeError, OSError):  # the store went with its host
                 return
             self._stopped.wait(_BEAT_S)
@@ -84,22 +107,46 @@ class Heartbeat:
         """The other ranks whose heartbeat stopped; None if the store cannot tell.
 
         Seen over ``_SILENT_S`` (this rank's goes on meanwhile)."""
+        self.mark_failed()
+        silent = self.silent()
         try:
-            self.mark_failed()
-            before = self._counts()
-            time.sleep(_SILENT_S)
-            after = self._counts()
             failed = [
                 self._store.check([f"{self._prefix}failed/{rank}"])
                 for rank in range(self.world_size)
             ]
         except (RuntimeError, OSError):
             return None
+        if silent is None:
+            return None
+        return [rank for rank in silent if not failed[rank]]
+
+    def silent(self) -> list[int] | None:
+        """The other ranks whose heartbeat did not move over ``_SILENT_S``;
+        None if the store cannot tell."""
+        try:
+            before = self._counts()
+            time.sleep(_SILENT_S)
+            after = self._counts()
+        except (RuntimeError, OSError):
+            return None
         return [
             rank
             for rank in range(self.world_size)
-            if rank != self.rank and before[rank] == after[rank] and not failed[rank]
+            if rank != self.rank and before[rank] == after[rank]
         ]
+
+    def statuses(self) -> dict[int, str] | None:
+        """Where each rank that published its status was last seen; None if
+        the store cannot tell."""
+        seen = {}
+        try:
+            for rank in range(self.world_size):
+                key = f"{self._prefix}status/{rank}"
+                if self._store.check([key]):
+                    seen[rank] = self._store.get(key).decode("utf-8", "replace")
+        except (RuntimeError, OSError):
+            return None
+        return seen
 
     def mark_failed(self) -> None:
         """Say that this rank has met a failure of its own (it is not lost)."""

@@ -225,6 +225,7 @@ def train_distributed(
     for epoch in range(first, config.epochs):
         if stopped:
             break
+        transport.phase = f"epoch {epoch}"  # told by a rank held up
         before = transport.ledger.snapshot()
         engine.reset_timers()
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -285,6 +286,7 @@ def train_distributed(
         stopped = bool(metrics) and best.update(epoch, metrics, model)
         if checkpoint is not None and checkpoint.due(epoch, config.epochs, stopped):
             _save(checkpoint, epoch, transport, model, optimizer, best, records)
+    transport.phase = "teardown"
     ledger = transport.ledger.snapshot()
     phases["teardown"] = phase_record(windows.cut(ledger), ended)
     return DistributedResult(

@@ -155,6 +155,7 @@ def train_minibatch_distributed(
         meter = ResourceMeter()
         ended = time.perf_counter()  # the last window's end
         for epoch in epochs:
+            transport.phase = f"epoch {epoch}"  # told by a rank held up
             record, stopped = _epoch(loop, epoch, best, meter, seen, windows)
             ended = time.perf_counter()
             records.append(record)
@@ -164,6 +165,7 @@ def train_minibatch_distributed(
                 _save(checkpoint, epoch, loop, best, records)
             if stopped:
                 break
+        transport.phase = "teardown"
         loop.fetcher.finish()
     except BaseException:
         loop.close(collective=False)

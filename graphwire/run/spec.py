@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphwire.allocator import MAX_KEEP_FREED_MB
-from graphwire.comm.context import MAX_TIMEOUT_S
+from graphwire.comm.context import DEFAULT_STALL_NOTICE_S, MAX_TIMEOUT_S
 from graphwire.graph.datasets import DEFAULT_SPEC
 from graphwire.options import check_options, option, option_fields
 from graphwire.run.config import TrainConfig
@@ -143,6 +143,14 @@ class LaunchSpec:
         most=MAX_TIMEOUT_S,
         only="distributed",
         help="seconds any wait may last (joining the ranks, each collective)",
+    )
+    stall_notice: float = option(
+        DEFAULT_STALL_NOTICE_S,
+        least=0,
+        most=MAX_TIMEOUT_S,
+        only="distributed",
+        help="seconds a worker waits on its peers before it says which rank "
+        "it waits on, where, and when --timeout ends the run (0: never)",
     )
     threads: int | None = option(
         None, least=1, help="torch threads per process (unset: workers take 1)"

@@ -79,7 +79,11 @@ def _run_distributed(spec: RunSpec, mode: Mode, out: Path) -> int:
     if spec.torchrun:
         from graphwire.comm.launch import die_with_parent
 
-        ctx = WorkerContext.from_env(backend=launch.backend, timeout_s=launch.timeout)
+        ctx = WorkerContext.from_env(
+            backend=launch.backend,
+            timeout_s=launch.timeout,
+            stall_notice_s=launch.stall_notice,
+        )
         # torchrun's agent stops its workers when it is stopped (SIGTERM: the
         # command line ends as on Ctrl-C, cleaning up), but not when it is
         # killed (SIGKILL, the OOM killer): this worker would train on alone,
@@ -139,6 +143,7 @@ def _run_distributed(spec: RunSpec, mode: Mode, out: Path) -> int:
             threads=launch.threads or 1,
             keep_freed_mb=launch.keep_freed_mb,
             timeout_s=launch.timeout,
+            stall_notice_s=launch.stall_notice,
             backend=backend,
         )[0]
         assert reports is not None

@@ -1,9 +1,11 @@
 """Each rank of more than two beats in the rendezvous store, so a survivor of
 a failed collective can name the ranks that stopped (gloo names an address):
-one whose beat did not move and that did not report a failure of its own."""
+one whose beat did not move and that did not report a failure of its own.
+A rank held up in a call says which rank it waits on (graphwire.comm.stall)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -13,6 +15,7 @@ import torch.distributed as dist
 from graphwire.comm import heartbeat as heartbeat_module
 from graphwire.comm.context import WorkerContext
 from graphwire.comm.launch import free_port
+from graphwire.comm.stall import StallWatch
 
 
 @pytest.fixture
@@ -73,3 +76,54 @@ def test_when_the_store_went_with_its_host_nothing_is_told(monkeypatch) -> None:
     del store
     assert heart.lost() is None
     heart.stop()
+
+
+def _held_up(watch: StallWatch, lines: list[str], op: str, tag: str, peers=None):
+    """Wait in ``op`` until ``watch`` tells of it (10 s at most)."""
+    with watch.waiting(op, tag, peers):
+        deadline = time.monotonic() + 10
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a second notice of the same wait would come by now
+    watch.stop()
+
+
+def test_a_rank_held_up_in_a_call_says_once_which_rank_and_where(beats) -> None:
+    """A call held up past the notice time gets one line: the rank that
+    stopped beating (frozen or dead), where it was last seen, and how long
+    the timeout leaves; a call that ends sooner gets none."""
+    phases = {1: "epoch 4, waiting in all_to_all (fwd.L1)", 2: "epoch 4, computing"}
+    for rank, where in phases.items():
+        beats[rank].status = lambda where=where: where
+    lines: list[str] = []
+    watch = StallWatch(0, 3, 0.3, 60.0, beats[0], lambda: "epoch 4", lines.append)
+    beats[0].status = watch.status
+    with watch.waiting("all_to_all", "fwd.L0"):
+        time.sleep(0.1)  # over before its notice
+    time.sleep(0.3)  # every status published
+    beats[2].stop()
+    _held_up(watch, lines, "all_to_all", "fwd.L1")
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("graphwire: rank 0 has waited ")
+    assert " s in epoch 4 on all_to_all (fwd.L1): rank 2 stopped beating " in lines[0]
+    assert "(frozen or dead; rank 2 last seen in epoch 4, computing)" in lines[0]
+    left = int(lines[0].split("ends the run in ")[1].split()[0])
+    assert 50 <= left <= 59 and lines[0].endswith(" s unless it moves")
+
+
+def test_a_rank_held_up_by_live_peers_names_those_not_in_its_call(beats) -> None:
+    """All beat: of a collective, the ranks that are elsewhere (slow or
+    stuck) are named with where they are; of a receive, its peer."""
+    beats[1].status = lambda: "epoch 2, waiting in all_to_all (bwd.L0)"
+    beats[2].status = lambda: "epoch 2, computing"
+    cases = {
+        (None, "all_to_all"): "rank 2: epoch 2, computing",
+        ((1,), "irecv from rank 1"): "rank 1: epoch 2, waiting in all_to_all (bwd.L0)",
+    }
+    for (peers, op), named in cases.items():
+        lines: list[str] = []
+        watch = StallWatch(0, 3, 0.3, 9.0, beats[0], lambda: "epoch 2", lines.append)
+        _held_up(watch, lines, op, "bwd.L0", peers)
+        assert len(lines) == 1, lines
+        rank = 2 if peers is None else 1
+        assert f"waiting on rank {rank}, alive but not here ({named})" in lines[0]

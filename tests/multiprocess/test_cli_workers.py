@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -65,7 +66,9 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
     tmp_path: Path, capfd: Capture
 ) -> None:
     """While a run trains, ``metrics.jsonl.partial`` grows with rank 0's
-    epoch records; a worker killed late (as the OOM killer would) ends the
+    epoch records. A worker frozen late (SIGSTOP) is named, once, by rank 0
+    after ``--stall-notice`` seconds, with where it was last seen; killed
+    then (as the OOM killer would) it ends the
     run promptly with one line naming it, no worker left, and the records
     kept (and no new ``metrics.jsonl``, which would look complete). A resumed run's file
     starts with the epochs its checkpoint restored, with their times, and the
@@ -75,7 +78,7 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
     argvs, earlier, finished = {}, {}, {}
     for name, (mode, resumed) in STREAMED.items():
         argv = ["train", "--dataset", SPEC, *mode, "--workers", "2", "--quiet"]
-        argv += ["--timeout", "60", "--out", str(outs[name])]
+        argv += ["--timeout", "60", "--stall-notice", "2", "--out", str(outs[name])]
         if resumed:
             ran = graphwire(capfd, *argv, "--epochs", "2", "--checkpoint-every", "1")
             ran.summary()
@@ -83,11 +86,12 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
             finished[name] = (outs[name] / "metrics.jsonl").read_bytes()
             argv += ["--resume", "--checkpoint-every", "1"]
         argvs[name] = argv
+    errs = {name: (tmp_path / f"{name}.err").open("w+") for name in argvs}
     runs = {
         name: subprocess.Popen(
             [sys.executable, "-m", "graphwire", *argv, "--epochs", "100000"],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=errs[name],
             text=True,
         )
         for name, argv in argvs.items()
@@ -98,17 +102,24 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
             partial = outs[name] / "metrics.jsonl.partial"
             deadline = time.monotonic() + 120
             while _epoch_lines(partial) < 3 + 2 * STREAMED[name][1]:
-                assert run.poll() is None, run.communicate()[1][-3000:]
+                assert run.poll() is None, _read(errs[name])[-3000:]
                 assert time.monotonic() < deadline, f"{name}: no epochs in 120 s"
                 time.sleep(0.2)
             # The worker not writing the file: rank 1.
             workers = worker_children(run.pid)
             writing = [w for w in workers if str(partial) in _open_paths(w)]
             assert len(workers) == 2 and len(writing) == 1, name
-            next(w for w in workers if w not in writing).kill()
+            frozen = next(w for w in workers if w not in writing)
+            frozen.suspend()
+            while "stopped beating" not in _read(errs[name]):
+                assert time.monotonic() < deadline + 60, f"{name}: no stall notice"
+                time.sleep(0.2)
+            time.sleep(2.5)  # a second notice of the same wait would come by now
+            frozen.kill()
             killed[name] = (time.monotonic(), workers)
         for name, run in runs.items():
-            stderrs[name] = run.communicate(timeout=120)[1]
+            run.communicate(timeout=120)
+            stderrs[name] = _read(errs[name])
             ended[name] = time.monotonic() - killed[name][0]
     finally:
         for run in runs.values():
@@ -122,6 +133,14 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
     for name in STREAMED:
         stderr, (_, workers) = stderrs[name], killed[name]
         assert runs[name].returncode == 1, (name, stderr[-3000:])
+        notices = [line for line in stderr.splitlines() if "has waited" in line]
+        assert len(notices) == 1, stderr
+        assert notices[0].startswith("graphwire: rank 0 has waited "), notices
+        assert (
+            ": rank 1 stopped beating (frozen or dead; rank 1 last seen in epoch "
+            in notices[0]
+        )
+        assert "the timeout (60 s) ends the run in " in notices[0]
         lines = [line for line in stderr.splitlines() if "graphwire: error" in line]
         assert len(lines) == 1, stderr
         assert lines[0].startswith("graphwire: error: rank 1 was killed by SIGKILL")
@@ -160,6 +179,12 @@ def _check_stream(
         assert times[:2] == [earlier[name][0, 0], earlier[name][1, 0]]
         times = times[2:]
     assert all(0 < a < b for a, b in zip(times, times[1:], strict=False))
+
+
+def _read(err: Any) -> str:
+    """All a run has written so far to ``err``, a file open for reading too."""
+    err.seek(0)
+    return err.read()
 
 
 def _open_paths(process: psutil.Process) -> set[str]:

@@ -51,7 +51,11 @@ def child_main(
     keep_freed_memory(keep_freed_mb)
     try:
         fn, args = pickle.loads(job)
-        context = WorkerContext.from_env(backend=ctx.backend, timeout_s=ctx.timeout_s)
+        context = WorkerContext.from_env(
+            backend=ctx.backend,
+            timeout_s=ctx.timeout_s,
+            stall_notice_s=ctx.stall_notice_s,
+        )
         result = fn(context, *args)
         _send(pipe, ("ok", result))
     except BaseException as error:

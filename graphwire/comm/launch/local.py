@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from graphwire.allocator import check_keep_freed_mb
 from graphwire.comm.context import (
+    DEFAULT_STALL_NOTICE_S,
     DEFAULT_TIMEOUT_S,
     MAX_TIMEOUT_S,
     WorkerContext,
@@ -89,6 +90,7 @@ def launch_local(
     world_size: int,
     *args: Any,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    stall_notice_s: float = DEFAULT_STALL_NOTICE_S,
     run_timeout_s: float | None = None,
     backend: str | None = None,
     threads: int = 1,
@@ -102,6 +104,8 @@ def launch_local(
         world_size: number of processes (ranks ``0..world_size-1``).
         *args: passed to ``fn`` on every rank (pickled once).
         timeout_s: each child's collective (and rendezvous) timeout.
+        stall_notice_s: how long a child's call waits before it says on
+            which rank (0: never; :attr:`WorkerContext.stall_notice_s`).
         run_timeout_s: bound on the whole run (None: none).
         backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend`
             of ``world_size`` ranks.
@@ -156,7 +160,14 @@ def launch_local(
     try:
         for rank in range(world_size):
             ctx = WorkerContext(
-                rank, world_size, rank, LOOPBACK, port, backend, timeout_s
+                rank,
+                world_size,
+                rank,
+                LOOPBACK,
+                port,
+                backend,
+                timeout_s,
+                stall_notice_s,
             )
             reader, writer = mp.Pipe(duplex=False)
             child = mp.Process(
