@@ -117,6 +117,13 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
             raise DatasetError(
                 path, f"field {field!r} must be >= 0, found {meta[field]}"
             )
+    if meta["num_classes"] > meta["num_nodes"]:  # the model is sized by it
+        raise DatasetError(
+            path,
+            f"num_classes is {meta['num_classes']:,}, but a graph of "
+            f"{meta['num_nodes']:,} nodes (num_nodes) has at most "
+            f"{meta['num_nodes']:,} classes",
+        )
     for part_id, entry in enumerate(meta["parts"]):
         _check_part_entry(path, part_id, entry)
         _check_part_counts(path, part_id, entry, meta)
