@@ -349,3 +349,19 @@ def test_verify_finds_parts_that_disagree_with_checksums_intact(
     capsys.readouterr()
     assert main(["data", "verify", "--dataset", str(parts)]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_data_info_names_a_label_beyond_the_node_count(tmp_path, capsys) -> None:
+    """A label of 10**9 on a 5-node graph read as 1,000,000,001 classes (and
+    training then asked for 64 GB): the array and the label are named."""
+    import numpy as np
+
+    path = tmp_path / "g.npz"
+    y = np.array([0, 1, 0, 10**9, 1])
+    np.savez(path, src=np.array([0, 1, 2, 3]), dst=np.array([1, 2, 3, 4]), y=y)
+    assert main(["data", "info", "--dataset", f"npz:{path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"graphwire: error: {path}: array 'y': the largest label is 1000000000 "
+        "(row 3), but a graph of 5 nodes has at most 5 classes"
+    ), err

@@ -82,3 +82,85 @@ def test_a_full_disk_names_the_file(tmp_path) -> None:
         f"[Errno 28] {partial}: could not be written (No space left on device)"
     )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def _lines(path) -> list[dict]:
+    """Every line of ``path`` parsed; a torn line fails here."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_record_cut_short_by_a_full_disk_is_taken_back(tmp_path, monkeypatch) -> None:
+    """A write that stops part-way (ENOSPC after some of the line) left half a
+    record, and every JSON-lines reader of the file failed on it; the close
+    flushed the half again."""
+    real_write = os.write
+
+    def half_then_full(fd: int, data: bytes) -> int:
+        if b'"epoch": 1' in bytes(data):
+            real_write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    partial = tmp_path / "run" / "metrics.jsonl.partial"
+    with pytest.raises(OSError) as caught, MetricsLog(tmp_path / "run") as log:
+        log.write("epoch", epoch=0, loss=1.5)
+        log.write("epoch", epoch=1, loss=1.25)
+    said = str(caught.value)
+    assert "\n" not in said and said == (
+        f"[Errno 28] {partial}: could not be written (No space left on device)"
+    )
+    assert [r["epoch"] for r in _lines(partial)] == [0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_file_size_limit_leaves_whole_records(tmp_path) -> None:
+    """The kernel's own short write: past RLIMIT_FSIZE a write stops at the
+    limit and the next fails (EFBIG), as a disk that fills up mid-line does."""
+    import resource
+    import signal
+
+    (tmp_path / "run").mkdir()
+    partial = tmp_path / "run" / "metrics.jsonl.partial"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not death
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))
+        with pytest.raises(OSError) as caught, MetricsLog(tmp_path / "run") as log:
+            for epoch in range(10):
+                log.write("epoch", epoch=epoch, loss=1.5)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert caught.value.errno == errno.EFBIG
+    assert str(caught.value).startswith(f"[Errno 27] {partial}: could not be written")
+    assert [r["epoch"] for r in _lines(partial)] == [0]
+
+
+def test_a_full_file_system_leaves_whole_records(tmp_path) -> None:
+    """A real full disk: a 16 KiB tmpfs, filled by records that do not fit
+    its pages evenly, so the last one is cut short by the kernel. Mounting
+    needs root with mount permission; elsewhere the test skips."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("mount"):
+        pytest.skip("no mount command")
+    small = tmp_path / "small"
+    small.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)]
+    failed = subprocess.run(mount, capture_output=True).returncode
+    if failed:
+        pytest.skip("cannot mount a tmpfs here (needs root and mount permission)")
+    try:
+        partial = small / "run" / "metrics.jsonl.partial"
+        with pytest.raises(OSError) as caught, MetricsLog(small / "run") as log:
+            for epoch in range(1000):
+                log.write("epoch", epoch=epoch, note="x" * 150)
+        assert caught.value.errno == errno.ENOSPC
+        assert str(partial) in str(caught.value)
+        records = _lines(partial)
+        assert [r["epoch"] for r in records] == list(range(len(records)))
+        assert len(records) > 10
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

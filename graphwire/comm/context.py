@@ -69,6 +69,8 @@ class WorkerContext:
         timeout_s: bound on every blocking collective and on the rendezvous.
         stall_notice_s: how long a blocking call waits before the rank says
             which rank it waits on (:mod:`~graphwire.comm.stall`); 0: never.
+        local_world_size: the workers on this machine (torchrun's
+            ``LOCAL_WORLD_SIZE``); None where the launcher did not say.
     """
 
     rank: int
@@ -79,6 +81,7 @@ class WorkerContext:
     backend: str
     timeout_s: float = DEFAULT_TIMEOUT_S
     stall_notice_s: float = DEFAULT_STALL_NOTICE_S
+    local_world_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -91,6 +94,12 @@ class WorkerContext:
             raise ValueError(
                 f"local_rank: expected 0 <= local_rank < {self.world_size} (the "
                 f"world size), got {self.local_rank}"
+            )
+        local_world = self.local_world_size
+        if local_world is not None and not 1 <= local_world <= self.world_size:
+            raise ValueError(
+                f"local_world_size: expected 1 <= local_world_size <= "
+                f"{self.world_size} (the world size), got {local_world}"
             )
         if not self.master_addr:
             raise ValueError("master_addr: expected a host name or address, got ''")
@@ -132,6 +141,7 @@ class WorkerContext:
                 ``MASTER_ADDR`` and ``MASTER_PORT`` (all required).
             backend: overrides :func:`default_backend` (of
                 ``LOCAL_WORLD_SIZE`` ranks, which torchrun sets; else of one).
+                ``LOCAL_WORLD_SIZE`` also gives :attr:`local_world_size`.
             timeout_s: see :attr:`timeout_s`.
             stall_notice_s: see :attr:`stall_notice_s`.
 
@@ -145,7 +155,7 @@ class WorkerContext:
                 "not set; launch with torchrun or graphwire.comm.launch"
             )
         values = {name: _int_var(env, name) for name in _INTS}
-        local_world = 1
+        local_world = None
         if env.get("LOCAL_WORLD_SIZE"):
             local_world = _int_var(env, "LOCAL_WORLD_SIZE")
             if not 0 <= values["LOCAL_RANK"] < local_world:
@@ -155,7 +165,7 @@ class WorkerContext:
                     "machine)"
                 )
         if backend is None:
-            backend = default_backend(local_world)
+            backend = default_backend(local_world or 1)
         try:
             return cls(
                 rank=values["RANK"],
@@ -166,10 +176,17 @@ class WorkerContext:
                 backend=backend,
                 timeout_s=timeout_s,
                 stall_notice_s=stall_notice_s,
+                local_world_size=local_world,
             )
         except ValueError as error:
             found = ", ".join(f"{name}={env[name]}" for name in _REQUIRED)
             raise ValueError(f"worker context ({found}): {error}") from None
+
+    @property
+    def spans_machines(self) -> bool:
+        """Whether the run's workers are on more machines than this one:
+        fewer of them here than in the run, or not known."""
+        return self.local_world_size != self.world_size
 
     @property
     def device(self) -> torch.device:
@@ -192,13 +209,16 @@ class WorkerContext:
         """The ``torchrun`` variables that describe this worker.
 
         The inverse of :meth:`from_env`, less the backend and timeouts."""
-        return {
+        env = {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_RANK": str(self.local_rank),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
+        if self.local_world_size is not None:
+            env["LOCAL_WORLD_SIZE"] = str(self.local_world_size)
+        return env
 
 
 def _has_port(host: str) -> bool:

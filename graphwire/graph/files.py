@@ -32,6 +32,7 @@ from graphwire.fsutil import atomic_file
 from graphwire.graph.errors import DatasetError
 from graphwire.graph.features import check_finite_features
 from graphwire.graph.graph import Graph, GraphError
+from graphwire.graph.labels import check_class_count
 
 __all__ = ["load_edgelist", "load_npz", "read_table", "save_npz"]
 
@@ -131,7 +132,8 @@ def load_npz(path: str | os.PathLike[str]) -> Graph:
     Raises:
         DatasetError: Missing, truncated or corrupt archive; missing or unknown
             arrays; wrong dtypes or shapes; node IDs out of range; a label below
-            ``-1``, or ``-1`` on a node in a split.
+            ``-1``, ``-1`` on a node in a split, or as large as the node count
+            (more classes than nodes).
     """
     path = Path(path)
     arrays = _read_npz(path)
@@ -166,6 +168,8 @@ def load_npz(path: str | os.PathLike[str]) -> Graph:
         )
     except GraphError as error:  # labels too: -1 is allowed only off the splits
         raise DatasetError(path, f"array {error}") from error
+    if graph.y is not None:
+        check_class_count(path, "array 'y'", graph.y.numpy(), graph.num_nodes)
     return graph
 
 

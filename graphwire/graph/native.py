@@ -170,7 +170,11 @@ def load_graph(
     spanned = 0
     if "y" in arrays:  # shapes, split IDs and split labels: Graph checked them
         spanned = check_labels(
-            folder / "y.npy", arrays["y"], {}, meta.get("num_classes")
+            folder / "y.npy",
+            arrays["y"],
+            {},
+            meta.get("num_classes"),
+            num_nodes=graph.num_nodes,
         )
     if meta.get("num_classes", spanned) != spanned:
         raise DatasetError(

@@ -120,7 +120,8 @@ def load_ogb(
         _check_range(path, ids, num_nodes)
         splits[field] = ids
     if y is not None:
-        check_labels(label_path, y, splits)  # nan (-1) only on nodes in no split
+        # nan (-1) only on nodes in no split
+        check_labels(label_path, y, splits, num_nodes=num_nodes)
 
     try:
         graph = Graph.from_edge_index(

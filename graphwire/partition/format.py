@@ -62,6 +62,7 @@ from graphwire.partition.layout import (
     SPLITS,
     VERSION,
     check_part,
+    check_part_count,
     load_partition_meta,
     part_folder,
 )
@@ -273,10 +274,12 @@ def load_part(
         DatasetError: ``meta.json`` is missing, malformed, of another format or
             version, or its counts disagree (``num_edges`` with the parts'
             in-edges, ``num_features`` with any part's x width); one of the
-            part's files is missing, truncated, of another dtype or shape than
+            part's files is missing (its folder gone: the error counts the
+            parts the folder holds), truncated, of another dtype or shape than
             ``meta.json`` says, holds out-of-range IDs or labels (a label must
-            lie in ``[0, num_classes)``; ``-1``, unlabelled, only on a node in
-            no split), or (with ``verify``) fails its checksum; ``meta.json``
+            lie in ``[0, num_classes)`` and below ``num_nodes``; ``-1``,
+            unlabelled, only on a node in no split), or (with ``verify``)
+            fails its checksum; ``meta.json``
             lists any part's array with another dtype or number of dimensions
             than the format's (int64 IDs and labels, float32 [n, F] x).
     """
@@ -292,6 +295,8 @@ def load_part(
         )
     entry = meta["parts"][part_id]
     where = part_folder(folder, part_id)
+    if not where.is_dir():
+        check_part_count(folder, num_parts)
     arrays = {
         name: load_array(where / f"{name}.npy", spec, mmap, verify)
         for name, spec in entry["arrays"].items()
@@ -301,7 +306,13 @@ def load_part(
     check_part(where, arrays, int(offsets[part_id]), num_owned, meta["num_nodes"])
     if "y" in arrays:  # after check_part: the split rows are in range
         splits = {n: arrays[n] for n in SPLIT_ARRAYS if n in arrays}
-        check_labels(where / "y.npy", arrays["y"], splits, meta["num_classes"])
+        check_labels(
+            where / "y.npy",
+            arrays["y"],
+            splits,
+            meta["num_classes"],
+            num_nodes=meta["num_nodes"],
+        )
     tensors = _as_tensors(arrays)
     return LocalPart(
         part_id=part_id,

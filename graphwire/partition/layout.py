@@ -27,6 +27,7 @@ __all__ = [
     "SPLITS",
     "VERSION",
     "check_part",
+    "check_part_count",
     "load_partition_meta",
     "part_folder",
 ]
@@ -90,6 +91,8 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
     num_parts, offsets = meta["num_parts"], meta["offsets"]
     if num_parts < 1:
         raise DatasetError(path, f"field 'num_parts' must be >= 1, found {num_parts}")
+    if len(offsets) != num_parts + 1 or len(meta["parts"]) != num_parts:
+        check_part_count(folder, num_parts)  # num_parts edited, or parts lost?
     if (
         len(offsets) != num_parts + 1
         or not all(is_int(o) for o in offsets)
@@ -117,6 +120,13 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
             raise DatasetError(
                 path, f"field {field!r} must be >= 0, found {meta[field]}"
             )
+    if meta["num_classes"] > meta["num_nodes"]:  # the model is sized by it
+        raise DatasetError(
+            path,
+            f"num_classes is {meta['num_classes']:,}, but a graph of "
+            f"{meta['num_nodes']:,} nodes (num_nodes) has at most "
+            f"{meta['num_nodes']:,} classes",
+        )
     for part_id, entry in enumerate(meta["parts"]):
         _check_part_entry(path, part_id, entry)
         _check_part_counts(path, part_id, entry, meta)
@@ -136,6 +146,36 @@ def load_partition_meta(folder: str | os.PathLike[str]) -> dict[str, Any]:
             f"{num_in_edges} in-edges (the sum of parts[*].num_in_edges)",
         )
     return meta
+
+
+def check_part_count(folder: str | os.PathLike[str], num_parts: int) -> None:
+    """Refuse a ``folder`` that does not hold parts ``0 .. num_parts - 1``.
+
+    Run where ``meta.json`` disagrees with itself or a part is missing, not
+    on every load: a machine may hold a copy of its own parts only.
+
+    Raises:
+        DatasetError: naming ``meta.json``, the count it claims and the
+            parts the folder holds.
+    """
+    folder = Path(folder)
+    held = sorted(
+        int(path.name.removeprefix("part_"))
+        for path in folder.glob("part_*")
+        if path.name.removeprefix("part_").isdecimal() and path.is_dir()
+    )
+    if held == list(range(num_parts)):
+        return
+    if held and held == list(range(len(held))) and len(held) > 2:
+        shown = f"part_0..part_{held[-1]}"
+    else:
+        names = [f"part_{i}" for i in held[:4]]
+        shown = ", ".join(names) + (f" and {len(held) - 4} more" if held[4:] else "")
+    raise DatasetError(
+        folder / META,
+        f"claims {num_parts} parts, but the folder holds {len(held)} "
+        f"({shown or 'none'})",
+    )
 
 
 def _check_part_entry(path: Path, part_id: int, entry: Any) -> None:

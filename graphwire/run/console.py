@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from graphwire.graph.datasets import load_dataset
+from graphwire.graph.datasets import load_dataset, parse_spec
 from graphwire.graph.graph import Graph
 
 __all__ = [
@@ -111,9 +111,30 @@ def check_trainable_dataset(graph: Graph, dataset: str) -> None:
     splits."""
     from graphwire.run.training import check_trainable
 
-    if graph.x is None or graph.y is None or graph.train_idx is None:
-        raise ValueError(
-            f"dataset {dataset}: training needs features, labels and a split "
-            "(for R-MAT add features=F&classes=C to the spec)"
+    lacks = [
+        what
+        for what, value in (
+            ("features (x)", graph.x),
+            ("labels (y)", graph.y),
+            ("train split (train_idx)", graph.train_idx),
         )
+        if value is None
+    ]
+    if lacks:
+        why = _UNTRAINABLE.get(parse_spec(dataset)[0], _NEEDS)
+        raise ValueError(f"dataset {dataset}: {why.format(lacks=', '.join(lacks))}")
     check_trainable(graph)
+
+
+_NEEDS = "training needs features, labels and a split, and it has no {lacks}"
+# Why a dataset of this scheme lacks node data, and how to give it.
+_UNTRAINABLE = {
+    "synthetic": _NEEDS + " (for R-MAT add features=F&classes=C to the spec)",
+    "edgelist": (
+        "an edge list carries edges only, no features, labels or splits, which "
+        "training needs; save the edges with them as an .npz (np.savez(FILE, "
+        "src=, dst=, x=, y=, train_idx=, val_idx=, test_idx=); "
+        "docs/data-formats.md, 'Bringing your own data') and pass --dataset "
+        "npz:FILE"
+    ),
+}

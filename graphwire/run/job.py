@@ -115,7 +115,9 @@ def run_rank(ctx: WorkerContext, job: Job) -> list[RankReport] | None:
     lead = ctx.rank == 0
     transport = TorchTransport.open(ctx)
     try:
-        part = load_agreed_part(job.folder, transport, job.verify)
+        part = load_agreed_part(
+            job.folder, transport, job.verify, spans_machines=ctx.spans_machines
+        )
         with MetricsLog(job.out if lead else None, final=False) as stream:
             on_epoch = EpochStream(
                 ctx.rank, start, stream, job.show if lead else None, job.header
@@ -127,7 +129,11 @@ def run_rank(ctx: WorkerContext, job: Job) -> list[RankReport] | None:
 
 
 def load_agreed_part(
-    folder: str, transport: Transport, verify: bool = False
+    folder: str,
+    transport: Transport,
+    verify: bool = False,
+    *,
+    spans_machines: bool = False,
 ) -> LocalPart:
     """This rank's part of ``folder``, once every rank has loaded its own
     part of the same parts (an ``all_gather_object`` of what each found:
@@ -137,9 +143,13 @@ def load_agreed_part(
 
     Raises:
         ValueError: on every rank alike, naming the ranks that could not load
-            their part and why, or the ranks whose parts differ. On several
-            machines ``folder`` is a path on each: the parts rank 0 writes
+            their part and why, or the ranks whose parts differ, and how to
+            mend it. With ``spans_machines``
+            (:attr:`~graphwire.comm.context.WorkerContext.spans_machines`)
+            ``folder`` is a path on each machine: the parts rank 0 writes
             into its ``--out`` are not on the others unless they share it.
+            On one machine the parts are all in one folder, to be written
+            again.
     """
     part: LocalPart | None = None
     try:
@@ -151,14 +161,16 @@ def load_agreed_part(
     failed = _ranks_by(found, "error")
     if failed:
         why = "; ".join(f"{ranks}: {error}" for error, ranks in failed.items())
-        raise ValueError(f"the parts could not be loaded on {why}. {_SAME_PARTS}")
+        fix = _SAME_PARTS if spans_machines else _write_again(folder, len(found))
+        raise ValueError(f"the parts could not be loaded on {why}. {fix}")
     digests = _ranks_by(found, "parts")
     if len(digests) > 1:
         which = ", ".join(
             f"{ranks} (meta.json SHA-256 {digest[:12]}...)"
             for digest, ranks in digests.items()
         )
-        raise ValueError(f"the ranks loaded different parts: {which}. {_SAME_PARTS}")
+        fix = _SAME_PARTS if spans_machines else f"{folder} {_CHANGED}"
+        raise ValueError(f"the ranks loaded different parts: {which}. {fix}")
     assert part is not None
     return part
 
@@ -168,6 +180,16 @@ _SAME_PARTS = (
     "machines, give them an --out they share, or split the graph first "
     "(graphwire partition) and give each machine a copy as --dataset"
 )
+_CHANGED = "was written again while the ranks loaded it: run again once it is written"
+
+
+def _write_again(folder: str, num_parts: int) -> str:
+    """How to mend parts that are damaged or missing on this one machine."""
+    return (
+        f"Write {folder} again: graphwire partition --dataset GRAPH --parts "
+        f"{num_parts} --out {folder} --overwrite (a run's own OUT/partitions "
+        "is written anew by a run without --resume)"
+    )
 
 
 def _ranks_by(found: list[tuple[str, str]], kind: str) -> dict[str, str]:

@@ -8,11 +8,14 @@ machine-readable line::
 
 The records are strict JSON: a NaN or infinite number (a diverged loss) is
 ``null``. The file is written to a temporary name and renamed when the run
-closes, so a crashed run never leaves a ``metrics.jsonl`` that looks complete.
+closes, so a crashed run never leaves a ``metrics.jsonl`` that looks complete;
+a record is written whole or not at all, so a full disk never leaves half a
+line that a JSON-lines reader would fail on.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -75,7 +78,8 @@ class MetricsLog:
     ) -> None:
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.final = final
-        self._handle: Any = None
+        self._fd: int | None = None
+        self._size = 0  # bytes of whole records in the file
         self._started = time.time()
 
     def __enter__(self) -> MetricsLog:
@@ -95,16 +99,34 @@ class MetricsLog:
         is seconds since the log was opened unless ``fields`` give it."""
         if self.out_dir is None:
             return
-        if self._handle is None:
+        if self._fd is None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._handle = open(self._partial, "w")  # noqa: SIM115 - closed in __exit__
+            # Unbuffered: a line is in the file or not, never in a buffer
+            # that the close would flush again after a failed write.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            self._fd = os.open(self._partial, flags, 0o666)
+            self._size = 0
         record = {"kind": kind, "time": round(time.time() - self._started, 4), **fields}
         line = json.dumps(_strict(record), allow_nan=False) + "\n"
+        data = line.encode()
         try:
-            self._handle.write(line)
-            self._handle.flush()
-        except OSError as error:  # a full disk: the bare error names no file
-            raise write_failed(self._partial, error) from None
+            _write_all(self._fd, data)
+        except BaseException as error:
+            self._take_back()
+            if isinstance(error, OSError):  # a full disk: the bare error names no file
+                raise write_failed(self._partial, error) from None
+            raise
+        self._size += len(data)
+
+    def _take_back(self) -> None:
+        """Cut the file back to its whole records, after a write that stopped
+        part-way (a disk that filled up mid-line)."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, self._size)
+            os.lseek(self._fd, self._size, os.SEEK_SET)
+        except OSError:
+            pass  # a device (/dev/full) cannot be cut, nor did it keep anything
 
     def __exit__(
         self,
@@ -112,10 +134,10 @@ class MetricsLog:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._handle is None:
+        if self._fd is None:
             return
         try:
-            self._handle.close()  # flushes again what a failed write left
+            os.close(self._fd)  # (a network file system may report a write here)
         except OSError as error:
             if exc_type is not None:
                 return  # that failed write is the error to tell
@@ -123,3 +145,14 @@ class MetricsLog:
         if exc_type is None and self.final:
             assert self.path is not None
             os.replace(self._partial, self.path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``: one ``os.write`` may write less (a
+    disk that fills up mid-line; the next write then says why)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:  # no progress and no error: no room, in effect
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]

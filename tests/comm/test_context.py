@@ -56,6 +56,22 @@ def test_default_backend_is_nccl_only_with_a_gpu_per_local_rank(
     assert WorkerContext.from_env(env, backend="gloo").backend == "gloo"
 
 
+@pytest.mark.parametrize(
+    ("local_world", "spans"), [("4", False), ("2", True), (None, True)]
+)
+def test_a_run_spans_machines_when_this_one_holds_fewer_ranks(
+    local_world: str | None, spans: bool
+) -> None:
+    """torchrun --nnodes 2 --nproc-per-node 2: 2 ranks here, 4 in all. A
+    launcher that does not say (no LOCAL_WORLD_SIZE) may span machines."""
+    env = ENV | ({"LOCAL_WORLD_SIZE": local_world} if local_world else {})
+    ctx = WorkerContext.from_env(env, backend="gloo")
+    assert ctx.spans_machines is spans
+    assert WorkerContext.from_env(ctx.to_env(), backend="gloo") == ctx
+    with pytest.raises(ValueError, match="local_world_size: expected 1 <= "):
+        dataclasses.replace(ctx, local_world_size=5)
+
+
 def test_nccl_device_is_the_local_gpu() -> None:
     ctx = WorkerContext(1, 2, 1, "10.0.0.1", 1234, "nccl")
     assert ctx.device == torch.device("cuda", 1)  # no CUDA call needed

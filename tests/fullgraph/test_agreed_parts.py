@@ -37,7 +37,7 @@ def test_ranks_that_cannot_load_their_part_are_named_on_every_rank(
     def load(transport) -> None:
         where = folder if transport.rank == 0 else missing
         try:
-            load_agreed_part(str(where), transport)
+            load_agreed_part(str(where), transport, spans_machines=True)
         except ValueError as error:
             said.append(str(error))
             raise
@@ -66,11 +66,27 @@ def test_ranks_that_load_different_parts_are_named(tmp_path: Path) -> None:
 
 
 def test_a_part_cut_short_is_named_with_its_rank(tmp_path: Path) -> None:
+    """On one machine the fix is to write the parts again: it was told to
+    share --out between machines, or give each machine a copy."""
     folder = write_parts(small_graph(), 2, tmp_path, "metis")
     labels = folder / "part_1" / "y.npy"
     labels.write_bytes(labels.read_bytes()[:-8])
-    with pytest.raises(ValueError, match=r"could not be loaded on rank 1: .*y\.npy"):
+    with pytest.raises(ValueError) as caught:
         _load([folder, folder])
+    said = str(caught.value)
+    assert said.startswith(f"the parts could not be loaded on rank 1: {labels}: ")
+    assert said.endswith(
+        f". Write {folder} again: graphwire partition --dataset GRAPH --parts 2 "
+        f"--out {folder} --overwrite (a run's own OUT/partitions is written anew "
+        "by a run without --resume)"
+    ), said
+    assert "machine" not in said
+
+    def on_two_machines(transport) -> int:
+        return load_agreed_part(str(folder), transport, spans_machines=True).num_owned
+
+    with pytest.raises(ValueError, match="on several machines, give them an --out"):
+        run_local(on_two_machines, 2)
 
 
 def _spoil_features(folder: Path, part: int) -> Path:

@@ -128,6 +128,12 @@ BAD_NPZ: list[tuple[str, Callable[[Path], object], str]] = [
     ("x shape", _npz(x=np.zeros(3)), "x: expected shape"),
     ("split", _npz(test_idx=np.array([7])), r"test_idx: node IDs must lie in \[0, 3\)"),
     ("y float", _npz(y=np.array([0.5, 1, 0])), "y: expected an integer dtype"),
+    (  # it read as 1,000,000,001 classes, then ran out of memory
+        "label beyond the nodes",
+        _npz(y=np.array([0, 10**9, 1])),
+        r"array 'y': the largest label is 1000000000 \(row 1\), but a graph of 3 "
+        "nodes has at most 3 classes",
+    ),
     (
         "unlabelled split node",
         _npz(y=np.array([0, -1, 1]), train_idx=np.array([0, 1])),

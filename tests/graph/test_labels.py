@@ -15,6 +15,8 @@ def test_returns_the_classes_the_labels_span() -> None:
     assert check_labels("y.npy", y, {}, num_classes=5) == 3
     assert check_labels("y.npy", np.full(4, -1), {}) == 0
     assert check_labels("y.npy", np.zeros(0, np.int64), {}, num_classes=0) == 0
+    # A part's labels are bounded by its graph's node count, not its own rows.
+    assert check_labels("part_0/y.npy", np.array([0, 9]), {}, num_nodes=10) == 10
 
 
 @pytest.mark.parametrize(
@@ -23,6 +25,14 @@ def test_returns_the_classes_the_labels_span() -> None:
         ([0, 4, 1], {}, 4, r"label 4 at row 1 is out of range: .*num_classes=4"),
         ([0, -2, 1], {}, None, r"label -2 at row 1: labels must be >= 0"),
         ([0, 1, -1], {"val_local": [0, 2]}, 2, r"row 2 is in val_local but has"),
+        # It read as 1,000,000,001 classes, then ran out of memory.
+        (
+            [0, 10**9, 1],
+            {},
+            None,
+            r"the largest label is 1000000000 \(row 1\), but a graph of 3 nodes has "
+            r"at most 3 classes; labels must be class indices 0\.\.C-1",
+        ),
     ],
 )
 def test_bad_labels_are_named(

@@ -292,6 +292,16 @@ BAD_FOLDERS: list[tuple[str, Callable[[Path], object], str, str]] = [
         "y.npy",
         r"label 9 at row 3 is out of range: meta.json says num_classes=3",
     ),
+    (  # it read as 1,000,000,001 classes, then ran out of memory
+        "label beyond the nodes",
+        lambda f: (
+            resave("y", np.array([0, 1, 2, 10**9, 1]))(f),
+            edit_meta(lambda m: m.update(num_classes=10**9 + 1))(f),
+        ),
+        "y.npy",
+        r"the largest label is 1000000000 \(row 3\), but a graph of 5 nodes has "
+        "at most 5 classes",
+    ),
     (
         "class count above the labels",
         edit_meta(lambda m: m.update(num_classes=4)),
