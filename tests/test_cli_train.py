@@ -42,6 +42,34 @@ def test_train_writes_metrics_and_summary_line(tmp_path, capsys) -> None:
         assert json.loads(lines.readline())["node_order"] == "id"
 
 
+def test_a_run_into_an_earlier_runs_folder_needs_overwrite(tmp_path, capsys) -> None:
+    """As ``partition`` and ``data generate`` do: a second run into a run's
+    folder is refused before any work, in one line naming --overwrite and
+    --resume, and the first run's records are kept; ``--overwrite`` (a flag
+    or a --config key) replaces them. An empty folder is any run's."""
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["train", "--dataset", TINY, "--quiet", "--out", str(out)]
+    assert main([*argv, "--epochs", "2"]) == 0
+    first = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main([*argv, "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds an earlier run (metrics.jsonl)" in err
+    assert "pass --overwrite to replace it" in err and "--resume" in err
+    assert (out / "metrics.jsonl").read_text() == first
+    config = tmp_path / "run.yaml"
+    config.write_text("output:\n  overwrite: true\n")
+    assert main([*argv, "--epochs", "1", "--config", str(config)]) == 0
+    epochs = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").open()]
+    assert epochs.count("epoch") == 1
+    assert main([*argv[:-2], "--overwrite"]) == 2
+    said = "--overwrite: only with --out (without it the run writes a new folder)"
+    assert said in capsys.readouterr().err
+    assert main([*argv, "--overwrite", "--workers", "2", "--resume"]) == 2
+    assert "--overwrite: only without --resume" in capsys.readouterr().err
+
+
 def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     argv = ["train", "--dataset", SMALL, "--model", "gcn", "--epochs", "3"]

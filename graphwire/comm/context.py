@@ -25,6 +25,7 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "WorkerContext",
     "default_backend",
+    "restart_attempt",
     "under_torchrun",
 ]
 
@@ -41,6 +42,15 @@ _INTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
 def under_torchrun() -> bool:
     """True when torchrun (or another launcher) set this process's rank."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def restart_attempt() -> int:
+    """Which attempt of a torchrun run this is (``--max-restarts``: 0 for
+    the first, as without torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
 
 
 def default_backend(local_ranks: int = 1) -> str:

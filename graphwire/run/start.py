@@ -4,6 +4,8 @@ One process: load the dataset, optionally partition it (to report what a
 distributed run would face), run the mode's loop, report. Distributed
 (``--workers N`` or ``torchrun``), in this order:
 
+0. the run folder: one holding an earlier run is refused unless the run
+   resumes it or ``--overwrite`` replaces it (under torchrun, rank 0 checks);
 1. the partitioned graph: ``--dataset`` may name one already (its number of
    parts must equal the number of workers); otherwise the dataset is loaded and
    partitioned (``--partition``, default ``metis``) into ``OUT/partitions``
@@ -25,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.allocator import keep_freed_memory
-from graphwire.comm.context import WorkerContext, default_backend
+from graphwire.comm.context import WorkerContext, default_backend, restart_attempt
 from graphwire.fsutil import check_creatable
 from graphwire.run.checkpoint import check_resume
 from graphwire.run.flags import FlagTable
 from graphwire.run.job import Job, run_rank
 from graphwire.run.mode import Mode
-from graphwire.run.outputs import run_folder
+from graphwire.run.outputs import claim_run_folder, run_folder
 from graphwire.run.parts import (
     check_outputs,
     checkpoint_config,
@@ -50,7 +52,8 @@ def start_run(spec: RunSpec, mode: Mode, table: FlagTable) -> int:
     """Run ``spec`` with ``mode``'s loops; the command's exit status."""
     _check_folders(spec, table)
     if not spec.distributed:
-        return run_one_process(spec, mode)
+        out = run_folder(spec.output.out, f"train-{spec.train.model}")
+        return run_one_process(spec, mode, out)
     strategy = spec.strategy
     assert strategy is not None
     how = "minibatch" if spec.mode == "minibatch" else strategy.name
@@ -88,13 +91,25 @@ def _run_distributed(spec: RunSpec, mode: Mode, out: Path) -> int:
         keep_freed_memory(launch.keep_freed_mb)
         backend = ctx.backend
     else:  # a GPU per worker for nccl, checked before the graph is read
-        from graphwire.comm.launch import check_local_backend, start_fork_server
+        from graphwire.comm.launch import check_local_backend
 
         backend = launch.backend or default_backend(spec.world)
         check_local_backend(backend, spec.world)
-        start_fork_server(backend)  # its imports overlap the graph's loading
     leader = ctx is None or ctx.rank == 0
     check_outputs(spec, out)
+    # Under torchrun rank 0 alone (the others would race it); a restarted
+    # attempt (--max-restarts) goes on with its own run.
+    if leader and not restart_attempt():
+        claim_run_folder(
+            out,
+            spec.data.dataset,
+            overwrite=spec.output.overwrite,
+            resume=spec.checkpoint.resume,
+        )
+    if ctx is None:
+        from graphwire.comm.launch import start_fork_server
+
+        start_fork_server(backend)  # its imports overlap the graph's loading
     checkpoint = checkpoint_config(spec, out)
     resuming = False
     if checkpoint is not None and checkpoint.resume:
