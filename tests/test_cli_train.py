@@ -365,6 +365,37 @@ def test_under_torchrun_workers_must_match_its_world(
     )
 
 
+def test_under_torchrun_each_machines_first_worker_warns_of_cpu_sharing(
+    monkeypatch,
+) -> None:
+    """Under torchrun the workers of this machine are its LOCAL_WORLD_SIZE,
+    and only its first (LOCAL_RANK 0) says so, once for the machine."""
+    import graphwire.run.start as start
+    from graphwire.comm.context import WorkerContext
+
+    monkeypatch.setattr(start, "usable_cores", lambda: 2)
+
+    def on(local_rank: int, local_world_size: int) -> WorkerContext:
+        return WorkerContext(
+            rank=2 + local_rank,
+            world_size=8,
+            local_rank=local_rank,
+            master_addr="127.0.0.1",
+            master_port=29500,
+            backend="gloo",
+            local_world_size=local_world_size,
+        )
+
+    said = start.oversubscribed(on(0, 4), 8)
+    assert said is not None and said.startswith(
+        "graphwire: warning: 4 workers on this machine's 2 cores:"
+    )
+    assert start.oversubscribed(on(1, 4), 8) is None  # the first worker says it
+    assert start.oversubscribed(on(0, 2), 8) is None  # a core each
+    assert start.oversubscribed(None, 2) is None  # --workers 2 on 2 cores
+    assert "3 workers" in (start.oversubscribed(None, 3) or "")
+
+
 def test_train_config_file_stands_in_for_flags(tmp_path, capsys) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(f"dataset: '{SMALL}'\nmodel: sage\nepochs: 3\nquiet: true\n")

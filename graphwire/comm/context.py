@@ -27,6 +27,7 @@ __all__ = [
     "default_backend",
     "restart_attempt",
     "under_torchrun",
+    "usable_cores",
 ]
 
 BACKENDS = ("gloo", "nccl")
@@ -42,6 +43,15 @@ _INTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
 def under_torchrun() -> bool:
     """True when torchrun (or another launcher) set this process's rank."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, which a job
+    scheduler or ``taskset`` may narrow; else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def restart_attempt() -> int:
@@ -75,6 +85,8 @@ class WorkerContext:
         master_port: port of that store.
         backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (GPU tensors).
         timeout_s: bound on every blocking collective and on the rendezvous.
+        local_world_size: workers on this machine (torchrun's
+            ``LOCAL_WORLD_SIZE``; 1 where it is not set).
     """
 
     rank: int
@@ -84,6 +96,7 @@ class WorkerContext:
     master_port: int
     backend: str
     timeout_s: float = DEFAULT_TIMEOUT_S
+    local_world_size: int = 1
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -163,6 +176,7 @@ class WorkerContext:
                 master_port=values["MASTER_PORT"],
                 backend=backend,
                 timeout_s=timeout_s,
+                local_world_size=local_world,
             )
         except ValueError as error:
             found = ", ".join(f"{name}={env[name]}" for name in _REQUIRED)

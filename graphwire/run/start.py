@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.allocator import keep_freed_memory
-from graphwire.comm.context import WorkerContext, default_backend, restart_attempt
+from graphwire.comm.context import (
+    WorkerContext,
+    default_backend,
+    restart_attempt,
+    usable_cores,
+)
 from graphwire.fsutil import check_creatable
 from graphwire.run.checkpoint import check_resume
 from graphwire.run.flags import FlagTable
@@ -45,7 +50,7 @@ from graphwire.run.spec import RunSpec
 from graphwire.run.summary import say_if_stopped_before
 from graphwire.run.tables import write_report
 
-__all__ = ["start_run"]
+__all__ = ["oversubscribed", "start_run"]
 
 
 def start_run(spec: RunSpec, mode: Mode, table: FlagTable) -> int:
@@ -106,6 +111,10 @@ def _run_distributed(spec: RunSpec, mode: Mode, out: Path) -> int:
             overwrite=spec.output.overwrite,
             resume=spec.checkpoint.resume,
         )
+    crowded = oversubscribed(ctx, spec.world)
+    if crowded:
+        sys.stderr.write(crowded + "\n")  # one write: ranks share the stream
+        sys.stderr.flush()
     if ctx is None:
         from graphwire.comm.launch import start_fork_server
 
@@ -160,6 +169,24 @@ def _run_distributed(spec: RunSpec, mode: Mode, out: Path) -> int:
     say_if_stopped_before(reports, spec.train)
     write_report(str(out), job.header, reports, mode.report)
     return 0
+
+
+def oversubscribed(ctx: WorkerContext | None, world: int) -> str | None:
+    """The warning that this machine runs more workers than it has cores,
+    for the process that says it: the launcher of ``world`` local workers
+    (``ctx`` None), or under torchrun this machine's first worker (of
+    ``ctx.local_world_size``). None: nothing to say here."""
+    if ctx is not None and ctx.local_rank != 0:
+        return None
+    workers = world if ctx is None else ctx.local_world_size
+    cores = usable_cores()
+    if workers <= cores:
+        return None
+    return (
+        f"graphwire: warning: {workers} workers on this machine's {cores} "
+        f"core{'s' if cores != 1 else ''}: they take turns on the CPUs, so the "
+        "run's times measure CPU sharing, not communication"
+    )
 
 
 def _say_resumed(folder: str, saved: int | None, epochs: int) -> None:
