@@ -21,10 +21,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# Each demo replaces the last one's runs/demo (train refuses a run's folder
+# without --overwrite).
 demo: install
 	$(BIN)/graphwire train --dataset '$(DEMO_DATASET)' --model sage \
 		--workers 4 --exchange g3 --partition metis --epochs 40 --seed 0 \
-		--out runs/demo
+		--out runs/demo --overwrite
 
 lint: install
 	$(BIN)/ruff check graphwire tests benchmarks

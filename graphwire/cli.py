@@ -51,14 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--overwrite", action="store_true", help="replace --out if it exists"
     )
+    _quiet_flag(generate)
     generate.set_defaults(handler=_handler("graphwire.commands.data", "generate"))
     info = data_commands.add_parser("info", help="print a dataset's statistics")
     _dataset_flag(info)
+    _quiet_flag(info)
     info.set_defaults(handler=_handler("graphwire.commands.data", "info"))
     check = data_commands.add_parser(
         "verify", help="check a graphwire folder's files against their checksums"
     )
     check.add_argument("--dataset", required=True, help="a graph or partitioned folder")
+    _quiet_flag(check)
     check.set_defaults(handler=_handler("graphwire.commands.data", "verify"))
 
     part = commands.add_parser(
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument(
         "--overwrite", action="store_true", help="replace --out if it exists"
     )
+    _quiet_flag(part)
     part.set_defaults(handler=_handler("graphwire.commands.partition", "run"))
 
     train = commands.add_parser("train", help="train a GNN and report accuracy")
@@ -104,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"benchmark: {', '.join(BENCHMARKS)}, or 'list' to describe them",
     )
     add_bench_flags(bench)
+    _quiet_flag(bench)
     bench.set_defaults(handler=_handler("graphwire.commands.bench", "run"))
 
     report = commands.add_parser(
@@ -121,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bytes_heatmap.png (default: the run's folder; with several runs, the "
         "first run's, replacing its own report)",
     )
+    _quiet_flag(report)
     report.set_defaults(handler=_handler("graphwire.commands.report", "run"))
     return parser
 
@@ -148,6 +154,16 @@ def add_bench_flags(parser: argparse.ArgumentParser) -> None:
         default=5,
         help="gcn-epoch: timed epochs of each model; sampler: 10 x REPEAT "
         "timed batches; generator: not used (default 5)",
+    )
+
+
+def _quiet_flag(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``, which every command takes (``train``'s is its spec's)."""
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no spinners or step timings; the tables, the result and errors "
+        "stay (as with train --quiet)",
     )
 
 

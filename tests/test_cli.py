@@ -409,3 +409,59 @@ def test_under_a_launcher_a_failed_join_is_one_line(tmp_path) -> None:
     assert done.returncode != 0
     assert done.stderr.startswith("graphwire: error: rank 1: joining 2 ranks at ")
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+def _leaf_commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+    """Every runnable command's parser (``data generate``, ``partition``, ...)."""
+    subparsers = [
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    if not subparsers:
+        return {path: parser}
+    leaves = {}
+    for name, sub in subparsers[0].choices.items():
+        leaves |= _leaf_commands(sub, (*path, name))
+    return leaves
+
+
+def test_every_command_takes_quiet() -> None:
+    """``--quiet`` is common to every command: ``partition --quiet`` and
+    ``data ... --quiet`` stopped at the usage message."""
+    leaves = _leaf_commands(build_parser())
+    assert len(leaves) >= 7  # data generate/info/verify, partition, train, ...
+    for path, parser in leaves.items():
+        quiet = parser._option_string_actions.get("--quiet")
+        assert isinstance(quiet, argparse._StoreTrueAction) and quiet.help, path
+
+
+def test_quiet_leaves_each_commands_result_and_drops_its_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every command run with ``--quiet``: no spinner's "done in" lines;
+    its tables and its result line, as without it (train --quiet's rule)."""
+    tiny = "synthetic:products?nodes=300&degree=4&features=4&classes=3&seed=1"
+    graph, parts, run = tmp_path / "graph", tmp_path / "parts", tmp_path / "run"
+    assert main(["data", "info", "--dataset", tiny]) == 0
+    assert "done in" in " ".join(capsys.readouterr().out.split())  # --quiet's
+    steps = [
+        (["data", "info", "--dataset", tiny], "isolated nodes"),
+        (["data", "generate", "--dataset", tiny, "--out", str(graph)], "saved to"),
+        (["data", "verify", "--dataset", str(graph)], "matches its checksum"),
+        (
+            ["partition", "--dataset", str(graph), "--parts", "2", "--out", str(parts)],
+            "partitioned graph:",
+        ),
+        (
+            ["train", "--dataset", str(graph), "--epochs", "1", "--out", str(run)],
+            "summary ",
+        ),
+        (["report", str(run)], "report:"),
+        (["bench", "list"], "gcn-epoch"),
+    ]
+    for argv, said in steps:
+        assert main([*argv, "--quiet"]) == 0, argv
+        printed = " ".join(capsys.readouterr().out.split())  # rich wraps lines
+        assert "done in" not in printed, argv
+        assert said in printed, argv

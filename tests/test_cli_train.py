@@ -42,6 +42,34 @@ def test_train_writes_metrics_and_summary_line(tmp_path, capsys) -> None:
         assert json.loads(lines.readline())["node_order"] == "id"
 
 
+def test_a_run_into_an_earlier_runs_folder_needs_overwrite(tmp_path, capsys) -> None:
+    """As ``partition`` and ``data generate`` do: a second run into a run's
+    folder is refused before any work, in one line naming --overwrite and
+    --resume, and the first run's records are kept; ``--overwrite`` (a flag
+    or a --config key) replaces them. An empty folder is any run's."""
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["train", "--dataset", TINY, "--quiet", "--out", str(out)]
+    assert main([*argv, "--epochs", "2"]) == 0
+    first = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main([*argv, "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds an earlier run (metrics.jsonl)" in err
+    assert "pass --overwrite to replace it" in err and "--resume" in err
+    assert (out / "metrics.jsonl").read_text() == first
+    config = tmp_path / "run.yaml"
+    config.write_text("output:\n  overwrite: true\n")
+    assert main([*argv, "--epochs", "1", "--config", str(config)]) == 0
+    epochs = [json.loads(line)["kind"] for line in (out / "metrics.jsonl").open()]
+    assert epochs.count("epoch") == 1
+    assert main([*argv[:-2], "--overwrite"]) == 2
+    said = "--overwrite: only with --out (without it the run writes a new folder)"
+    assert said in capsys.readouterr().err
+    assert main([*argv, "--overwrite", "--workers", "2", "--resume"]) == 2
+    assert "--overwrite: only without --resume" in capsys.readouterr().err
+
+
 def test_eval_every_reaches_the_training_loop(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     argv = ["train", "--dataset", SMALL, "--model", "gcn", "--epochs", "3"]
@@ -348,6 +376,37 @@ def test_under_torchrun_workers_must_match_its_world(
     assert "variable WORLD_SIZE must be an integer, got 'abc'" in (
         capsys.readouterr().err
     )
+
+
+def test_under_torchrun_each_machines_first_worker_warns_of_cpu_sharing(
+    monkeypatch,
+) -> None:
+    """Under torchrun the workers of this machine are its LOCAL_WORLD_SIZE,
+    and only its first (LOCAL_RANK 0) says so, once for the machine."""
+    import graphwire.run.start as start
+    from graphwire.comm.context import WorkerContext
+
+    monkeypatch.setattr(start, "usable_cores", lambda: 2)
+
+    def on(local_rank: int, local_world_size: int) -> WorkerContext:
+        return WorkerContext(
+            rank=2 + local_rank,
+            world_size=8,
+            local_rank=local_rank,
+            master_addr="127.0.0.1",
+            master_port=29500,
+            backend="gloo",
+            local_world_size=local_world_size,
+        )
+
+    said = start.oversubscribed(on(0, 4), 8)
+    assert said is not None and said.startswith(
+        "graphwire: warning: 4 workers on this machine's 2 cores:"
+    )
+    assert start.oversubscribed(on(1, 4), 8) is None  # the first worker says it
+    assert start.oversubscribed(on(0, 2), 8) is None  # a core each
+    assert start.oversubscribed(None, 2) is None  # --workers 2 on 2 cores
+    assert "3 workers" in (start.oversubscribed(None, 3) or "")
 
 
 def test_train_config_file_stands_in_for_flags(tmp_path, capsys) -> None:

@@ -26,7 +26,9 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "WorkerContext",
     "default_backend",
+    "restart_attempt",
     "under_torchrun",
+    "usable_cores",
 ]
 
 BACKENDS = ("gloo", "nccl")
@@ -43,6 +45,24 @@ _INTS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
 def under_torchrun() -> bool:
     """True when torchrun (or another launcher) set this process's rank."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, which a job
+    scheduler or ``taskset`` may narrow; else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def restart_attempt() -> int:
+    """Which attempt of a torchrun run this is (``--max-restarts``: 0 for
+    the first, as without torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
 
 
 def default_backend(local_ranks: int = 1) -> str:

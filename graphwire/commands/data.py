@@ -23,8 +23,8 @@ def generate(args: argparse.Namespace) -> int:
     from graphwire.graph.native import save_graph
 
     check_out(args.out, args.dataset, args.overwrite)
-    graph = load_with_status(args.dataset)
-    with step(f"writing {args.out}"):
+    graph = load_with_status(args.dataset, args.quiet)
+    with step(f"writing {args.out}", args.quiet):
         save_graph(graph, args.out, overwrite=args.overwrite)
     print_table("graph", ["field", "value"], graph_rows(graph))
     console.print(f"saved to {args.out}")
@@ -32,7 +32,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def info(args: argparse.Namespace) -> int:
-    graph = load_with_status(args.dataset)
+    graph = load_with_status(args.dataset, args.quiet)
     print_table("graph", ["field", "value"], graph_rows(graph))
     return 0
 
@@ -51,7 +51,7 @@ def verify(args: argparse.Namespace) -> int:
 
     folder = args.dataset
     if is_graph_folder(folder):
-        with step(f"checking {folder}"):
+        with step(f"checking {folder}", args.quiet):
             load_graph(folder, verify=True)
         console.print(f"{folder}: every array matches its checksum", soft_wrap=True)
         return 0
@@ -62,7 +62,7 @@ def verify(args: argparse.Namespace) -> int:
     owners = np.zeros(num_nodes, dtype=np.int64)  # parts owning each node
     top = -1  # the largest label
     for part in range(parts):
-        with step(f"checking part {part} of {parts}"):
+        with step(f"checking part {part} of {parts}", args.quiet):
             local = load_part(folder, part, verify=True)
         owners += np.bincount(local.orig_nid.numpy(), minlength=num_nodes)
         if local.y is not None and local.y.numel():

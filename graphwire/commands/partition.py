@@ -24,13 +24,13 @@ def run(args: argparse.Namespace) -> int:
     elif args.overwrite or args.node_order:
         flag = "--overwrite" if args.overwrite else "--node-order"
         raise ValueError(f"{flag}: only with --out (without it nothing is written)")
-    graph = load_with_status(args.dataset)
+    graph = load_with_status(args.dataset, args.quiet)
     check_parts_fit(graph, int(args.parts), args.dataset)
     partition, stats, _ = partition_graph(
-        graph, args.method, int(args.parts), int(args.seed)
+        graph, args.method, int(args.parts), int(args.seed), args.quiet
     )
     if args.out:
-        with step(f"writing {args.out}"):
+        with step(f"writing {args.out}", args.quiet):
             write_partitioned(
                 graph,
                 partition,

@@ -12,7 +12,8 @@ checks run in this order, so that each error names the first thing to fix:
 4. one process or distributed: on one process, every flag only a
    distributed run reads (``only="distributed"``: the strategies' flags,
    timeouts, checkpoints); distributed, the strategy flags of the other mode
-   or of another strategy, and the settings that contradict the world.
+   or of another strategy, and the settings that contradict the world;
+5. ``--overwrite``: only with ``--out``, and not with ``--resume``.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def build_spec(
         _check_distributed(table, given, mode, world)
     else:
         _check_one_process(table, given, mode)
+    _check_overwrite(table, given)
     sections: dict[str, Any] = {}
     for name, cls in (
         ("data", DataSpec),
@@ -233,6 +235,22 @@ def _check_distributed(table: FlagTable, given: _Given, mode: str, world: int) -
     if not (given.get("checkpoint_every") or given.get("resume")):
         given.refuse(
             [table["keep_checkpoints"]], "only with --checkpoint-every or --resume"
+        )
+
+
+def _check_overwrite(table: FlagTable, given: _Given) -> None:
+    """``--overwrite`` names the folder it replaces, and does not continue it."""
+    if not given.get("overwrite"):
+        return
+    named = given.named(table["overwrite"])
+    if not given.get("out"):
+        raise ValueError(
+            f"{named}: only with --out (without it the run writes a new folder)"
+        )
+    if given.get("resume"):
+        raise ValueError(
+            f"{named}: only without --resume (--overwrite replaces the run in "
+            "--out, --resume continues it)"
         )
 
 

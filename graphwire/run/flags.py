@@ -2,11 +2,13 @@
 
 :class:`FlagTable` lists one :class:`Flag` per option field of the spec's
 sections and of every registered strategy's config, in the order
-``--help`` shows them. It adds them to ``graphwire train``'s parser, reads a
-YAML file's keys onto them (a flat mapping of flag names, or the sectioned
-form ``--print-spec`` writes), and turns the values given into a checked
-:class:`~graphwire.run.spec.RunSpec` (:mod:`graphwire.run.build`). No flag is
-written by hand: a strategy registered with its config brings its flags.
+``--help`` shows them, each under its section's group (:class:`FlagGroup`:
+``launch``, ``full-graph exchange``, ...). It adds them to ``graphwire
+train``'s parser, reads a YAML file's keys onto them (a flat mapping of flag
+names, or the sectioned form ``--print-spec`` writes), and turns the values
+given into a checked :class:`~graphwire.run.spec.RunSpec`
+(:mod:`graphwire.run.build`). No flag is written by hand: a strategy
+registered with its config brings its flags.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from graphwire.run.spec import (
     PartitionSpec,
 )
 
-__all__ = ["PLAIN_SECTIONS", "Flag", "FlagTable", "flag_value"]
+__all__ = ["PLAIN_SECTIONS", "Flag", "FlagGroup", "FlagTable", "flag_value"]
 
 # The spec's sections that are one dataclass each, before and after the
 # strategy sections (one per registry), in --help's order.
@@ -43,6 +45,19 @@ LATE_SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointSpec,
     "output": OutputSpec,
 }
+# The title of a section's group in --help (a section not named here is
+# titled by its name); the group's description is the first line of the
+# section's docstring, or a strategy section's registry's.
+_TITLES = {
+    "data": "data",
+    "partition": "partitioning",
+    "train": "model and training",
+    "launch": "launch",
+    "checkpoint": "checkpoints and resume",
+    "output": "output",
+}
+_MODE_TITLES = {"fullgraph": "full-graph", "minibatch": "mini-batch"}
+_MODE_SECTION = "train"  # the group of --mode, how the run trains
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,21 @@ class Flag:
         return self.registry is not None and not self.strategies
 
 
+@dataclass(frozen=True)
+class FlagGroup:
+    """The flags of one section of the spec, as ``--help`` groups them.
+
+    Attributes:
+        section: the spec's section (``launch``, ``exchange``).
+        title: the group's title (``launch``, ``full-graph exchange``).
+        description: a line under the title: what the section is.
+    """
+
+    section: str
+    title: str
+    description: str
+
+
 class FlagTable:
     """Every flag of ``graphwire train``'s run specification.
 
@@ -98,6 +128,7 @@ class FlagTable:
     def __init__(self, registries: Sequence[Registry]) -> None:
         self.registries = {registry.kind: registry for registry in registries}
         self._flags: dict[str, Flag] = {}
+        self._groups: dict[str, FlagGroup] = {}
         self._add(
             Flag(
                 dest="mode",
@@ -137,10 +168,20 @@ class FlagTable:
         self._flags[flag.dest] = dataclasses.replace(known, strategies=merged)
 
     def _add_section(self, section: str, cls: type) -> None:
+        about = (cls.__doc__ or "").strip().split("\n", 1)[0]
+        title = _TITLES.get(section, section)
+        self._groups[section] = FlagGroup(section, title, about)
         for field in option_fields(cls):
             self._add(_field_flag(section, cls, field))
 
     def _add_registry(self, registry: Registry) -> None:
+        mode = _MODE_TITLES.get(registry.mode, registry.mode)
+        self._groups[registry.kind] = FlagGroup(
+            registry.kind,
+            f"{mode} {registry.kind}",
+            f"distributed --mode {registry.mode} runs: {registry.flag} and the "
+            "options of its strategies",
+        )
         self._add(
             Flag(
                 dest=registry.kind,
@@ -191,9 +232,22 @@ class FlagTable:
                 return flag
         return None
 
+    def groups(self) -> list[FlagGroup]:
+        """The groups of ``--help``, one per section, in order."""
+        return list(self._groups.values())
+
+    def group(self, flag: Flag) -> FlagGroup:
+        """The group ``flag`` is listed in: its section's."""
+        return self._groups[flag.section or _MODE_SECTION]
+
     def add_to(self, parser: argparse.ArgumentParser) -> None:
-        """Add every flag to ``parser``, defaulting to None: a flag the
-        command line left out reads None, whatever its field's default."""
+        """Add every flag to ``parser``, in its section's group, defaulting
+        to None: a flag the command line left out reads None, whatever its
+        field's default."""
+        groups = {
+            group.section: parser.add_argument_group(group.title, group.description)
+            for group in self.groups()
+        }
         for flag in self:
             kwargs: dict[str, Any] = {"dest": flag.dest, "default": None}
             if flag.kind is bool:
@@ -204,7 +258,8 @@ class FlagTable:
                     kwargs["choices"] = flag.choices
                 if flag.metadata.get("metavar"):
                     kwargs["metavar"] = flag.metadata["metavar"]
-            parser.add_argument(flag.flag, help=_help(flag), **kwargs)
+            container = groups[self.group(flag).section]
+            container.add_argument(flag.flag, help=_help(flag), **kwargs)
 
 
 def _field_flag(section: str, cls: type, field: dataclasses.Field[Any]) -> Flag:

@@ -16,7 +16,7 @@ from typing import Any
 from graphwire.partition.format import is_partitioned_folder, load_partition_meta
 from graphwire.run.checkpoint import CheckpointConfig, saved_schedule
 from graphwire.run.console import check_trainable_dataset, load_with_status
-from graphwire.run.outputs import check_not_input
+from graphwire.run.outputs import CHECKPOINTS, PARTITIONS, check_not_input
 from graphwire.run.partitioning import write_parts
 from graphwire.run.spec import DEFAULT_NODE_ORDER, RunSpec
 
@@ -47,7 +47,7 @@ def partitioned_folder(spec: RunSpec, out: Path, leader: bool, resuming: bool) -
                 "leave --node-order out, or give the graph it was split from"
             )
         return given
-    folder = out / "partitions"
+    folder = out / PARTITIONS
     if resuming:
         if not (folder / "meta.json").exists():
             raise ValueError(
@@ -81,9 +81,9 @@ def check_outputs(spec: RunSpec, out: Path) -> None:
     """Refuse an ``--out`` whose parts (written unless ``--dataset`` is
     partitioned) or checkpoints (written and pruned) would replace the input."""
     dataset = spec.data.dataset
-    written = [out / "checkpoints"] if _checkpoints(spec) else []
+    written = [out / CHECKPOINTS] if _checkpoints(spec) else []
     if not is_partitioned_folder(dataset):
-        written.append(out / "partitions")
+        written.append(out / PARTITIONS)
     for folder in written:
         check_not_input(folder, dataset, f"--out {out}: {folder}")
 
@@ -131,7 +131,7 @@ def checkpoint_config(spec: RunSpec, out: Path) -> CheckpointConfig | None:
     interval (speed and memory settings, such as G3's bins, may change)."""
     if not _checkpoints(spec):
         return None
-    folder = out / "checkpoints"
+    folder = out / CHECKPOINTS
     dataset = Path(spec.data.dataset)
     run: dict[str, Any] = {
         "dataset": str(dataset.resolve()) if dataset.exists() else spec.data.dataset,

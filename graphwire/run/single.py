@@ -1,6 +1,7 @@
 """`run_one_process`: a run on this process alone (``--workers 1``).
 
-Load the dataset, optionally partition it (``--partition``: to report what a
+Claim the run folder (:func:`~graphwire.run.outputs.claim_run_folder`), load
+the dataset, optionally partition it (``--partition``: to report what a
 distributed run of the graph would face), run the mode's loop with a progress
 bar, and write ``metrics.jsonl``: a ``config`` record, the ``partition``
 record, one record per epoch and the ``summary``, whose fields are also
@@ -24,7 +25,7 @@ from graphwire.run.console import (
     print_table,
 )
 from graphwire.run.mode import Mode
-from graphwire.run.outputs import run_folder
+from graphwire.run.outputs import claim_run_folder
 from graphwire.run.partitioning import check_parts_fit, partition_and_report
 from graphwire.run.records import MetricsLog, format_summary, peak_rss_mb
 from graphwire.run.spec import DEFAULT_NODE_ORDER, RunSpec
@@ -36,11 +37,11 @@ __all__ = ["run_one_process"]
 _REPORTED_PARTS = 4  # the parts --partition reports without --parts
 
 
-def run_one_process(spec: RunSpec, mode: Mode) -> int:
-    """Train ``spec`` here; the command's exit status."""
+def run_one_process(spec: RunSpec, mode: Mode, out: Path) -> int:
+    """Train ``spec`` here, writing into ``out``; the command's exit status."""
     dataset, quiet = spec.data.dataset, spec.output.quiet
     _refuse_partitioned(dataset)
-    out = run_folder(spec.output.out, f"train-{spec.train.model}")
+    claim_run_folder(out, dataset, overwrite=spec.output.overwrite, resume=False)
     node_order = spec.partition.node_order or DEFAULT_NODE_ORDER
     keep_freed_memory(spec.launch.keep_freed_mb)
     if spec.launch.threads:

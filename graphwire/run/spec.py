@@ -13,7 +13,7 @@ them (:mod:`graphwire.run.flags`)::
     fetch       the fetcher and its config (mini-batch)
     launch      LaunchSpec: workers, backend, timeouts, threads, memory
     checkpoint  CheckpointSpec: how often, how many kept, resume
-    output      OutputSpec: the run folder, progress bars
+    output      OutputSpec: the run folder (and replacing it), progress bars
 
 ``graphwire train --print-spec`` prints a run's spec as YAML, which
 ``--config`` reads back.
@@ -201,6 +201,11 @@ class OutputSpec:
 
     out: str | None = option(
         None, help="run folder for metrics.jsonl (unset: runs/train-...)"
+    )
+    overwrite: bool = option(
+        False,
+        help="replace the run --out holds (its metrics, report, checkpoints and "
+        "parts, nothing else); without it an --out holding a run is refused",
     )
     quiet: bool = option(False, help="no progress bars or per-epoch lines")
 

@@ -4,6 +4,8 @@ One process: load the dataset, optionally partition it (to report what a
 distributed run would face), run the mode's loop, report. Distributed
 (``--workers N`` or ``torchrun``), in this order:
 
+0. the run folder: one holding an earlier run is refused unless the run
+   resumes it or ``--overwrite`` replaces it (under torchrun, rank 0 checks);
 1. the partitioned graph: ``--dataset`` may name one already (its number of
    parts must equal the number of workers); otherwise the dataset is loaded and
    partitioned (``--partition``, default ``metis``) into ``OUT/partitions``
@@ -25,13 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from graphwire.allocator import keep_freed_memory
-from graphwire.comm.context import WorkerContext, default_backend
+from graphwire.comm.context import (
+    WorkerContext,
+    default_backend,
+    restart_attempt,
+    usable_cores,
+)
 from graphwire.fsutil import check_creatable
 from graphwire.run.checkpoint import check_resume
 from graphwire.run.flags import FlagTable
 from graphwire.run.job import Job, run_rank
 from graphwire.run.mode import Mode
-from graphwire.run.outputs import run_folder
+from graphwire.run.outputs import claim_run_folder, run_folder
 from graphwire.run.parts import (
     check_outputs,
     checkpoint_config,
@@ -43,14 +50,15 @@ from graphwire.run.spec import RunSpec
 from graphwire.run.summary import say_if_stopped_before
 from graphwire.run.tables import write_report
 
-__all__ = ["start_run"]
+__all__ = ["oversubscribed", "start_run"]
 
 
 def start_run(spec: RunSpec, mode: Mode, table: FlagTable) -> int:
     """Run ``spec`` with ``mode``'s loops; the command's exit status."""
     _check_folders(spec, table)
     if not spec.distributed:
-        return run_one_process(spec, mode)
+        out = run_folder(spec.output.out, f"train-{spec.train.model}")
+        return run_one_process(spec, mode, out)
     strategy = spec.strategy
     assert strategy is not None
     how = "minibatch" if spec.mode == "minibatch" else strategy.name
@@ -92,13 +100,29 @@ def _run_distributed(spec: RunSpec, mode: Mode, out: Path) -> int:
         keep_freed_memory(launch.keep_freed_mb)
         backend = ctx.backend
     else:  # a GPU per worker for nccl, checked before the graph is read
-        from graphwire.comm.launch import check_local_backend, start_fork_server
+        from graphwire.comm.launch import check_local_backend
 
         backend = launch.backend or default_backend(spec.world)
         check_local_backend(backend, spec.world)
-        start_fork_server(backend)  # its imports overlap the graph's loading
     leader = ctx is None or ctx.rank == 0
     check_outputs(spec, out)
+    # Under torchrun rank 0 alone (the others would race it); a restarted
+    # attempt (--max-restarts) goes on with its own run.
+    if leader and not restart_attempt():
+        claim_run_folder(
+            out,
+            spec.data.dataset,
+            overwrite=spec.output.overwrite,
+            resume=spec.checkpoint.resume,
+        )
+    crowded = oversubscribed(ctx, spec.world)
+    if crowded:
+        sys.stderr.write(crowded + "\n")  # one write: ranks share the stream
+        sys.stderr.flush()
+    if ctx is None:
+        from graphwire.comm.launch import start_fork_server
+
+        start_fork_server(backend)  # its imports overlap the graph's loading
     checkpoint = checkpoint_config(spec, out)
     resuming = False
     if checkpoint is not None and checkpoint.resume:
@@ -150,6 +174,25 @@ def _run_distributed(spec: RunSpec, mode: Mode, out: Path) -> int:
     say_if_stopped_before(reports, spec.train)
     write_report(str(out), job.header, reports, mode.report)
     return 0
+
+
+def oversubscribed(ctx: WorkerContext | None, world: int) -> str | None:
+    """The warning that this machine runs more workers than it has cores,
+    for the process that says it: the launcher of ``world`` local workers
+    (``ctx`` None), or under torchrun this machine's first worker (of
+    ``ctx.local_world_size``). None: nothing to say here."""
+    if ctx is not None and ctx.local_rank != 0:
+        return None
+    # (a launcher that does not say how many are here: this one, at least)
+    workers = world if ctx is None else ctx.local_world_size or 1
+    cores = usable_cores()
+    if workers <= cores:
+        return None
+    return (
+        f"graphwire: warning: {workers} workers on this machine's {cores} "
+        f"core{'s' if cores != 1 else ''}: they take turns on the CPUs, so the "
+        "run's times measure CPU sharing, not communication"
+    )
 
 
 def _say_resumed(folder: str, saved: int | None, epochs: int) -> None:

@@ -54,6 +54,7 @@ def test_default_backend_is_nccl_only_with_a_gpu_per_local_rank(
     env = ENV | {"LOCAL_WORLD_SIZE": str(local_ranks)}
     assert WorkerContext.from_env(env).backend == expected
     assert WorkerContext.from_env(env, backend="gloo").backend == "gloo"
+    assert WorkerContext.from_env(env).local_world_size == local_ranks
 
 
 @pytest.mark.parametrize(

@@ -88,8 +88,16 @@ def test_a_resume_splits_again_unless_a_checkpoint_needs_the_parts(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no checkpoint in" in done.stderr
     assert json.loads(meta.read_text())["num_nodes"] == 1500
-    # Every 5 epochs, of 2: the last epoch is checkpointed as the run ends.
-    graphwire(capfd, *argv, "--dataset", other, "--checkpoint-every", "5").summary()
+    # A new run into the folder is refused, naming how to replace or resume
+    # it, before any work; with --overwrite it replaces it. Every 5 epochs,
+    # of 2: the last epoch is checkpointed as the run ends.
+    fresh = [*argv, "--dataset", other, "--checkpoint-every", "5"]
+    refused = graphwire(capfd, *fresh)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    said = " ".join(refused.stderr.split())
+    assert "holds an earlier run (metrics.jsonl, checkpoints, partitions)" in said
+    assert "pass --overwrite to replace it or --resume to continue it" in said
+    graphwire(capfd, *fresh, "--overwrite").summary()
     again = graphwire(capfd, *argv, "--dataset", other, "--resume")
     said = "the checkpoint is of epoch 1, so --epochs 2 leaves nothing to train"
     assert said in " ".join(again.stderr.split())

@@ -384,21 +384,25 @@ def _check_records(out: Path, summary: dict[str, str], world: int, epochs: int) 
 
 
 def test_replicate_reports_the_rows_it_holds_and_recomputes(
-    tmp_path: Path, capfd: Capture
+    tmp_path: Path, capfd: Capture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--exchange replicate`` holds each part's whole 2-hop in-neighbourhood:
     the summary's ``replicated_rows`` counts it beyond the owned nodes, and
     ``redundant_rows`` the rows computed beyond them (layer 0's 1-hop halo,
-    which ``remote_rows`` also counts), checked against the global graph."""
+    which ``remote_rows`` also counts), checked against the global graph.
+    Its 2 workers on 2 cores say nothing of CPU sharing."""
     from graphwire.graph.datasets import load_dataset
     from graphwire.partition import load_part
 
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # 2 cores
     common, _ = _spawned_g3(capfd, tmp_path, 2)
     common[common.index("g3")] = "replicate"
     del common[common.index("--bin-rows") : common.index("--bin-rows") + 2]
-    summary = graphwire(
+    ran = graphwire(
         capfd, *common, "--workers", "2", "--out", str(tmp_path / "replicate")
-    ).summary()
+    )
+    summary = ran.summary()
+    assert "warning" not in ran.stderr
     graph = load_dataset(SPEC)
     src, dst = graph.edge_index()
     held = halo = 0
@@ -415,16 +419,27 @@ def test_replicate_reports_the_rows_it_holds_and_recomputes(
     assert int(summary["redundant_rows"]) == int(summary["remote_rows"]) == halo
 
 
-def test_gat_flags_reach_every_worker(tmp_path: Path, capfd: Capture) -> None:
+def test_gat_flags_reach_every_worker(
+    tmp_path: Path, capfd: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--heads and --out-heads shape every rank's GAT (its checkpoint's
     attention vectors are [heads, hidden]); --attn-dropout is in the run's
-    config record."""
+    config record. On a machine of 1 core, its 2 workers are warned of, once,
+    and the run goes on."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # 1 core
     out = tmp_path / "run"
     argv = ["train", "--dataset", SPEC]
     argv += ["--model", "gat", "--hidden", "5", "--heads", "3", "--out-heads", "2"]
     argv += ["--attn-dropout", "0.25", "--workers", "2", "--epochs", "1"]
     argv += ["--checkpoint-every", "1", "--quiet", "--timeout", "60"]
-    graphwire(capfd, *argv, "--out", str(out)).summary()
+    ran = graphwire(capfd, *argv, "--out", str(out))
+    ran.summary()
+    warned = [line for line in ran.stderr.splitlines() if "warning" in line]
+    assert warned == [
+        "graphwire: warning: 2 workers on this machine's 1 core: they take "
+        "turns on the CPUs, so the run's times measure CPU sharing, not "
+        "communication"
+    ]
     for rank in (0, 1):
         state = torch.load(
             out / "checkpoints" / "epoch000000" / f"rank{rank}.pt", weights_only=False

@@ -25,6 +25,7 @@ from tests.multiprocess.cli_runs import SPEC, graphwire
         ["--mode", "minibatch", "--fanouts", "-1,5", "--batch-size", "7"],
         ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid", "--n-hot", "8"],
         ["--partition", "random", "--parts", "3", "--node-order", "id", "--quiet"],
+        ["--out", "runs/x", "--overwrite"],
     ],
     ids=" ".join,
 )
