@@ -107,7 +107,6 @@ class TorchTransport(Transport):
         self._timeout = timedelta(seconds=ctx.timeout_s)
         self._owns_group = owns_group
         self._closed = False
-        self._heartbeat = Heartbeat.start(ctx) if ctx.world_size > 1 else None
         self._stall: StallWatch | None = None
         if ctx.world_size > 1 and ctx.stall_notice_s > 0:
             self._stall = StallWatch(
@@ -115,11 +114,15 @@ class TorchTransport(Transport):
                 ctx.world_size,
                 ctx.stall_notice_s,
                 ctx.timeout_s,
-                self._heartbeat,
+                None,  # the heartbeat, next: its first beat tells the status
                 phase=lambda: self.phase,
             )
-            if self._heartbeat is not None:
-                self._heartbeat.status = self._stall.status
+        self._heartbeat: Heartbeat | None = None
+        if ctx.world_size > 1:
+            status = None if self._stall is None else self._stall.status
+            self._heartbeat = Heartbeat.start(ctx, status)
+        if self._stall is not None:
+            self._stall.heartbeat = self._heartbeat
         # Made by every rank here, as new_group must be (open runs on all).
         self._p2p_group: Any = None
         self._p2p_device = self.device

@@ -70,7 +70,8 @@ class StallWatch:
         notice_s: how long a call waits before its notice (> 0).
         timeout_s: the run's timeout, which ends a call that waits on.
         heartbeat: the run's heartbeat (None: the store cannot be reached,
-            and the notice names the call's peers, or none).
+            and the notice names the call's peers, or none); settable, as
+            :attr:`heartbeat`, for a heartbeat made after the watch.
         phase: this rank's phase now (``"epoch 21"``), read as a call begins.
         write: where a notice goes (standard error).
     """
@@ -89,7 +90,7 @@ class StallWatch:
             raise ValueError(f"notice_s: expected > 0, got {notice_s}")
         self.rank, self.world_size = rank, world_size
         self.notice_s, self.timeout_s = notice_s, timeout_s
-        self._heartbeat, self._phase, self._write = heartbeat, phase, write
+        self.heartbeat, self._phase, self._write = heartbeat, phase, write
         self._waits: dict[int, _Wait] = {}
         self._tokens = itertools.count()
         self._lock = threading.Lock()
@@ -159,7 +160,7 @@ class StallWatch:
         """Which ranks ``wait`` is held up by, and where they are."""
         others = [r for r in range(self.world_size) if r != self.rank]
         peers = list(wait.peers) if wait.peers is not None else others
-        heart = self._heartbeat
+        heart = self.heartbeat
         silent = heart.silent() if heart is not None else None
         where = heart.statuses() if heart is not None else None
         if silent is None or where is None:  # no store: the call's peers, if any

@@ -110,6 +110,7 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
             writing = [w for w in workers if str(partial) in _open_paths(w)]
             assert len(workers) == 2 and len(writing) == 1, name
             frozen = next(w for w in workers if w not in writing)
+            time.sleep(1.0)  # two heartbeats: where it is, told (every 0.5 s)
             frozen.suspend()
             while "stopped beating" not in _read(errs[name]):
                 assert time.monotonic() < deadline + 60, f"{name}: no stall notice"
