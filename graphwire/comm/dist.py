@@ -312,14 +312,7 @@ class TorchTransport(Transport):
         except RuntimeError as error:
             self._fail(op, tag, error)
         self.ledger.record_send(dst, tag, row_bytes(staged))
-        return TorchWork(
-            work,
-            op,
-            tag,
-            self._timeout,
-            self._fail,
-            lambda: self.waiting(op, tag, [dst]),
-        )
+        return self._work(work, op, tag, dst)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: str) -> Work:
         """See :meth:`Transport.irecv`; ``tensor`` is filled by ``wait()``."""
@@ -335,14 +328,26 @@ class TorchTransport(Transport):
         except RuntimeError as error:
             self._fail(op, tag, error)
         self.ledger.record_recv(src, tag, row_bytes(staged))
-        target = None if direct else tensor
+        return self._work(work, op, tag, src, staged, None if direct else tensor)
+
+    def _work(
+        self,
+        work: Any,
+        op: str,
+        tag: str,
+        peer: int,
+        staged: torch.Tensor | None = None,
+        target: torch.Tensor | None = None,
+    ) -> TorchWork:
+        """The :class:`TorchWork` of a point-to-point ``op`` with ``peer``:
+        bounded by the timeout, its wait noted by the stall watch."""
         return TorchWork(
             work,
             op,
             tag,
             self._timeout,
             self._fail,
-            lambda: self.waiting(op, tag, [src]),
+            lambda: self.waiting(op, tag, [peer]),
             staged,
             target,
         )
