@@ -128,8 +128,8 @@ class Config:
 class Result:
     """What one run of a configuration measured (seconds are per epoch)."""
 
-    epoch_s: float  # summary epoch_s_median: all epochs, rank 0
-    steady_s: float  # median of epochs 1.. (rank 0)
+    epoch_s: float  # median of all epochs (rank 0)
+    steady_s: float  # median of epochs 1.. (rank 0): the summary's epoch_s_median
     first_s: float  # epoch 0 (rank 0)
     compute_s: float  # mean over ranks and epochs
     comm_s: float
@@ -213,8 +213,8 @@ def _result(
     per = max(1, epochs * len(ranks))
     cpu_s = statistics.median(cpu or [0.0])
     return Result(
-        epoch_s=float(summary["epoch_s_median"]),
-        steady_s=statistics.median(lead[1:] or lead),
+        epoch_s=statistics.median(lead),
+        steady_s=float(summary["epoch_s_median"]),
         first_s=lead[0],
         compute_s=split["compute"] / per,
         comm_s=split["comm"] / per,
@@ -328,8 +328,9 @@ def _print_table(
             f"{_median(runs, 'wall_s'):7.1f} {len(runs):2d}"
         )
     print(
-        "epoch s: summary epoch_s_median (rank 0 fwd+bwd+grad sync, all epochs), "
-        "median over rounds; w/o ep0: the same without epoch 0;\ncompute/comm/"
+        "epoch s: rank 0's fwd+bwd+grad sync, median over all epochs and "
+        "rounds; w/o ep0: the same without epoch 0 (the summary's "
+        "epoch_s_median);\ncompute/comm/"
         "sync/eval: seconds per epoch, mean over ranks (compute = fwd+bwd-comm); "
         "MiB/ep: ledger bytes of the whole run (set-up, training, eval; all "
         "ranks) / epochs;\ntrainMiB/ep: training tags only (fwd, bwd, "

@@ -134,7 +134,7 @@ class Result:
     """What one run of a configuration measured (per epoch unless said)."""
 
     seeds_per_s: float  # summary: median over epochs, all ranks / slowest rank
-    epoch_s: float  # summary epoch_s_median: slowest rank's train_s
+    epoch_s: float  # summary epoch_s_median: slowest rank's train_s, epochs 1..
     first_s: float  # epoch 0, slowest rank's train_s
     remote_rows: float  # summary remote_rows (whole run) / epochs
     in_epoch_rows: float  # epoch records' remote_rows, all ranks, mean per epoch
@@ -314,8 +314,9 @@ def _print_tables(results: dict[str, list[Result]], failures: dict[str, str]) ->
             f"{_median(runs, 'wall_s'):7.1f} {len(runs):2d}"
         )
     print(
-        "seeds/s: summary (median over epochs of all ranks' seeds / slowest "
-        "rank's train s); epoch s: its median train s; ep0 s: epoch 0's;\n"
+        "seeds/s: summary (median over epochs 1.. of all ranks' seeds / "
+        "slowest rank's train s); epoch s: its median train s; ep0 s: epoch "
+        "0's;\n"
         "rows/ep, MiB/ep: remote feature rows and their bytes (kv.pull, "
         "kv.prefetch, kv.cache; labels not counted) of the whole run "
         "(first cache fill included) / epochs; in-ep rows: rows pulled inside "

@@ -75,3 +75,26 @@ def test_a_resumed_mini_batch_run_times_only_the_epochs_it_trained(capsys) -> No
     assert "0 │ 100 │ 1 │ 1 │ 1 │ 2 │ 0 │ 0" in lines
     summary = run_summary.minibatch_summary(reports)
     assert summary["seeds_per_s"] == 100.0 and summary["epoch_s_median"] == 1.0
+
+
+def test_the_first_epoch_is_reported_alone_not_in_the_medians() -> None:
+    """The first epoch pays the start-up: ``first_epoch_s`` gives it, and
+    ``epoch_s_median`` and ``seeds_per_s`` are over the later epochs (of a
+    one-epoch run, that epoch's), in both modes."""
+    slow_first = [(0, 9.0), (1, 1.0), (2, 2.0), (3, 1.0)]
+    ranks = [
+        _report(rank, [_mini_batch(e, s, 100) for e, s in slow_first], 0)
+        for rank in range(2)
+    ]
+    summary = run_summary.minibatch_summary(ranks)
+    assert summary["first_epoch_s"] == 9.0 and summary["epoch_s_median"] == 1.0
+    assert summary["seeds_per_s"] == 200.0  # 2 ranks x 100 seeds / 1 s
+    full = [_report(0, [_full_graph(e, s / 2) for e, s in slow_first], 0)]
+    summary = run_summary.fullgraph_summary(full, {"bytes_sent": 0, "bytes_recv": 0})
+    assert (summary["first_epoch_s"], summary["epoch_s_median"]) == (9.0, 1.0)
+    one = run_summary.minibatch_summary([_report(0, [_mini_batch(0, 4.0, 100)], 0)])
+    assert (one["first_epoch_s"], one["epoch_s_median"], one["seeds_per_s"]) == (
+        4.0,
+        4.0,
+        25.0,
+    )

@@ -10,7 +10,6 @@ printed as one line.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from graphwire.run.outputs import claim_run_folder
 from graphwire.run.partitioning import check_parts_fit, partition_and_report
 from graphwire.run.records import MetricsLog, format_summary, peak_rss_mb
 from graphwire.run.spec import DEFAULT_NODE_ORDER, RunSpec
+from graphwire.run.summary import first_and_rest
 from graphwire.run.tables import print_time_split
 from graphwire.run.training import EpochRecord, TrainResult, format_acc
 
@@ -118,13 +118,15 @@ def _train(
 def _summary(result: TrainResult, partition: dict[str, Any]) -> dict[str, Any]:
     epoch_s = [
         sum(v for k, v in r.times.items() if k != "eval_s") for r in result.records
-    ] or [0.0]
+    ]
+    first_s, median_s = first_and_rest(epoch_s)
     summary: dict[str, Any] = {
         "test_acc": result.test_acc,
         "val_acc": result.val_acc,
         "epochs": result.epochs_run,
         "best_epoch": result.best_epoch,
-        "epoch_s_median": statistics.median(epoch_s),
+        "epoch_s_median": median_s,
+        "first_epoch_s": first_s,
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
     for key in ("edge_cut", "halo_max", "imbalance_nodes"):
