@@ -6,6 +6,7 @@ epoch: the records summed to 31 remote rows, the summary said 51); nor did
 any record count the set-up collectives, the presampling or the closing of
 the services, which ``bytes_sent`` / ``bytes_recv`` do. The set-up, epoch and
 teardown windows now tile the run, for a fresh run and a resumed one.
+Exact evaluation's set-up goes in the window of the first evaluation.
 
 ``remote_rows``, ``remote_bytes`` and ``remote_messages`` count the same
 traffic, the input-feature fetches: labels are in ``comm`` only.
@@ -76,13 +77,28 @@ def test_set_up_epochs_and_teardown_add_up_to_the_run(
     folder: str, tmp_path: Path, fetch: str
 ) -> None:
     config = TrainConfig(
-        model="sage", hidden=8, epochs=4, batch_size=30, fanouts=[3, 4], seed=5
+        model="sage",
+        hidden=8,
+        epochs=4,
+        batch_size=30,
+        fanouts=[3, 4],
+        seed=5,
+        eval_every=2,
     )
     options = RapidConfig(n_hot=10, prefetch=2) if fetch == "rapid" else fetch
     whole = run_local(lambda t: train(t, folder, config, options), 2)
     for rank in whole:
         assert _records_sum(rank, 0) == _totals(rank)
         assert _totals(rank)["remote_rows"] > 0
+        # Exact evaluation's engine sends its halo's input rows at the first
+        # evaluation (after epoch 1), not in the set-up of every run.
+        assert (
+            "setup.input" not in rank["counters"]["phases"]["setup"]["comm"]["by_tag"]
+        )
+        sent = [
+            r["epoch"] for r in rank["records"] if "setup.input" in r["comm"]["by_tag"]
+        ]
+        assert sent == [1]
     if fetch == "rapid":  # the first fill is the set-up's
         for rank in whole:
             setup = rank["counters"]["phases"]["setup"]
