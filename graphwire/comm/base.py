@@ -91,6 +91,11 @@ class Transport(ABC):
         return nullcontext()
 
     @property
+    def machine_ranks(self) -> int:
+        """The ranks on this machine (here, all of them: one process)."""
+        return self.world_size
+
+    @property
     def leads_machine(self) -> bool:
         """Whether this rank writes what one rank per machine writes.
 

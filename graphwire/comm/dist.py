@@ -136,6 +136,12 @@ class TorchTransport(Transport):
         """The first rank of its machine (``LOCAL_RANK`` 0)."""
         return self.ctx.local_rank == 0
 
+    @property
+    def machine_ranks(self) -> int:
+        """The ranks on this machine (``LOCAL_WORLD_SIZE``; one where the
+        launcher did not say)."""
+        return self.ctx.local_world_size or 1
+
     @classmethod
     def open(cls, ctx: WorkerContext, *, check_splits: bool = True) -> TorchTransport:
         """Join the run described by ``ctx`` (blocks until all ranks join).

@@ -23,11 +23,13 @@ where rows come from changes), so both train bitwise alike.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
+import psutil
 import torch
 
 from graphwire.comm.scratch import Scratch
@@ -42,10 +44,20 @@ from graphwire.sampler.presample import (
     presample_epoch,
 )
 
-__all__ = ["DEFAULT_CACHE_MB", "RapidConfig", "RapidStore"]
+__all__ = ["DEFAULT_CACHE_MB", "RapidConfig", "RapidStore", "default_cache_mb"]
 
 _Assembled = tuple[SampledBatch, torch.Tensor, torch.Tensor, dict[str, int]]
-DEFAULT_CACHE_MB = 512.0  # the cache's budget when neither n_hot nor cache_mb is set
+DEFAULT_CACHE_MB = 512.0  # the cache's budget, at most, when cache_mb is not set
+_MEMORY_SHARE = 0.1  # of the memory available at start, for the machine's caches
+
+
+def default_cache_mb(machine_ranks: int) -> float:
+    """The cache's budget when ``--cache-mb`` is not given, MiB:
+    :data:`DEFAULT_CACHE_MB`, or less where memory is short, a tenth of the
+    memory available at start shared by the machine's ``machine_ranks``
+    workers (a 24 GiB machine of 4 workers: 512; of 64 workers: about 35)."""
+    available = psutil.virtual_memory().available / 2**20
+    return min(DEFAULT_CACHE_MB, available * _MEMORY_SHARE / max(1, machine_ranks))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,8 +66,10 @@ class RapidConfig:
 
     ``n_hot`` is at most the distinct remote nodes of the presampled run (no
     other node is ever hot; a larger value is cut to that); left out, it is
-    that many, within ``cache_mb``. The two buffers take ``2 n_hot F 4``
-    bytes (reported as ``cache_bytes``).
+    ``cache_share`` of that many, within ``cache_mb``
+    (:func:`default_cache_mb` when not given). The two buffers take
+    ``2 n_hot F 4`` bytes (reported as ``cache_bytes``). Each epoch's buffer
+    holds that epoch's ``n_hot`` most accessed remote rows of the schedule.
     """
 
     n_hot: int | None = option(
@@ -70,7 +84,17 @@ class RapidConfig:
         strict=True,
         excludes="n_hot",
         help=f"rapid: memory for the two cache buffers when --n-hot is not "
-        f"given (default {DEFAULT_CACHE_MB:g})",
+        f"given (unset: {DEFAULT_CACHE_MB:g}, or a tenth of the memory "
+        "available at start over this machine's workers where that is less)",
+    )
+    cache_share: float | None = option(
+        None,
+        least=0,
+        most=1,
+        excludes="n_hot",
+        help="rapid: the share of the remote rows this worker's schedule "
+        "reads that the cache holds, its most accessed, within --cache-mb "
+        "(unset: 1, all of them)",
     )
     prefetch: int = option(
         4,
@@ -150,14 +174,18 @@ class RapidStore(Fetcher):
         touched = torch.unique(torch.cat([e.hot_ids for e in self.epochs.values()]))
         n_hot = self.config.n_hot
         if n_hot is None:
+            share = 1.0 if self.config.cache_share is None else self.config.cache_share
+            wanted = math.ceil(share * touched.numel())
             budget = self.config.cache_mb
             if budget is None:
-                budget = DEFAULT_CACHE_MB
+                budget = default_cache_mb(self.store.transport.machine_ranks)
+            self._counters["cache_budget_mb"] = budget
             # in floats: a huge budget (1e303 MiB) is inf rows, not an error
             fits = budget * 2**20 / (2 * self.store.dim * 4)
-            n_hot = touched.numel() if fits >= touched.numel() else int(fits)
+            n_hot = wanted if fits >= wanted else int(fits)
         self.cache = HotCache(self.store, min(n_hot, touched.numel()))
         self._counters["n_hot"] = self.cache.n_hot  # the rows allocated
+        self._counters["touched_rows"] = touched.numel()
         self.cache.fill(
             first, self.epochs[first].hot_ids if hot_ids is None else hot_ids
         )

@@ -122,3 +122,33 @@ def feature_paths(
         loop.close()
     counters = dict(loop.counters) | rapid.counters()
     return {"worst": worst, "checked": checked, "counters": counters}
+
+
+def cache_contents(
+    transport: Transport, folder: str, config: TrainConfig, fetch: RapidConfig
+) -> dict[str, Any]:
+    """Train with ``--fetch rapid``; per epoch, the IDs its steady cache
+    buffer holds and every remote input row its batches read (repeats
+    kept), from the presampled schedule; and the store's counters."""
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    original = RapidStore.begin_epoch
+
+    def begin_epoch(self: RapidStore, epoch: int) -> None:
+        original(self, epoch)
+        if self.sampler.rank != transport.rank:
+            return  # (run_local: the other rank's thread, same class)
+        assert self.cache is not None
+        presampled = self.epochs[epoch]
+        reads = []
+        for index in range(presampled.num_batches):
+            sampled, local = presampled.batch(index)
+            reads.append(sampled.input_nid[~local])
+        held = self.cache.lookup(torch.cat(reads), epoch)[0]
+        seen[epoch] = (torch.unique(torch.cat(reads)[held]), torch.cat(reads))
+
+    RapidStore.begin_epoch = begin_epoch  # type: ignore[method-assign]
+    try:
+        result = train(transport, folder, config, fetch)
+    finally:
+        RapidStore.begin_epoch = original  # type: ignore[method-assign]
+    return {"seen": seen, "counters": result["counters"]}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import functools
+import math
 import threading
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 
 from graphwire.comm.launch import WorkerFailed, launch_local
 from graphwire.comm.local import run_local
+from graphwire.feature import rapid
 from graphwire.feature.rapid import RapidConfig
 from graphwire.fullgraph.inference import ExactInference
 from graphwire.graph.graph import Graph
@@ -49,7 +51,7 @@ from graphwire.run.config import TrainConfig
 from graphwire.run.job import Job, run_rank
 from graphwire.testing import run_workers
 from tests.fullgraph.dist_helpers import nan_feature_halves
-from tests.minibatch.probes import feature_paths, train
+from tests.minibatch.probes import cache_contents, feature_paths, train
 
 
 def _graph(nodes: int = 1200) -> Graph:
@@ -181,6 +183,41 @@ def test_remote_rows_do_not_grow_with_n_hot_and_memory_stays_bounded(
             assert c["prefetch"]["peak_alive"] <= 2
     assert all(a >= b for a, b in zip(fetched, fetched[1:], strict=False)), fetched
     assert fetched[-1] < fetched[0]
+
+
+def test_the_cache_holds_each_epochs_most_read_rows_within_its_budget(
+    parts: dict[int, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RapidGNN's TopHot: within ``--cache-mb`` (here 40 rows a buffer) each
+    epoch's buffer holds the remote rows its batches read most often (ties:
+    the lower ID), counted here from the presampled batches themselves, and
+    its bytes never pass the budget. ``--cache-share`` sizes the cache as a
+    share of the rows the schedule reads; unset, the budget is 512 MiB or a
+    tenth of the memory available over the machine's workers."""
+    rows, width = 40, 6 * 4
+    budget = rows * 2 * width / 2**20
+    options = RapidConfig(cache_mb=budget, prefetch=2)
+    config = _config(epochs=3)
+    results = run_local(lambda t: cache_contents(t, parts[2], config, options), 2)
+    for r in results:
+        c = r["counters"]
+        assert c["n_hot"] == rows and c["cache_bytes"] <= budget * 2**20
+        assert sorted(r["seen"]) == [0, 1, 2]
+        for epoch, (held, reads) in r["seen"].items():
+            ids, counts = torch.unique(reads, return_counts=True)
+            assert ids.numel() > rows  # the budget binds
+            ranked = sorted(zip((-counts).tolist(), ids.tolist(), strict=True))
+            top = sorted(node for _, node in ranked[:rows])
+            assert held.tolist() == top, epoch
+    share = RapidConfig(cache_share=0.25, prefetch=2)
+    for r in run_local(lambda t: train(t, parts[2], config, share), 2):
+        c = r["counters"]
+        assert c["n_hot"] == math.ceil(0.25 * c["touched_rows"]) > 0
+    available = type("Memory", (), {"available": 2**30})()  # 1 GiB free
+    monkeypatch.setattr(rapid.psutil, "virtual_memory", lambda: available)
+    assert rapid.default_cache_mb(4) == pytest.approx(1024 * 0.1 / 4)
+    monkeypatch.setattr(available, "available", 2**35)  # 32 GiB: the cap
+    assert rapid.default_cache_mb(4) == rapid.DEFAULT_CACHE_MB
 
 
 def test_a_presample_dir_in_use_by_another_run_is_refused(
