@@ -152,8 +152,8 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             "--n-hot: only with --fetch rapid",
         ),
         (
-            ["--workers", "2", "--mode", "minibatch", "--prefetch", "2"],
-            "--prefetch: only with --fetch rapid",
+            ["--workers", "2", "--mode", "minibatch", "--cache-share", "0.5"],
+            "--cache-share: only with --fetch rapid",
         ),
         (
             ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]

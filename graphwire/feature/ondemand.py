@@ -1,40 +1,146 @@
 """`OnDemand` (``--fetch on-demand``): DistDGL's fetch, batch by batch.
 
-Each batch is sampled when the trainer reaches it (the owner-compute sampler:
-remote frontiers are sampled by their owners, ``sample.hop``), and its input
-rows are read where they live: local rows from this rank's shard, remote ones
-with one pull per owner (``kv.pull``). Nothing is cached or made ahead.
+Each batch is sampled (the owner-compute sampler: remote frontiers are
+sampled by their owners, ``sample.hop``) and its input rows are read where
+they live: local rows from this rank's shard, remote ones with one pull per
+owner (``kv.pull``). Nothing is cached or kept across batches.
+
+As DistDGL's loader does, a thread samples and fetches the batches ahead of
+the trainer while it computes, at most ``prefetch`` (Q) alive at once, the
+one in training included (:class:`~graphwire.feature.prefetch.Prefetcher`):
+the trainer waits (``wait_s``) only where the loader has not kept up. A
+batch the trainer reaches first it makes itself (``sample_s``, ``fetch_s``,
+a fallback); ``--prefetch 1`` makes every batch so, when the trainer reaches
+it. Either way the batches, their blocks and rows are the same: only where
+the time goes changes. The seconds spent sampling and fetching wherever they
+ran are counted too (``sample_busy_s``, ``fetch_busy_s``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
 
 from graphwire.feature.cache import assemble_inputs
-from graphwire.feature.fetcher import Fetched, Fetcher
-from graphwire.sampler.base import Batch
+from graphwire.feature.fetcher import Fetched, Fetcher, Schedule
+from graphwire.feature.prefetch import Prefetcher
+from graphwire.options import check_options, option
+from graphwire.sampler.base import Batch, SampledBatch
 
-__all__ = ["OnDemand", "OnDemandConfig"]
+__all__ = ["DEFAULT_PREFETCH", "OnDemand", "OnDemandConfig"]
+
+DEFAULT_PREFETCH = 4  # Q of both fetchers: they share --prefetch
+PREFETCH_HELP = (
+    "the most batches made at once, the one in training included (Q; 1: none "
+    "ahead): on-demand samples and fetches them, rapid assembles them from "
+    "its schedule and cache"
+)
+
+_Made = tuple[SampledBatch, torch.Tensor, torch.Tensor, dict[str, float]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OnDemandConfig:
-    """On-demand fetching has no settings."""
+    """On-demand fetching's setting: how far its loader runs ahead."""
+
+    prefetch: int = option(DEFAULT_PREFETCH, least=1, help=PREFETCH_HELP)
+
+    def __post_init__(self) -> None:
+        check_options(self)
 
 
 class OnDemand(Fetcher):
-    """Sample each batch now and pull its remote input rows from their owners."""
+    """Sample each batch and pull its remote input rows, ahead of the trainer."""
 
-    def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
+    config: OnDemandConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prefetcher: Prefetcher | None = None
+        self._schedule: Schedule | None = None
+        self._epoch: tuple[int, list[Batch]] = (-1, [])  # the loader's epoch
+        self._lock = threading.Lock()
+
+    def start(self, schedule: Schedule, first: int, saved: Any | None) -> None:
+        del first, saved
+        if self.config.prefetch < 2 or not schedule.epochs:
+            return  # every batch made when the trainer reaches it
+        self._schedule = schedule
+        keys = [(e, i) for e in schedule.epochs for i in range(schedule.steps)]
+        self.prefetcher = Prefetcher(
+            keys=keys,
+            make=lambda key: self._make(self._batch(key)),  # type: ignore[arg-type]
+            depth=self.config.prefetch,
+            nbytes=lambda item: item[1].numel() * 4,  # type: ignore[index]
+        )
+
+    def _batch(self, key: tuple[int, int]) -> Batch:
+        """Batch ``key`` of the schedule (the loader's thread walks it)."""
+        epoch, index = key
+        assert self._schedule is not None
+        with self._lock:
+            if self._epoch[0] != epoch:
+                self._epoch = (epoch, self._schedule.batches(epoch))
+            return self._epoch[1][index]
+
+    def _make(self, batch: Batch) -> _Made:
+        """Sample ``batch`` and read its rows, on whichever thread asks."""
         began = time.perf_counter()
         sampled = self.sampler.sample(batch.seeds, batch.seed)
         sampled_at = time.perf_counter()
         local = self.store.is_local(sampled.input_nid)
         x, counts = assemble_inputs(self.store, None, sampled.input_nid, local, "pull")
         y = self.store.labels(sampled.seeds)
-        stats["sample_s"] += sampled_at - began
-        stats["fetch_s"] += time.perf_counter() - sampled_at
+        busy = {
+            "sample_busy_s": sampled_at - began,
+            "fetch_busy_s": time.perf_counter() - sampled_at,
+        }
+        return sampled, x, y, {**counts, **busy}
+
+    def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
+        item: object
+        if self.prefetcher is None:
+            item, prefetched = self._make(batch), False
+        else:
+            began = time.perf_counter()
+            item, prefetched = self.prefetcher.get(
+                (batch.epoch, batch.index),
+                lambda key: self._make(batch),
+            )
+            if prefetched:  # (one made here is timed as made, below)
+                stats["wait_s"] += time.perf_counter() - began
+            stats["fallbacks"] += not prefetched
+        sampled, x, y, counts = cast(_Made, item)
+        if not prefetched:  # made on the trainer's thread: all of it exposed
+            stats["sample_s"] += counts["sample_busy_s"]
+            stats["fetch_s"] += counts["fetch_busy_s"]
         for name, value in counts.items():
             stats[name] += value
         return sampled, x, y
+
+    def release(self, batch: Batch) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.release((batch.epoch, batch.index))
+
+    def finish(self) -> None:
+        """Stop the loader, then the sampler's service (collective): a loader
+        sampling ahead would call a service its peers have closed."""
+        self._stop_loader()
+        super().finish()
+
+    def counters(self) -> dict[str, Any]:
+        if self.prefetcher is None:
+            return {}
+        return {"prefetch": dict(self.prefetcher.counters)}
+
+    def close(self, collective: bool = True) -> None:
+        del collective
+        self._stop_loader()
+
+    def _stop_loader(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()

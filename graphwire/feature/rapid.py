@@ -35,6 +35,7 @@ import torch
 from graphwire.comm.scratch import Scratch
 from graphwire.feature.cache import HotCache, assemble_inputs
 from graphwire.feature.fetcher import Fetched, Fetcher, Schedule
+from graphwire.feature.ondemand import DEFAULT_PREFETCH, PREFETCH_HELP
 from graphwire.feature.prefetch import Prefetcher
 from graphwire.options import check_options, option
 from graphwire.sampler.base import Batch, SampledBatch
@@ -46,7 +47,7 @@ from graphwire.sampler.presample import (
 
 __all__ = ["DEFAULT_CACHE_MB", "RapidConfig", "RapidStore", "default_cache_mb"]
 
-_Assembled = tuple[SampledBatch, torch.Tensor, torch.Tensor, dict[str, int]]
+_Assembled = tuple[SampledBatch, torch.Tensor, torch.Tensor, dict[str, float]]
 DEFAULT_CACHE_MB = 512.0  # the cache's budget, at most, when cache_mb is not set
 _MEMORY_SHARE = 0.1  # of the memory available at start, for the machine's caches
 
@@ -96,12 +97,7 @@ class RapidConfig:
         "reads that the cache holds, its most accessed, within --cache-mb "
         "(unset: 1, all of them)",
     )
-    prefetch: int = option(
-        4,
-        least=1,
-        help="rapid: the most batches assembled at once, the one in training "
-        "included (Q; 1: none ahead)",
-    )
+    prefetch: int = option(DEFAULT_PREFETCH, least=1, help=PREFETCH_HELP)
     presample_dir: str | None = option(
         None,
         folder=True,
@@ -214,12 +210,15 @@ class RapidStore(Fetcher):
         """A presampled batch with its input rows and labels, the rows read
         as ``kind`` (``prefetch`` on the prefetcher's thread, ``pull`` by
         the trainer)."""
+        began = time.perf_counter()
         epoch, index = key
         sampled, local = self.epochs[epoch].batch(index)
         x, counts = assemble_inputs(
             self.store, self.cache, sampled.input_nid, local, kind, epoch
         )
-        return sampled, x, self.store.labels(sampled.seeds), counts
+        y = self.store.labels(sampled.seeds)
+        busy = {"fetch_busy_s": time.perf_counter() - began}
+        return sampled, x, y, {**counts, **busy}
 
     def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
         assert self.prefetcher is not None

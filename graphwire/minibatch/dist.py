@@ -195,6 +195,8 @@ _STATS = (
     "local_rows",
     "missed_rows",
     "fallbacks",
+    "sample_busy_s",
+    "fetch_busy_s",
 )
 
 
@@ -246,6 +248,8 @@ def _epoch(
         "cache_hits": int(stats["cache_hits"]),
         "local_rows": int(stats["local_rows"]),
         "fallbacks": int(stats["fallbacks"]),
+        "sample_busy_s": stats["sample_busy_s"],
+        "fetch_busy_s": stats["fetch_busy_s"],
         "train_s": train_s,
         "resources": reading.as_dict(),
     }

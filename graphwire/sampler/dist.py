@@ -27,6 +27,7 @@ with self-loops for GCN/GAT) are edges ``edge_offset[r] ..`` of that graph.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,6 +129,7 @@ class DistNeighborSampler:
         self.num_nodes = book.num_nodes
         self._slot = slot_table(book.num_nodes, 2**31)
         self.counters: dict[str, float] = {}
+        self._counting = threading.Lock()  # a loader thread samples too
         self.reset_counters()
         self.service = transport.open_service("sample", {"hop": self._answer})
 
@@ -157,9 +159,13 @@ class DistNeighborSampler:
             blocks.append(block)
             dst_nid = block.src_nid
         blocks.reverse()
-        self.counters["batches"] += 1
-        self.counters["seconds"] += time.perf_counter() - began
+        self._count(batches=1, seconds=time.perf_counter() - began)
         return SampledBatch(seeds=seeds, blocks=blocks)
+
+    def _count(self, **added: float) -> None:
+        with self._counting:
+            for name, value in added.items():
+                self.counters[name] += value
 
     def close(self) -> None:
         """Collective: stop serving (after every rank's last :meth:`sample`)."""
@@ -178,12 +184,12 @@ class DistNeighborSampler:
             where = (owner == peer).nonzero().view(-1)
             if peer == self.rank:
                 groups.append((where, *self.csr.sample(dst_nid[where], fanout, seed)))
-                self.counters["local_rows"] += where.numel()
+                self._count(local_rows=where.numel())
             else:
                 requests[peer] = (where, [dst_nid[where], params])
-                self.counters["remote_rows"] += where.numel()
+                self._count(remote_rows=where.numel())
         if requests:
-            self.counters["requests"] += len(requests)
+            self._count(requests=len(requests))
             answers = self.service.call(
                 {peer: request for peer, (_, request) in requests.items()}, "hop"
             )
@@ -191,7 +197,7 @@ class DistNeighborSampler:
                 counts, src, ids, w = answers[peer]
                 groups.append((where, counts, src, ids, w if weighted else None))
         indptr, sources, eid, weight = _stitch(dst_nid.numel(), groups, weighted)
-        self.counters["edges"] += eid.numel()
+        self._count(edges=eid.numel())
         return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
 
     def _answer(self, src: int, request: list[torch.Tensor]) -> list[torch.Tensor]:

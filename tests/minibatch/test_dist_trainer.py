@@ -32,6 +32,7 @@ import torch
 from graphwire.comm.launch import WorkerFailed, launch_local
 from graphwire.comm.local import run_local
 from graphwire.feature import rapid
+from graphwire.feature.ondemand import OnDemandConfig
 from graphwire.feature.rapid import RapidConfig
 from graphwire.fullgraph.inference import ExactInference
 from graphwire.graph.graph import Graph
@@ -140,6 +141,40 @@ def test_rapid_and_on_demand_take_identical_steps(
         requests = store["pull"]["remote_requests"] + store["labels"]["remote_requests"]
         sent = sum(rec["extra"]["remote_messages"] for rec in r["records"])
         assert sent == 2 * requests > 0
+
+
+def test_on_demands_loader_moves_the_time_never_the_steps(
+    parts: dict[int, str],
+) -> None:
+    """On-demand samples and fetches batches ahead on a loader thread (Q=3)
+    or each when the trainer reaches it (Q=1, no thread): the same batches
+    and parameters, bitwise. With the loader the trainer's sampling and
+    fetching is what it waited for (or made itself, a fallback), and the
+    seconds spent on them wherever they ran are counted beside."""
+    config = _config(epochs=3)
+    runs = {
+        q: run_local(
+            lambda t, q=q: train(t, parts[2], config, OnDemandConfig(prefetch=q)), 2
+        )
+        for q in (1, 3)
+    }
+    for one, ahead in zip(runs[1], runs[3], strict=True):
+        assert one["batches"] == ahead["batches"]
+        for name, tensor in one["state"].items():
+            assert torch.equal(tensor, ahead["state"][name]), name
+        for record in one["records"]:
+            times, extra = record["times"], record["extra"]
+            assert times["sample_s"] == extra["sample_busy_s"] > 0
+            assert times["fetch_s"] == extra["fetch_busy_s"] > 0
+            assert times["wait_s"] == 0 and extra["fallbacks"] == 0
+        assert ahead["counters"]["prefetch"]["prefetched"] > 0
+        records = ahead["records"]
+        for exposed, busy in (
+            ("sample_s", "sample_busy_s"),
+            ("fetch_s", "fetch_busy_s"),
+        ):
+            made_here = sum(r["times"][exposed] for r in records)
+            assert made_here < sum(r["extra"][busy] for r in records)
 
 
 def test_epoch_times_split_forward_backward_and_sync_as_one_process_does(

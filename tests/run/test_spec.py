@@ -113,7 +113,11 @@ def test_a_toy_exchange_and_fetcher_plug_in_with_one_registry_call_each(
     ran = graphwire(capfd, *base, *flags, "--out", str(out))
     assert float(ran.summary()["test_acc"]) > 0
     records = _records(out)
-    assert records[0]["fetch_options"] == {"fetch": "toy", "toy_every": 5}
+    assert records[0]["fetch_options"] == {
+        "fetch": "toy",
+        "prefetch": 4,
+        "toy_every": 5,
+    }
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert all(r["comm"]["by_tag"]["toy.fetch"] > 0 for r in epochs)
 

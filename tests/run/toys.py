@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from graphwire.feature.ondemand import OnDemand
+from graphwire.feature.ondemand import OnDemand, OnDemandConfig
 from graphwire.fullgraph.engines import EXCHANGES
 from graphwire.fullgraph.halo import HaloEngine
 from graphwire.minibatch.fetchers import FETCHERS
@@ -45,8 +45,8 @@ class ToyExchange(HaloEngine):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ToyFetchConfig:
-    """The toy fetcher's one setting."""
+class ToyFetchConfig(OnDemandConfig):
+    """The toy fetcher's setting, beside on-demand's."""
 
     toy_every: int = option(2, least=1, help="toy fetch: floats summed per epoch")
 
