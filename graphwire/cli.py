@@ -17,6 +17,16 @@ if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # a launcher's worker
     # or a lost peer with a page of C++ frames, then raises what the CLI
     # reports in a line (graphwire's own workers start so: comm.launch).
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+elif "TORCH_CPP_LOG_LEVEL" not in os.environ and "torch" not in sys.modules:
+    # The launcher's own C++ log at ERROR: the rendezvous store it hosts
+    # warns of every worker's connection that "the hostname of the client
+    # socket cannot be retrieved" where no name resolves (a network
+    # namespace). Read once, as torch is imported; its children start with
+    # the environment as the user left it (comm.launch quiets them).
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    import torch  # noqa: F401, E402
+
+    del os.environ["TORCH_CPP_LOG_LEVEL"]
 
 
 from graphwire.bench.registry import BENCHMARKS  # noqa: E402
