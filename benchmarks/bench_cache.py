@@ -30,10 +30,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_minibatch import Config, Result, _measure  # noqa: E402
+from bench_minibatch import Config, Result, measure_or_fail  # noqa: E402
 from shaped_bench import (  # noqa: E402
     TIMEOUTS,
-    RunFailed,
     add_graph_flags,
     add_run_flags,
     check_flags,
@@ -193,20 +192,10 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
             shaper_check(net, args.rate_mbit)
         for name, config in _configs(args, work):
             out = work / f"run-{name.replace(' ', '-')}"
-            argv = config.argv
-            if config.fetch == "rapid":  # inside the run folder: removed with it
-                argv += ("--presample-dir", str(out / "presample"))
-            try:
-                result = _measure(
-                    net,
-                    shaped,
-                    Config(config.fetch, config.method, argv),
-                    out,
-                    args.run_timeout,
-                )
-            except (RunFailed, OSError, KeyError, ValueError, IndexError) as error:
-                failures[name] = str(error)
-                print(f"  {name}: FAILED\n{error}", flush=True)
+            result = measure_or_fail(
+                net, shaped, config, out, args.run_timeout, name, failures
+            )
+            if result is None:
                 continue
             results[name] = result
             print(

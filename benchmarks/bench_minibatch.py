@@ -256,6 +256,31 @@ def _single_sampler(graph_dir: Path, args: argparse.Namespace) -> dict[str, floa
     }
 
 
+def measure_or_fail(
+    net: ShapedNetwork,
+    shaped: bool,
+    config: Config,
+    out: Path,
+    timeout_s: float,
+    name: str,
+    failures: dict[str, str],
+) -> Result | None:
+    """``config`` run into ``out`` (rapid's presample inside it, removed
+    with it): its Result, or None, its failure printed and kept in
+    ``failures[name]``."""
+    argv = config.argv
+    if config.fetch == "rapid":
+        argv += ("--presample-dir", str(out / "presample"))
+    try:
+        return _measure(
+            net, shaped, Config(config.fetch, config.method, argv), out, timeout_s
+        )
+    except (RunFailed, OSError, KeyError, ValueError, IndexError) as error:
+        failures[name] = str(error)
+        print(f"  {name}: FAILED\n{error}", flush=True)
+        return None
+
+
 # ------------------------------------------------------------------ setup
 def _prepare(args: argparse.Namespace, work: Path) -> None:
     jobs = [(m, args.workers, f"parts-{m}") for m in args.methods]
@@ -564,20 +589,10 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
                     continue  # one failure per configuration is enough
                 slug = re.sub(r"[^a-z0-9]+", "-", config.name.lower()).strip("-")
                 out = work / f"run-{round_index}-{slug}"
-                argv = config.argv
-                if config.fetch == "rapid":  # inside the run folder: removed with it
-                    argv += ("--presample-dir", str(out / "presample"))
-                try:
-                    result = _measure(
-                        net,
-                        shaped,
-                        Config(config.fetch, config.method, argv),
-                        out,
-                        args.run_timeout,
-                    )
-                except (RunFailed, OSError, KeyError, ValueError, IndexError) as error:
-                    failures[config.name] = str(error)
-                    print(f"  {config.name}: FAILED\n{error}", flush=True)
+                result = measure_or_fail(
+                    net, shaped, config, out, args.run_timeout, config.name, failures
+                )
+                if result is None:
                     continue
                 results[config.name].append(result)
                 print(
