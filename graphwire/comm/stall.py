@@ -5,7 +5,9 @@ other rank in its next exchange until the run's timeout ends the run, ten
 minutes by default, and nothing tells the user why. So each rank of a
 :class:`~graphwire.comm.dist.TorchTransport` notes every blocking call it
 makes (:meth:`StallWatch.waiting`), and a daemon thread looks at them once a
-second. A call that has waited ``notice_s`` gets one line on standard error::
+second. A call that has waited ``notice_s`` gets one line on standard error,
+unless another of the rank's calls (a loader thread's) was told of and still
+waits: one stall, one line::
 
     graphwire: rank 0 has waited 30 s in epoch 21 on all_to_all (fwd.L1):
     rank 2 stopped beating (frozen or dead; rank 2 last seen in epoch 21,
@@ -133,18 +135,29 @@ class StallWatch:
         while not self._stopped.wait(min(_TICK_S, self.notice_s / 2)):
             now = time.monotonic()
             with self._lock:
+                # One stall, one line: while a told wait is held up, the
+                # rank's other waits (a loader thread's request to the same
+                # peer) are the same stall; of several due at once, the
+                # oldest is told.
+                told = any(wait.told for wait in self._waits.values())
                 due = [
                     (token, wait)
                     for token, wait in self._waits.items()
                     if not wait.told and now - wait.since >= self.notice_s
                 ]
-            for token, wait in due:
-                wait.told = True
-                blame = self._blame(wait)
-                with self._lock:  # ended while the heartbeat was read: no word
-                    waiting = self._waits.get(token) is wait
-                if waiting and not self._stopped.is_set():
-                    self._write(self._notice(wait, blame))
+                for _, wait in due:
+                    wait.told = True
+            if told or not due:
+                continue
+            token, wait = min(due, key=lambda item: item[1].since)
+            blame = self._blame(wait)
+            with self._lock:  # ended while the heartbeat was read: no word
+                waiting = self._waits.get(token) is wait
+                if not waiting:  # the others wait on: look at them again
+                    for _, other in due:
+                        other.told = other is wait
+            if waiting and not self._stopped.is_set():
+                self._write(self._notice(wait, blame))
 
     def _notice(self, wait: _Wait, blame: str) -> str:
         waited = time.monotonic() - wait.since

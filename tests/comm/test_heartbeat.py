@@ -5,6 +5,7 @@ A rank held up in a call says which rank it waits on (graphwire.comm.stall)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -127,3 +128,24 @@ def test_a_rank_held_up_by_live_peers_names_those_not_in_its_call(beats) -> None
         assert len(lines) == 1, lines
         rank = 2 if peers is None else 1
         assert f"waiting on rank {rank}, alive but not here ({named})" in lines[0]
+
+
+def test_two_threads_held_up_by_one_rank_make_one_line(beats) -> None:
+    """A trainer's collective and its loader's request to the same frozen
+    rank are one stall: the rank says so once (the CI run of the stream
+    test read two lines)."""
+    lines: list[str] = []
+    watch = StallWatch(0, 3, 0.3, 60.0, beats[0], lambda: "epoch 1", lines.append)
+    beats[2].stop()
+
+    def loader() -> None:  # held up long enough for two lines, one by one
+        with watch.waiting("sample.hop request to rank 2", "sample.hop", [2]):
+            time.sleep(4.5)
+
+    thread = threading.Thread(target=loader)
+    with watch.waiting("all_to_all", "fwd.L0"):
+        thread.start()
+        thread.join()
+    watch.stop()
+    assert len(lines) == 1, lines
+    assert "stopped beating" in lines[0]
