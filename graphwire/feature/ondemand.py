@@ -67,10 +67,18 @@ class OnDemand(Fetcher):
 
     def start(self, schedule: Schedule, first: int, saved: Any | None) -> None:
         del first, saved
-        if self.config.prefetch < 2 or not schedule.epochs:
-            return  # every batch made when the trainer reaches it
         self._schedule = schedule
-        keys = [(e, i) for e in schedule.epochs for i in range(schedule.steps)]
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Start the loader with the first epoch (not in the set-up, whose
+        window of the run's traffic it would take a first batch into)."""
+        schedule = self._schedule
+        if self.prefetcher is not None or schedule is None:
+            return
+        if self.config.prefetch < 2:
+            return  # every batch made when the trainer reaches it
+        epochs = range(epoch, schedule.epochs.stop)
+        keys = [(e, i) for e in epochs for i in range(schedule.steps)]
         self.prefetcher = Prefetcher(
             keys=keys,
             make=lambda key: self._make(self._batch(key)),  # type: ignore[arg-type]

@@ -60,6 +60,7 @@ class ToyFetch(OnDemand):
     config: ToyFetchConfig
 
     def begin_epoch(self, epoch: int) -> None:
+        super().begin_epoch(epoch)
         ones = torch.ones(self.config.toy_every)
         self.store.transport.all_reduce_sum(ones, "toy.fetch")
 
