@@ -27,20 +27,57 @@ records read alike.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import torch
 
 from graphwire.feature.dist import DistFeatureStore
+from graphwire.feature.prefetch import Prefetcher
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
 
-__all__ = ["Fetched", "Fetcher", "Schedule"]
+__all__ = ["Fetched", "Fetcher", "Made", "Schedule", "count_made", "take_batch"]
 
 Fetched = tuple[SampledBatch, torch.Tensor, torch.Tensor]
 """A batch as a fetcher hands it over: blocks, input rows float32 [n, F],
 seed labels int64 [B]."""
+
+Made = tuple[SampledBatch, torch.Tensor, torch.Tensor, dict[str, float]]
+"""A batch as a fetcher makes it: :data:`Fetched`, and its counts for
+``stats`` (rows, and ``fetch_busy_s`` / ``sample_busy_s``: the seconds making
+it took, on whichever thread made it)."""
+
+
+def count_made(made: Made, stats: dict[str, float], exposed: bool) -> Fetched:
+    """``made``'s counts added to ``stats``; ``exposed`` (made on the
+    trainer's thread) its busy seconds also as ``sample_s`` and ``fetch_s``."""
+    sampled, x, y, counts = made
+    if exposed:
+        stats["sample_s"] += counts.get("sample_busy_s", 0.0)
+        stats["fetch_s"] += counts["fetch_busy_s"]
+    for name, value in counts.items():
+        stats[name] += value
+    return sampled, x, y
+
+
+def take_batch(
+    prefetcher: Prefetcher,
+    batch: Batch,
+    make: Callable[[], Made],
+    stats: dict[str, float],
+) -> Fetched:
+    """``batch`` from ``prefetcher``: the wait for one it made ahead is
+    ``wait_s``; one the trainer reaches first it makes here with ``make`` (a
+    fallback, :func:`count_made` exposed)."""
+    began = time.perf_counter()
+    item, prefetched = prefetcher.get((batch.epoch, batch.index), lambda key: make())
+    if prefetched:
+        stats["wait_s"] += time.perf_counter() - began
+    stats["fallbacks"] += not prefetched
+    return count_made(cast(Made, item), stats, exposed=not prefetched)
 
 
 class Schedule(Protocol):

@@ -21,15 +21,20 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, cast
-
-import torch
+from typing import Any
 
 from graphwire.feature.cache import assemble_inputs
-from graphwire.feature.fetcher import Fetched, Fetcher, Schedule
+from graphwire.feature.fetcher import (
+    Fetched,
+    Fetcher,
+    Made,
+    Schedule,
+    count_made,
+    take_batch,
+)
 from graphwire.feature.prefetch import Prefetcher
 from graphwire.options import check_options, option
-from graphwire.sampler.base import Batch, SampledBatch
+from graphwire.sampler.base import Batch
 
 __all__ = ["DEFAULT_PREFETCH", "OnDemand", "OnDemandConfig"]
 
@@ -39,8 +44,6 @@ PREFETCH_HELP = (
     "ahead): on-demand samples and fetches them, rapid assembles them from "
     "its schedule and cache"
 )
-
-_Made = tuple[SampledBatch, torch.Tensor, torch.Tensor, dict[str, float]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,7 +98,7 @@ class OnDemand(Fetcher):
                 self._epoch = (epoch, self._schedule.batches(epoch))
             return self._epoch[1][index]
 
-    def _make(self, batch: Batch) -> _Made:
+    def _make(self, batch: Batch) -> Made:
         """Sample ``batch`` and read its rows, on whichever thread asks."""
         began = time.perf_counter()
         sampled = self.sampler.sample(batch.seeds, batch.seed)
@@ -110,25 +113,9 @@ class OnDemand(Fetcher):
         return sampled, x, y, {**counts, **busy}
 
     def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
-        item: object
         if self.prefetcher is None:
-            item, prefetched = self._make(batch), False
-        else:
-            began = time.perf_counter()
-            item, prefetched = self.prefetcher.get(
-                (batch.epoch, batch.index),
-                lambda key: self._make(batch),
-            )
-            if prefetched:  # (one made here is timed as made, below)
-                stats["wait_s"] += time.perf_counter() - began
-            stats["fallbacks"] += not prefetched
-        sampled, x, y, counts = cast(_Made, item)
-        if not prefetched:  # made on the trainer's thread: all of it exposed
-            stats["sample_s"] += counts["sample_busy_s"]
-            stats["fetch_s"] += counts["fetch_busy_s"]
-        for name, value in counts.items():
-            stats[name] += value
-        return sampled, x, y
+            return count_made(self._make(batch), stats, exposed=True)
+        return take_batch(self.prefetcher, batch, lambda: self._make(batch), stats)
 
     def release(self, batch: Batch) -> None:
         if self.prefetcher is not None:

@@ -27,14 +27,14 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
 import psutil
 import torch
 
 from graphwire.comm.scratch import Scratch
 from graphwire.feature.cache import HotCache, assemble_inputs
-from graphwire.feature.fetcher import Fetched, Fetcher, Schedule
+from graphwire.feature.fetcher import Fetched, Fetcher, Made, Schedule, take_batch
 from graphwire.feature.ondemand import DEFAULT_PREFETCH, PREFETCH_HELP
 from graphwire.feature.prefetch import Prefetcher
 from graphwire.options import check_options, option
@@ -47,7 +47,6 @@ from graphwire.sampler.presample import (
 
 __all__ = ["DEFAULT_CACHE_MB", "RapidConfig", "RapidStore", "default_cache_mb"]
 
-_Assembled = tuple[SampledBatch, torch.Tensor, torch.Tensor, dict[str, float]]
 DEFAULT_CACHE_MB = 512.0  # the cache's budget, at most, when cache_mb is not set
 _MEMORY_SHARE = 0.1  # of the memory available at start, for the machine's caches
 
@@ -206,7 +205,7 @@ class RapidStore(Fetcher):
         if epoch + 1 in self.epochs:
             self.cache.build(epoch + 1, self.epochs[epoch + 1].hot_ids)
 
-    def assemble(self, key: tuple[int, int], kind: str) -> _Assembled:
+    def assemble(self, key: tuple[int, int], kind: str) -> Made:
         """A presampled batch with its input rows and labels, the rows read
         as ``kind`` (``prefetch`` on the prefetcher's thread, ``pull`` by
         the trainer)."""
@@ -222,19 +221,10 @@ class RapidStore(Fetcher):
 
     def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
         assert self.prefetcher is not None
-        began = time.perf_counter()
-        item, prefetched = self.prefetcher.get(
-            (batch.epoch, batch.index),
-            lambda key: self.assemble(key, "pull"),  # type: ignore[arg-type]
+        key = (batch.epoch, batch.index)
+        return take_batch(
+            self.prefetcher, batch, lambda: self.assemble(key, "pull"), stats
         )
-        # A batch the prefetcher made was waited for; one the trainer made
-        # itself (the fallback) was fetched.
-        stats["wait_s" if prefetched else "fetch_s"] += time.perf_counter() - began
-        stats["fallbacks"] += not prefetched
-        sampled, x, y, counts = cast(_Assembled, item)
-        for name, value in counts.items():
-            stats[name] += value
-        return sampled, x, y
 
     def release(self, batch: Batch) -> None:
         assert self.prefetcher is not None
