@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from graphwire.comm.context import usable_cores
 from graphwire.commands.bench import run_script
 from graphwire.run.summary import TRAINING_TAGS
 from graphwire.testing.netns import ShapedNetwork, netns_available
@@ -141,7 +142,7 @@ class Result:
     test_acc: float
     wall_s: float
     cpu_s: float = 0.0  # every rank's process CPU time, median epoch (extra.cpu_s)
-    floor_s: float = 0.0  # cpu_s over the CPUs the ranks can use (_cpus)
+    floor_s: float = 0.0  # cpu_s over the CPUs the ranks can use (usable_cores)
     round_index: int = 0
 
 
@@ -176,11 +177,6 @@ def _flag(argv: tuple[str, ...], name: str, default: str) -> str:
     """The value of flag ``name`` in ``argv`` (the last one given)."""
     values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == name]
     return values[-1] if values else default
-
-
-def _cpus() -> int:
-    """The CPUs this process (and so every run it starts) may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
 def _result(
@@ -226,7 +222,7 @@ def _result(
         test_acc=float(summary["test_acc"]),
         wall_s=wall,
         cpu_s=cpu_s,
-        floor_s=cpu_s / min(_cpus(), len(ranks) * threads),
+        floor_s=cpu_s / min(usable_cores(), len(ranks) * threads),
     )
 
 
@@ -339,7 +335,7 @@ def _print_table(
         "ledg/qd: ledger / qdisc bytes of each run, median over rounds;\n"
         "CPU s: CPU seconds of every rank's process (all threads; fwd, bwd, "
         "sync, step) in an epoch, median over epochs; floor: CPU s over the "
-        f"CPUs the ranks can use (this machine's {_cpus()}, at most one per "
+        f"CPUs the ranks can use (this machine's {usable_cores()}, at most one per "
         "rank and thread), about the shortest epoch that CPU time allows."
     )
 
@@ -375,7 +371,7 @@ def _floor_line(results: dict[str, list[Result]], a: str, b: str) -> None:
         f"{'':34s} {a}'s CPU floor over {b}'s epoch: "
         f"{floor / _median(results[b], 'epoch_s'):.2f}x (CPU s per epoch: "
         f"{_median(results[a], 'cpu_s'):.2f} vs {_median(results[b], 'cpu_s'):.2f}, "
-        f"on {_cpus()} CPUs)"
+        f"on {usable_cores()} CPUs)"
     )
 
 

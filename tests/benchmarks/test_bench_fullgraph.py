@@ -195,10 +195,10 @@ def test_cpu_seconds_and_their_floor_come_from_every_ranks_records(
             )
     (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)))
     summary = {"epoch_s_median": "2.0", "test_acc": "0.5", "bytes_sent": "8"}
-    monkeypatch.setattr(bench_fullgraph, "_cpus", lambda: 2)
+    monkeypatch.setattr(bench_fullgraph, "usable_cores", lambda: 2)
     four = bench_fullgraph._result(summary, 9.0, tmp_path, 0)
     assert (four.cpu_s, four.floor_s) == (3.5, 1.75)
-    monkeypatch.setattr(bench_fullgraph, "_cpus", lambda: 8)
+    monkeypatch.setattr(bench_fullgraph, "usable_cores", lambda: 8)
     assert (
         bench_fullgraph._result(summary, 9.0, tmp_path, 0, threads=1).floor_s == 3.5 / 4
     )
@@ -206,7 +206,7 @@ def test_cpu_seconds_and_their_floor_come_from_every_ranks_records(
         bench_fullgraph._result(summary, 9.0, tmp_path, 0, threads=4).floor_s == 3.5 / 8
     )
     # Beside g3 / halo: g3's floor over halo's epoch time.
-    monkeypatch.setattr(bench_fullgraph, "_cpus", lambda: 2)
+    monkeypatch.setattr(bench_fullgraph, "usable_cores", lambda: 2)
     halo = dataclasses.replace(four, epoch_s=2.5, cpu_s=3.0)
     bench_fullgraph._print_ratios({"halo (metis)": [halo], "g3 (metis)": [four]})
     (line,) = [x for x in capsys.readouterr().out.splitlines() if "CPU floor" in x]
