@@ -109,16 +109,16 @@ class Heartbeat:
         Seen over ``_SILENT_S`` (this rank's goes on meanwhile)."""
         self.mark_failed()
         silent = self.silent()
+        if silent is None:
+            return None
         try:
-            failed = [
-                self._store.check([f"{self._prefix}failed/{rank}"])
-                for rank in range(self.world_size)
+            return [
+                rank
+                for rank in silent
+                if not self._store.check([f"{self._prefix}failed/{rank}"])
             ]
         except (RuntimeError, OSError):
             return None
-        if silent is None:
-            return None
-        return [rank for rank in silent if not failed[rank]]
 
     def silent(self) -> list[int] | None:
         """The other ranks whose heartbeat did not move over ``_SILENT_S``;
