@@ -16,15 +16,20 @@ its trainer, and takes the same number of steps per epoch (DistDGL, ARCHITECTURE
 4. forward with hashed dropout (seeded by ``H(s0, epoch, i)``, so a node's mask
    does not depend on which rank trains it), mean cross-entropy over the seeds,
    backward;
-5. the gradients are averaged over ranks (``sync.grad``), and every rank takes
-   the same Adam step.
+5. the gradients are averaged over ranks (``sync.grad``), each layer's sum
+   starting as soon as the backward has finished that layer's gradients
+   (:class:`~graphwire.run.gradsync.BackwardSync`), and every rank takes the
+   same Adam step.
 
 An epoch's record times these phases as a single process's does
 (:class:`~graphwire.run.training.EpochRecord`): ``sample_s`` (on-demand),
 ``fetch_s`` and ``wait_s`` (step 3; ``wait_s`` for the prefetcher, rapid),
 ``forward_s`` (step 4's forward and loss), ``backward_s`` (its backward and
-the optimizer step) and ``sync_s`` (the gradients' all-reduce); they are
-disjoint parts of the epoch's ``train_s``.
+the optimizer step) and ``sync_s`` (the wait for the gradients' sums after
+the backward); they are disjoint parts of the epoch's ``train_s``. What runs
+beside them is in ``extra``: ``sample_busy_s`` and ``fetch_busy_s`` (the
+loader's or prefetcher's whole sampling and fetching) and ``sync_busy_s``
+(the sums' whole time, overlapped with the backward or not).
 
 Both fetch modes see the same blocks and the same feature values, so they take
 bitwise-identical steps: ``rapid`` changes only where rows come from.
@@ -189,6 +194,7 @@ _STATS = (
     "forward_s",
     "backward_s",
     "sync_s",
+    "sync_busy_s",
     "seeds",
     "edges",
     "cache_hits",
@@ -250,6 +256,7 @@ def _epoch(
         "fallbacks": int(stats["fallbacks"]),
         "sample_busy_s": stats["sample_busy_s"],
         "fetch_busy_s": stats["fetch_busy_s"],
+        "sync_busy_s": stats["sync_busy_s"],
         "train_s": train_s,
         "resources": reading.as_dict(),
     }

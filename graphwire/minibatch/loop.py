@@ -30,9 +30,9 @@ from graphwire.run.collective import (
     global_metrics,
     seeded_model,
     split_sizes,
-    sync_gradients,
 )
 from graphwire.run.config import TrainConfig
+from graphwire.run.gradsync import BackwardSync
 from graphwire.run.training import make_optimizer
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
@@ -85,6 +85,7 @@ class RankLoop:
         self.epochs = range(0)  # the epochs this process trains: start() sets them
         self.model = seeded_model(part.x.shape[1], num_classes, config)
         self.optimizer = make_optimizer(self.model, config)
+        self.grad_sync = BackwardSync.for_model(self.model, transport)
         self.inference = inference(part, transport, config)
         self.counters: dict[str, Any] = {
             "train_share": self.share.numel(),
@@ -112,9 +113,11 @@ class RankLoop:
         loss = self.loss_of(sampled, x, y, batch.dropout_seed)
         forwarded = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.grad_sync.arm()
+        loss.backward()  # each layer's gradient sum starts as it completes
         backwarded = time.perf_counter()
-        sync_gradients(self.model, self.transport)
+        self.grad_sync.finish()
+        stats["sync_busy_s"] += self.grad_sync.take_busy()
         for p in self.model.parameters():
             assert p.grad is not None
             p.grad /= self.world
@@ -123,7 +126,8 @@ class RankLoop:
         stepped = time.perf_counter()
         stats["forward_s"] += forwarded - fetched
         # The step counts with the backward, as in a single process's
-        # records; sync_s is the gradients' all-reduce alone.
+        # records; sync_s is the wait for the gradients' sums after the
+        # backward, sync_busy_s their whole time, overlapped or not.
         stats["backward_s"] += (backwarded - forwarded) + (stepped - synced)
         stats["sync_s"] += synced - backwarded
         self.fetcher.release(batch)
@@ -152,6 +156,7 @@ class RankLoop:
         ``collective``, also close the feature service (all ranks together).
         After an error the peers are not in step, so no collective runs: the
         serving threads are daemons and go with the process."""
+        self.grad_sync.close(join=collective)
         self.fetcher.close(collective)
         if collective:
             self.store.close()
