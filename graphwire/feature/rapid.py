@@ -4,12 +4,16 @@ RapidGNN (seed ``003``) knows the whole run's batches before it starts, since
 every batch's seeds and sampling seed are hashed from ``(s0, worker, epoch,
 batch)``. This store wraps the rank's distributed store with three parts:
 
-1. **the presampled schedule**: every epoch's batches are sampled at set-up
-   (every rank at once, each serving the others' remote frontiers) and
+1. **the presampled schedule**: every epoch's batches are sampled ahead and
    streamed to disk, read back memory-mapped
-   (:mod:`~graphwire.sampler.presample`);
+   (:mod:`~graphwire.sampler.presample`): the first epoch at set-up, the
+   others on a thread while the trainer trains the ones before
+   (:class:`~graphwire.feature.presampler.Presampler`), every rank's sampling
+   server answering the others' remote frontiers until the run's end; an
+   epoch's files go once the run is done with it;
 2. **the hot cache**: two buffers of ``n_hot`` remote rows, the current
-   epoch's most accessed and the next one's, built in the background
+   epoch's most accessed and the next one's, built in the background as soon
+   as the next epoch is presampled and the trainer has started this one
    (:class:`~graphwire.feature.cache.HotCache`, ``kv.cache``);
 3. **the prefetcher**: a thread assembling batches ahead of the trainer,
    ``prefetch`` (Q) at most alive, cache first, then local rows, then one
@@ -24,6 +28,7 @@ where rows come from changes), so both train bitwise alike.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +42,10 @@ from graphwire.feature.cache import HotCache, assemble_inputs
 from graphwire.feature.fetcher import Fetched, Fetcher, Made, Schedule, take_batch
 from graphwire.feature.ondemand import DEFAULT_PREFETCH, PREFETCH_HELP
 from graphwire.feature.prefetch import Prefetcher
+from graphwire.feature.presampler import Presampler
 from graphwire.options import check_options, option
 from graphwire.sampler.base import Batch, SampledBatch
-from graphwire.sampler.presample import (
-    PresampledEpoch,
-    lock_rank_folder,
-    presample_epoch,
-)
+from graphwire.sampler.presample import lock_rank_folder
 
 __all__ = ["DEFAULT_CACHE_MB", "RapidConfig", "RapidStore", "default_cache_mb"]
 
@@ -64,12 +66,13 @@ def default_cache_mb(machine_ranks: int) -> float:
 class RapidConfig:
     """RapidGNN's settings.
 
-    ``n_hot`` is at most the distinct remote nodes of the presampled run (no
-    other node is ever hot; a larger value is cut to that); left out, it is
-    ``cache_share`` of that many, within ``cache_mb``
-    (:func:`default_cache_mb` when not given). The two buffers take
-    ``2 n_hot F 4`` bytes (reported as ``cache_bytes``). Each epoch's buffer
-    holds that epoch's ``n_hot`` most accessed remote rows of the schedule.
+    ``n_hot`` is at most the distinct remote nodes of the first epoch's
+    presampled batches (a buffer holds one epoch's hot set; a larger value is
+    cut to that); left out, it is ``cache_share`` of that many, within
+    ``cache_mb`` (:func:`default_cache_mb` when not given). The two buffers
+    take ``2 n_hot F 4`` bytes (reported as ``cache_bytes``). Each epoch's
+    buffer holds that epoch's ``n_hot`` most accessed remote rows of the
+    schedule.
     """
 
     n_hot: int | None = option(
@@ -92,9 +95,9 @@ class RapidConfig:
         least=0,
         most=1,
         excludes="n_hot",
-        help="rapid: the share of the remote rows this worker's schedule "
-        "reads that the cache holds, its most accessed, within --cache-mb "
-        "(unset: 1, all of them)",
+        help="rapid: the share of the remote rows an epoch of this worker's "
+        "schedule reads (its first) that the cache holds, each epoch's most "
+        "accessed, within --cache-mb (unset: 1, all of them)",
     )
     prefetch: int = option(DEFAULT_PREFETCH, least=1, help=PREFETCH_HELP)
     presample_dir: str | None = option(
@@ -117,7 +120,11 @@ class RapidStore(Fetcher):
         super().__init__(*args, **kwargs)
         self.cache: HotCache | None = None
         self.prefetcher: Prefetcher | None = None
-        self.epochs: dict[int, PresampledEpoch] = {}
+        self.presampler: Presampler | None = None
+        self._schedule_epochs = range(0)  # the epochs this process trains
+        self._started = -1  # the last epoch the trainer began
+        self._built = -1  # the last epoch whose cache buffer was started
+        self._build_lock = threading.Lock()
         self._scratch: Scratch | None = None  # the presample's, if temporary
         self._lock: IO[str] | None = None  # a given folder's, held
         self._counters: dict[str, Any] = {}
@@ -126,14 +133,15 @@ class RapidStore(Fetcher):
     def start(self, schedule: Schedule, first: int, saved: Any | None) -> None:
         if not schedule.epochs:
             return  # a resumed run that had stopped: nothing to presample
+        self._schedule_epochs = schedule.epochs
         self._presample(schedule)
         hot_ids = None if saved is None else saved["hot_ids"]
         self._start_cache(schedule, first, hot_ids)
 
     def _presample(self, schedule: Schedule) -> None:
-        """Sample the rest of the run to disk (every rank at once: each
-        serves the others' remote frontiers meanwhile), then stop sampling
-        (collective)."""
+        """Sample the first epoch to disk now (every rank at once: each
+        serves the others' remote frontiers meanwhile) and the rest on the
+        presampler's thread."""
         if self.config.presample_dir is None:
             # Locked while this rank runs: a rank killed outright leaves it,
             # and the next run's rank removes it.
@@ -145,17 +153,17 @@ class RapidStore(Fetcher):
         folder = root / f"rank{rank}"
         if self._scratch is None:  # (a temporary folder is this run's alone)
             self._lock = lock_rank_folder(folder, rank)
-        began = time.perf_counter()
-        for epoch in schedule.epochs:
-            presample_epoch(
-                folder, schedule.batches(epoch), self._sample, self.store.is_local
-            )
-        self._counters["presample_s"] = time.perf_counter() - began
-        self.close_sampler()
-        num_layers = len(self.sampler.fanouts)
-        weighted = self.sampler.csr.weight is not None
-        for epoch in schedule.epochs:
-            self.epochs[epoch] = PresampledEpoch(folder, epoch, num_layers, weighted)
+        self.presampler = Presampler(
+            folder,
+            schedule.epochs,
+            schedule.batches,
+            self._sample,
+            self.store.is_local,
+            len(self.sampler.fanouts),
+            self.sampler.csr.weight is not None,
+            remove=self._scratch is not None,
+            on_ready=self._build_next,
+        )
 
     def _sample(self, batch: Batch) -> SampledBatch:
         return self.sampler.sample(batch.seeds, batch.seed)
@@ -163,10 +171,11 @@ class RapidStore(Fetcher):
     def _start_cache(
         self, schedule: Schedule, first: int, hot_ids: torch.Tensor | None
     ) -> None:
-        # A buffer holds an epoch's hot set and rows kept from earlier ones:
-        # remote inputs of the presampled epochs, never any other node. More
-        # rows than there are of those would stay empty, yet be allocated.
-        touched = torch.unique(torch.cat([e.hot_ids for e in self.epochs.values()]))
+        # A buffer holds an epoch's hot set and rows kept from earlier ones;
+        # the first epoch's remote inputs size it (the later epochs are yet
+        # to be sampled).
+        assert self.presampler is not None
+        touched = self.presampler.epoch(first).hot_ids
         n_hot = self.config.n_hot
         if n_hot is None:
             share = 1.0 if self.config.cache_share is None else self.config.cache_share
@@ -181,9 +190,7 @@ class RapidStore(Fetcher):
         self.cache = HotCache(self.store, min(n_hot, touched.numel()))
         self._counters["n_hot"] = self.cache.n_hot  # the rows allocated
         self._counters["touched_rows"] = touched.numel()
-        self.cache.fill(
-            first, self.epochs[first].hot_ids if hot_ids is None else hot_ids
-        )
+        self.cache.fill(first, touched if hot_ids is None else hot_ids)
         keys = [(e, i) for e in schedule.epochs for i in range(schedule.steps)]
         self.prefetcher = Prefetcher(
             keys=keys,
@@ -191,19 +198,36 @@ class RapidStore(Fetcher):
             depth=self.config.prefetch,
             nbytes=lambda item: item[1].numel() * 4,  # type: ignore[index]
         )
-        self._counters["max_batch_inputs"] = max(
-            e.max_inputs for e in self.epochs.values()
-        )
 
     # -------------------------------------------------------------- epochs
     def begin_epoch(self, epoch: int) -> None:
-        """Make ``epoch``'s cache buffer the steady one and start building
-        the next epoch's in the background."""
-        assert self.cache is not None
+        """Make ``epoch``'s cache buffer the steady one, drop the epoch
+        before, and start building the next epoch's buffer in the background
+        (now, if it is presampled; else as soon as it is)."""
+        assert self.cache is not None and self.presampler is not None
         if epoch > self.cache.epoch:
+            # Its buffer may wait for its presample still (which then
+            # starts it, unless this call does first).
+            self.presampler.epoch(epoch)
+            self._build_next(epoch)
             self.cache.swap(epoch)
-        if epoch + 1 in self.epochs:
-            self.cache.build(epoch + 1, self.epochs[epoch + 1].hot_ids)
+        self.presampler.forget(epoch - 1)
+        with self._build_lock:
+            self._started = epoch
+        self._build_next(epoch + 1)
+
+    def _build_next(self, epoch: int) -> None:
+        """Start ``epoch``'s cache buffer if the trainer has begun the epoch
+        before and ``epoch`` is presampled (called by both, whichever comes
+        second starts it)."""
+        presampler = self.presampler
+        if presampler is None or self.cache is None or not presampler.ready(epoch):
+            return
+        with self._build_lock:
+            if epoch != self._started + 1 or epoch <= self._built:
+                return
+            self._built = epoch
+            self.cache.build(epoch, presampler.epoch(epoch).hot_ids)
 
     def assemble(self, key: tuple[int, int], kind: str) -> Made:
         """A presampled batch with its input rows and labels, the rows read
@@ -211,7 +235,8 @@ class RapidStore(Fetcher):
         the trainer)."""
         began = time.perf_counter()
         epoch, index = key
-        sampled, local = self.epochs[epoch].batch(index)
+        assert self.presampler is not None
+        sampled, local = self.presampler.epoch(epoch).batch(index)
         x, counts = assemble_inputs(
             self.store, self.cache, sampled.input_nid, local, kind, epoch
         )
@@ -232,11 +257,27 @@ class RapidStore(Fetcher):
 
     def state(self, epoch: int) -> Any | None:
         """The hot set the next epoch starts with."""
-        nxt = self.epochs.get(epoch + 1)
-        return {"hot_ids": None if nxt is None else nxt.hot_ids}
+        assert self.presampler is not None
+        if epoch + 1 not in self._schedule_epochs:
+            return {"hot_ids": None}
+        return {"hot_ids": self.presampler.epoch(epoch + 1).hot_ids}
+
+    def finish(self) -> None:
+        """Stop presampling (an early stop leaves epochs unsampled), then
+        close the sampler (collective)."""
+        if self.presampler is not None:
+            self.presampler.stop()
+            self.presampler.raise_error()
+        self.close_sampler()
 
     def counters(self) -> dict[str, Any]:
         out = dict(self._counters)
+        if self.presampler is not None:
+            first, rest = self.presampler.first_s, self.presampler.busy_s
+            out["presample_s"] = first + rest
+            out["presample_first_s"] = first
+            out["presample_waits"] = self.presampler.waits
+            out["max_batch_inputs"] = self.presampler.max_inputs
         if self.cache is not None:
             out["cache"] = dict(self.cache.counters)
             out["cache_bytes"] = self.cache.nbytes
@@ -251,6 +292,8 @@ class RapidStore(Fetcher):
         30 s, the cache builder's until its pull times out) past torchrun's
         grace period, after which nothing would remove it."""
         try:
+            if self.presampler is not None:
+                self.presampler.stop(wait=collective)
             if not collective and self._scratch is not None:
                 # Threads reading from it fail: fine here. Inside the try: a
                 # SIGTERM landing in this rmtree leaves the rest to the finally.

@@ -137,8 +137,8 @@ def cache_contents(
         original(self, epoch)
         if self.sampler.rank != transport.rank:
             return  # (run_local: the other rank's thread, same class)
-        assert self.cache is not None
-        presampled = self.epochs[epoch]
+        assert self.cache is not None and self.presampler is not None
+        presampled = self.presampler.epoch(epoch)
         reads = []
         for index in range(presampled.num_batches):
             sampled, local = presampled.batch(index)

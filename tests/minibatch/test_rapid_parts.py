@@ -493,3 +493,60 @@ def test_presampled_epochs_read_back_bitwise_and_memory_mapped(tmp_path) -> None
         assert torch.equal(top, torch.sort(top).values)
         assert set(stored.hot_ids.tolist()) == set(ids.tolist())
         assert stored.max_inputs == max(i.numel() for i in inputs)
+
+
+def test_presampling_overlaps_training_and_drops_the_epochs_done(tmp_path) -> None:
+    """Only the first epoch is sampled before the Presampler returns; the
+    others follow on its thread (a reader waits for one not yet on disk); a
+    forgotten epoch's files go; stop() ends it early, and an epoch it never
+    sampled, or one whose sampling failed, is an error naming it."""
+    from graphwire.feature.presampler import Presampler
+    from graphwire.graph.graph import Graph
+    from graphwire.sampler.uniform import UniformNeighborSampler
+
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, 100, (2, 800), generator=gen)
+    graph = Graph.from_edge_index(src, dst, num_nodes=100).deduplicate()
+    sampler = UniformNeighborSampler(graph, [3], hashed=True)
+    share = torch.arange(0, 100, 2)
+    gate = threading.Event()
+    made: list[int] = []
+
+    def sample(batch):
+        if batch.epoch >= 1:
+            assert gate.wait(timeout=30)
+        if batch.epoch == 4:
+            raise RuntimeError("owner 1 is gone")
+        made.append(batch.epoch)
+        return sampler.sample(batch.seeds, batch.seed)
+
+    def presampler(epochs: range) -> Presampler:
+        return Presampler(
+            tmp_path,
+            epochs,
+            lambda e: epoch_batches(share, 3, 0, e, 2),
+            sample,
+            lambda nid: nid < 50,
+            1,
+            False,
+            remove=True,
+        )
+
+    first = presampler(range(0, 4))
+    assert made == [0, 0] and first.ready(0) and not first.ready(1)
+    gate.set()
+    assert first.epoch(2).num_batches == 2  # waited for, then read
+    assert first.waits >= 1
+    first.forget(0)
+    assert not (tmp_path / "epoch_00000").exists()
+    assert (tmp_path / "epoch_00001").exists()
+    with pytest.raises(RuntimeError, match="epoch 0 was dropped"):
+        first.epoch(0)
+    first.stop()
+    with pytest.raises(RuntimeError, match="epoch 9 will not be sampled"):
+        first.epoch(9)
+    failing = presampler(range(3, 6))
+    with pytest.raises(RuntimeError, match="failed before epoch 5: owner 1 is gone"):
+        failing.epoch(5)
+    with pytest.raises(RuntimeError, match="owner 1 is gone"):
+        failing.raise_error()
