@@ -10,14 +10,15 @@ layers, fan-outs 10,25, batch 1000 seeds per trainer), inside one network
 namespace whose loopback is shaped to ``--rate-mbit`` (as bench_minibatch),
 it trains once with ``--fetch on-demand``, then once with ``--fetch rapid
 --cache-share S`` per share S: each worker's cache holds that share of the
-distinct remote rows its presampled schedule reads, the most read of each
+distinct remote rows its schedule's first epoch reads, the most read of each
 epoch (a budget large enough for all of them is given, so the share is what
 binds). Per share it prints seeds/s and its ratio to on-demand's, remote
 rows per epoch (every prefetch, pull and cache-fill row, the first fill
 included) and how many fewer than on-demand's, the hit rate and the cache's
-MiB; and it draws both against the share in a PNG (``--plot``): RapidGNN's
-Fig. 5, remote fetches against cache size, which the paper gives without
-numbers.
+MiB, and against on-demand's: forward + backward time, the largest worker's
+peak RSS and the time outside the epochs (set-up); and it draws seeds/s
+and remote rows against the share in a PNG (``--plot``): RapidGNN's Fig. 5,
+remote fetches against cache size, which the paper gives without numbers.
 """
 
 from __future__ import annotations
@@ -79,17 +80,25 @@ def _table(
     print(
         f"\n{'configuration':14s} {'share':>6s} {'seeds/s':>8s} {'x on-dem':>8s} "
         f"{'rows/ep':>10s} {'rows cut':>8s} {'hit rate':>8s} {'cache MiB':>9s} "
-        f"{'n_hot':>8s}"
+        f"{'n_hot':>8s} {'fwd+bwd x':>9s} {'RSS MiB':>8s} {'RSS x':>6s} "
+        f"{'start s':>7s} {'start x':>7s}"
     )
     rows = []
     for name, result in results.items():
         share = float(name.split()[1]) if name.startswith("rapid") else float("nan")
         speed = result.seeds_per_s / base.seeds_per_s if base else float("nan")
         cut = 1 - result.remote_rows / base.remote_rows if base else float("nan")
+        ratio = {
+            key: _ratio(getattr(result, key), getattr(base, key, 0.0))
+            for key in ("compute_s", "peak_rss_mb", "outside_s")
+        }
         print(
             f"{name:14s} {share:6.2f} {result.seeds_per_s:8.0f} {speed:7.2f}x "
             f"{result.remote_rows:10,.0f} {cut:8.1%} {result.cache_hit_rate:8.3f} "
-            f"{result.cache_mib:9.1f} {result.n_hot:8d}"
+            f"{result.cache_mib:9.1f} {result.n_hot:8d} "
+            f"{ratio['compute_s']:8.2f}x {result.peak_rss_mb:8.0f} "
+            f"{ratio['peak_rss_mb']:5.2f}x {result.outside_s:7.1f} "
+            f"{ratio['outside_s']:6.2f}x"
         )
         rows.append(
             {
@@ -99,15 +108,29 @@ def _table(
                 "remote_rows": result.remote_rows,
                 "rows_cut": cut,
                 "hit_rate": result.cache_hit_rate,
+                "compute_ratio": ratio["compute_s"],
+                "peak_rss_mb": result.peak_rss_mb,
+                "total_rss_mb": result.total_rss_mb,
+                "rss_ratio": ratio["peak_rss_mb"],
+                "start_s": result.outside_s,
+                "start_ratio": ratio["outside_s"],
             }
         )
     print(
-        "share: --cache-share (of the distinct remote rows each worker's schedule "
-        "reads); seeds/s: the summary's (median over epochs 1..); rows/ep: "
+        "share: --cache-share (of the distinct remote rows the first epoch of "
+        "each worker's schedule reads); seeds/s: the summary's (median over "
+        "epochs 1..); rows/ep: "
         "remote feature rows of the whole run / epochs, all ranks; rows cut: "
-        "fewer than on-demand's; n_hot: rows per buffer, largest rank."
+        "fewer than on-demand's; n_hot: rows per buffer, largest rank; "
+        "fwd+bwd x: forward and backward per epoch against on-demand's; RSS: "
+        "the largest worker's peak; start s: the run's wall time outside its "
+        "epochs (launch, set-up before epoch 0, teardown)."
     )
     return rows
+
+
+def _ratio(value: float, base: float) -> float:
+    return value / base if base else float("nan")
 
 
 def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:

@@ -154,6 +154,8 @@ class Result:
     test_acc: float
     outside_s: float  # wall minus every epoch's slowest train_s + eval_s
     wall_s: float
+    peak_rss_mb: float = 0.0  # the largest worker's peak RSS
+    total_rss_mb: float = 0.0  # the workers' peak RSS, summed
     presample_s: float = 0.0  # rapid: slowest rank's presampling (summary)
     n_hot: int = 0  # rapid: cache rows per buffer (summary, largest rank)
     cache_mib: float = 0.0  # rapid: both buffers (summary, largest rank)
@@ -192,6 +194,7 @@ def _measure(
             edges_r = sum(r["extra"]["sampled_edges"] for r in records[:epochs])
             rates.append(edges_r / sample_s)
     per = max(1, epochs * len(ranks))
+    peaks = [max(r["peak_rss_mb"] for r in records) for records in ranks.values()]
     num_epochs = max(1, int(summary.get("epochs", epochs)))
     return Result(
         seeds_per_s=float(summary["seeds_per_s"]),
@@ -215,6 +218,8 @@ def _measure(
         test_acc=float(summary["test_acc"]),
         outside_s=wall - sum(slowest) - sum(evals),
         wall_s=wall,
+        peak_rss_mb=max(peaks),
+        total_rss_mb=sum(peaks),
         presample_s=float(summary.get("presample_s", 0.0)),
         n_hot=int(summary.get("n_hot", 0)),
         cache_mib=float(summary.get("cache_mib", 0.0)),
