@@ -25,13 +25,14 @@ epochs of all ranks' seeds / the slowest rank's training time), epoch time,
 remote feature rows and bytes (every on-demand, prefetch and cache-fill row
 of the whole run, the first cache fill before epoch 0 included, / epochs),
 cache hit rate and test accuracy; from the epoch records the fallbacks, the
-time split (mean over ranks per epoch) and the distributed sampler's edges/s
-per worker (on-demand runs: sampled edges / sample time); and the qdisc's byte
-counter over the run. Rapid's presampling time (the summary's
-``presample_s``, slowest rank) is printed under the table with the cache's
-size; "outside s" (the run's wall time minus every epoch's slowest-rank
-training and evaluation time) holds it too, with process start, loading,
-set-up and the first cache fill, for both modes. A configuration that fails
+time split (mean over ranks per epoch, the epochs after the first) and the
+distributed sampler's edges/s per worker (on-demand runs: sampled edges /
+sample time); and the qdisc's byte counter over the run. Rapid's
+presampling time (the summary's ``presample_s``, slowest rank) is printed
+under the table with the cache's size; "outside s" (the run's wall time
+minus every epoch's slowest-rank training and evaluation time) holds the
+first epoch's presampling, with process start, loading, set-up and the first
+cache fill, for both modes. A configuration that fails
 or hangs is reported with its command and error; the others still run.
 """
 
@@ -141,7 +142,7 @@ class Result:
     remote_mib: float  # summary remote_bytes / epochs, MiB
     cache_hit_rate: float
     fallbacks: int  # all ranks, whole run
-    sample_s: float  # time split: mean over ranks per epoch
+    sample_s: float  # time split: mean over ranks, epochs 1..
     fetch_s: float
     wait_s: float
     compute_s: float
@@ -181,10 +182,14 @@ def _measure(
     split = dict.fromkeys(SPLIT, 0.0)
     fallbacks = in_epoch_rows = edges = 0
     rates = []
+    # The split is over the epochs after the first, as the summary's medians
+    # are: the first pays the start-up (rapid: the presampling overlapped).
+    steady = range(1 if epochs > 1 else 0, epochs)
     for records in ranks.values():
-        for record in records[:epochs]:
+        for e in steady:
             for key in SPLIT:
-                split[key] += record["times"][key]
+                split[key] += records[e]["times"][key]
+        for record in records[:epochs]:
             extra = record["extra"]
             fallbacks += extra["fallbacks"]
             in_epoch_rows += extra["remote_rows"]
@@ -193,7 +198,7 @@ def _measure(
         if sample_s > 0:
             edges_r = sum(r["extra"]["sampled_edges"] for r in records[:epochs])
             rates.append(edges_r / sample_s)
-    per = max(1, epochs * len(ranks))
+    per = max(1, len(steady) * len(ranks))
     peaks = [max(r["peak_rss_mb"] for r in records) for records in ranks.values()]
     num_epochs = max(1, int(summary.get("epochs", epochs)))
     return Result(
@@ -380,10 +385,11 @@ def _print_tables(results: dict[str, list[Result]], failures: dict[str, str]) ->
             f"{f'{rate:,.0f}' if rate else '-':>14s}"
         )
     print(
-        "mean over ranks per epoch; compute = forward + backward (with the "
-        "optimizer step), sync = the gradients' all-reduce; rapid samples "
-        "before training (no sample s) and reads its batches from the prefetcher "
-        "(wait s);\nedges/s/worker: sampled edges / sample s per rank, mean over "
+        "mean over ranks per epoch, epochs after the first; compute = forward + "
+        "backward (with the optimizer step), sync = the wait for the gradients' "
+        "sums after the backward; rapid samples ahead (no sample s) and reads "
+        "its batches from the prefetcher (wait s);\nedges/s/worker: sampled "
+        "edges / sample s per rank, mean over "
         "ranks (remote hops over the shaped link included)."
     )
 
