@@ -5,16 +5,17 @@ The batches are streamed to disk and read back memory-mapped.
 Because every batch's seeds are hashed from ``(s0, worker, epoch, batch)``
 (the mini-batch schedule), the blocks of the whole run are known
 before it starts. :func:`presample_epoch` samples one epoch's batches and
-writes them to ``<folder>/epoch_<e>/``; only one epoch is in memory at a time,
-and :class:`PresampledEpoch` reads them back memory-mapped, so resident memory
-does not grow with the number of epochs.
+appends each to ``<folder>/epoch_<e>/`` as soon as it is sampled, so no more
+than one batch's blocks is in memory at a time (with the epoch's remote
+access counts); :class:`PresampledEpoch` reads them back memory-mapped, so
+resident memory does not grow with the number of epochs.
 
 One epoch folder (written to a temporary name, then renamed):
 
-    ints.npy     int64 [*]   per batch: seeds, then per layer src_nid, indptr,
-                             indices, eid (concatenated)
-    weights.npy  float32 [*] per batch and layer, the edge weights (GCN) or none
-    local.npy    bool [*]    per batch, whether each input node is owned here
+    ints.bin     int64 [*]   per batch: seeds, then per layer src_nid, indptr,
+                             indices, eid (concatenated; raw, native order)
+    weights.bin  float32 [*] per batch and layer, the edge weights (GCN) or none
+    local.bin    bool [*]    per batch, whether each input node is owned here
     index.npy    int64 [B, 2 + 5 L, 2]   (offset, length) of each piece
     hot_ids.npy  int64 [H]   remote input nodes of the epoch, most accessed
     hot_counts.npy int64 [H] first (ties: lower ID first), and their counts
@@ -30,7 +31,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -41,6 +42,9 @@ from graphwire.sampler.base import Batch, Block, SampledBatch
 __all__ = ["PresampledEpoch", "access_ranking", "lock_rank_folder", "presample_epoch"]
 
 Sample = Callable[[Batch], SampledBatch]
+
+# The streamed arrays: file name -> dtype.
+_STREAMS = {"ints": np.int64, "weights": np.float32, "local": np.bool_}
 
 
 def epoch_folder(folder: str | os.PathLike[str], epoch: int) -> Path:
@@ -59,10 +63,32 @@ def access_ranking(
     Returns:
         ``(ids, counts)``, most accessed first, ties by lower ID.
     """
-    ids = torch.cat([i[r] for i, r in zip(inputs, remote, strict=True)])
-    unique, counts = torch.unique(ids, return_counts=True)  # sorted by ID
-    order = torch.sort(counts, descending=True, stable=True).indices
-    return unique[order], counts[order]
+    counter = _AccessCounter()
+    for i, r in zip(inputs, remote, strict=True):
+        counter.add(i[r])
+    return counter.ranking()
+
+
+class _AccessCounter:
+    """Access counts of node IDs, added batch by batch: the distinct IDs
+    seen so far, sorted, with their counts (never every access kept)."""
+
+    def __init__(self) -> None:
+        self.ids = torch.empty(0, dtype=torch.int64)
+        self.counts = torch.empty(0, dtype=torch.int64)
+
+    def add(self, ids: torch.Tensor) -> None:
+        new, new_counts = torch.unique(ids, return_counts=True)
+        both = torch.cat([self.ids, new])
+        self.ids, where = torch.unique(both, return_inverse=True)
+        self.counts = torch.zeros(self.ids.numel(), dtype=torch.int64).index_add_(
+            0, where, torch.cat([self.counts, new_counts])
+        )
+
+    def ranking(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids, counts)``, most accessed first, ties by lower ID."""
+        order = torch.sort(self.counts, descending=True, stable=True).indices
+        return self.ids[order], self.counts[order]
 
 
 def presample_epoch(
@@ -83,53 +109,66 @@ def presample_epoch(
         The epoch folder.
     """
     epoch = batches[0].epoch
-    ints: list[torch.Tensor] = []
-    weights: list[torch.Tensor] = []
-    flags: list[torch.Tensor] = []
-    index: list[list[list[int]]] = []
-    inputs: list[torch.Tensor] = []
-    remote: list[torch.Tensor] = []
-    cursor = {"ints": 0, "weights": 0, "local": 0}
-
-    def put(kind: str, store: list[torch.Tensor], tensor: torch.Tensor) -> list[int]:
-        store.append(tensor)
-        entry = [cursor[kind], tensor.numel()]
-        cursor[kind] += tensor.numel()
-        return entry
-
-    for batch in batches:
-        sampled = sample(batch)
-        row = [put("ints", ints, sampled.seeds)]
-        for block in sampled.blocks:
-            for field in (block.src_nid, block.indptr, block.indices, block.eid):
-                row.append(put("ints", ints, field))
-        for block in sampled.blocks:
-            weight = block.edge_weight
-            empty = torch.empty(0, dtype=torch.float32)
-            row.append(put("weights", weights, empty if weight is None else weight))
-        local = is_local(sampled.input_nid)
-        row.append(put("local", flags, local))
-        index.append(row)
-        inputs.append(sampled.input_nid)
-        remote.append(~local)
-    hot_ids, hot_counts = access_ranking(inputs, remote)
-    arrays = {
-        "ints": _cat(ints, torch.int64),
-        "weights": _cat(weights, torch.float32),
-        "local": _cat(flags, torch.bool),
-        "index": np.asarray(index, dtype=np.int64),
-        "hot_ids": hot_ids.numpy(),
-        "hot_counts": hot_counts.numpy(),
-    }
     target = epoch_folder(folder, epoch)
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    index: list[list[list[int]]] = []
+    counter = _AccessCounter()
+    cursor = dict.fromkeys(_STREAMS, 0)
+    with _Streams(partial) as files:
+
+        def put(kind: str, tensor: torch.Tensor) -> list[int]:
+            files.write(kind, tensor.numpy().astype(_STREAMS[kind], copy=False))
+            entry = [cursor[kind], tensor.numel()]
+            cursor[kind] += tensor.numel()
+            return entry
+
+        for batch in batches:
+            sampled = sample(batch)
+            row = [put("ints", sampled.seeds)]
+            for block in sampled.blocks:
+                for field in (block.src_nid, block.indptr, block.indices, block.eid):
+                    row.append(put("ints", field))
+            for block in sampled.blocks:
+                weight = block.edge_weight
+                empty = torch.empty(0, dtype=torch.float32)
+                row.append(put("weights", empty if weight is None else weight))
+            local = is_local(sampled.input_nid)
+            row.append(put("local", local))
+            index.append(row)
+            counter.add(sampled.input_nid[~local])
+    hot_ids, hot_counts = counter.ranking()
+    arrays = {
+        "index": np.asarray(index, dtype=np.int64),
+        "hot_ids": hot_ids.numpy(),
+        "hot_counts": hot_counts.numpy(),
+    }
     for name, array in arrays.items():
         np.save(partial / f"{name}.npy", array)
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     return target
+
+
+class _Streams:
+    """One epoch's raw files, open for appending (:data:`_STREAMS`)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._files: dict[str, IO[bytes]] = {}
+
+    def __enter__(self) -> _Streams:
+        for kind in _STREAMS:
+            self._files[kind] = open(self.folder / f"{kind}.bin", "wb")  # noqa: SIM115
+        return self
+
+    def write(self, kind: str, array: np.ndarray) -> None:
+        np.ascontiguousarray(array).tofile(self._files[kind])
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._files.values():
+            handle.close()
 
 
 def lock_rank_folder(folder: Path, rank: int) -> IO[str] | None:
@@ -158,12 +197,6 @@ def lock_rank_folder(folder: Path, rank: int) -> IO[str] | None:
     return lock
 
 
-def _cat(parts: list[torch.Tensor], dtype: torch.dtype) -> np.ndarray:
-    if not parts:
-        return np.empty(0, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-    return torch.cat([p.to(dtype) for p in parts]).numpy()
-
-
 class PresampledEpoch:
     """One presampled epoch, memory-mapped.
 
@@ -187,18 +220,26 @@ class PresampledEpoch:
         self.epoch = epoch
         self.num_layers = num_layers
         self.weighted = weighted
-        self._arrays = {
-            name: load_npy(path / f"{name}.npy", mmap_mode="r")
-            for name in ("ints", "weights", "local", "index")
-        }
+        index = load_npy(path / "index.npy", mmap_mode="r")
         self.hot_ids = torch.from_numpy(load_npy(path / "hot_ids.npy"))
         self.hot_counts = torch.from_numpy(load_npy(path / "hot_counts.npy"))
         expected = 2 + 5 * num_layers
-        if self._arrays["index"].shape[1:] != (expected, 2):
+        if index.shape[1:] != (expected, 2):
             raise ValueError(
                 f"{path}/index.npy: expected shape [B, {expected}, 2] for "
-                f"{num_layers} layers, found {self._arrays['index'].shape}"
+                f"{num_layers} layers, found {index.shape}"
             )
+        self._arrays: dict[str, np.ndarray] = {"index": index}
+        # Which columns of a batch's row index each stream.
+        columns = {
+            "ints": slice(0, 1 + 4 * num_layers),
+            "weights": slice(1 + 4 * num_layers, 1 + 5 * num_layers),
+            "local": slice(1 + 5 * num_layers, 2 + 5 * num_layers),
+        }
+        for name, dtype in _STREAMS.items():
+            entries = np.asarray(index[:, columns[name]]).reshape(-1, 2)
+            need = int((entries[:, 0] + entries[:, 1]).max()) if len(entries) else 0
+            self._arrays[name] = _map(path / f"{name}.bin", dtype, need)
 
     @property
     def max_inputs(self) -> int:
@@ -240,3 +281,21 @@ class PresampledEpoch:
             )
         local = self._piece("local", row[1 + 5 * layers])
         return SampledBatch(seeds=seeds, blocks=blocks), local
+
+
+def _map(path: Path, dtype: Any, need: int) -> np.ndarray:
+    """``path``'s raw array of ``dtype``, memory-mapped, checked to hold the
+    ``need`` items the index reads."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing from the presampled epoch") from None
+    have = size // np.dtype(dtype).itemsize
+    if have < need or size % np.dtype(dtype).itemsize:
+        raise ValueError(
+            f"{path}: holds {size} bytes, the index reads {need} items of "
+            f"{np.dtype(dtype).name} (truncated or not a presampled file)"
+        )
+    if need == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(have,))

@@ -493,6 +493,11 @@ def test_presampled_epochs_read_back_bitwise_and_memory_mapped(tmp_path) -> None
         assert torch.equal(top, torch.sort(top).values)
         assert set(stored.hot_ids.tolist()) == set(ids.tolist())
         assert stored.max_inputs == max(i.numel() for i in inputs)
+    # A truncated stream is refused, naming it, not read short.
+    ints = tmp_path / "epoch_00001" / "ints.bin"
+    ints.write_bytes(ints.read_bytes()[:-8])
+    with pytest.raises(ValueError, match=r"ints\.bin: holds .*\(truncated"):
+        PresampledEpoch(tmp_path, 1, 2, weighted=True)
 
 
 def test_presampling_overlaps_training_and_drops_the_epochs_done(tmp_path) -> None:
