@@ -25,6 +25,7 @@ __all__ = [
     "MAX_KEEP_FREED_MB",
     "check_keep_freed_mb",
     "keep_freed_memory",
+    "return_freed_memory",
     "user_set_allocator",
 ]
 
@@ -86,3 +87,14 @@ def keep_freed_memory(mb: int) -> bool:
     if not libc.mallopt(_M_MMAP_THRESHOLD, size):
         return False
     return bool(libc.mallopt(_M_TRIM_THRESHOLD, size))
+
+
+def return_freed_memory() -> bool:
+    """Give the freed memory that :func:`keep_freed_memory` keeps back to the
+    system (glibc's ``malloc_trim(0)``: every arena, the threads' too), when
+    a phase whose blocks will not come back is over. Returns whether it ran
+    (glibc only)."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    ctypes.CDLL(None).malloc_trim(0)
+    return True

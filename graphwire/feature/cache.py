@@ -71,6 +71,7 @@ class HotCache:
         self._builder: threading.Thread | None = None
         self._build_error: BaseException | None = None
         self._closed = False
+        self._nbytes: int | None = None  # set by free()
         self.epoch = -1  # the steady buffer's epoch
         self.counters = {
             "swaps": 0,
@@ -81,7 +82,9 @@ class HotCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of both buffers' rows."""
+        """Bytes of both buffers' rows (once :meth:`free` ran, what they took)."""
+        if self._nbytes is not None:
+            return self._nbytes
         return sum(b.rows.numel() * b.rows.element_size() for b in self._buffers)
 
     def fill(self, epoch: int, hot_ids: torch.Tensor) -> None:
@@ -204,6 +207,17 @@ class HotCache:
     def wait_built(self) -> None:
         """Block until a background build (if any) has finished."""
         self._join_builder()
+
+    def free(self) -> None:
+        """Let go of both buffers' rows (after :meth:`close` and
+        :meth:`wait_built`): the cache serves nothing more; ``nbytes`` keeps
+        what they took."""
+        with self._cond:
+            self._nbytes = self.nbytes
+            empty = torch.empty(0, dtype=torch.int64)
+            for buffer in self._buffers:
+                buffer.ids, buffer.rows = empty, buffer.rows[:0].clone()
+                buffer.epoch, buffer.complete = -1, False
 
     def close(self) -> None:
         """Serve no more lookups or swaps.

@@ -15,7 +15,9 @@ The loop's calls, in order::
     get(batch, stats)               each batch, in schedule order
     release(batch)                  after the batch's step
     state(epoch)                    what a checkpoint after ``epoch`` keeps
-    finish()                        after the last epoch (collective)
+    finish()                        after the last epoch's steps, before its
+                                    evaluation; again after the last epoch
+                                    (collective; the second call does nothing)
     close(collective)               always, last
 
 ``get`` adds the seconds it spent to ``stats`` under ``sample_s`` (sampling),
@@ -34,6 +36,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from graphwire.allocator import return_freed_memory
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.prefetch import Prefetcher
 from graphwire.sampler.base import Batch, SampledBatch
@@ -142,9 +145,11 @@ class Fetcher(ABC):
         return None
 
     def finish(self) -> None:
-        """After the last epoch (collective): stop serving samples, if this
-        fetcher did not already."""
+        """After the last epoch's steps (collective): stop serving samples,
+        if this fetcher did not already, and let go of the memory that only
+        training needs, so the evaluation does not add to it."""
         self.close_sampler()
+        return_freed_memory()
 
     def close_sampler(self) -> None:
         """Close the sampler's service once (collective: every rank's last

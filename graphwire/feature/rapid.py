@@ -263,12 +263,21 @@ class RapidStore(Fetcher):
         return {"hot_ids": self.presampler.epoch(epoch + 1).hot_ids}
 
     def finish(self) -> None:
-        """Stop presampling (an early stop leaves epochs unsampled), then
-        close the sampler (collective)."""
+        """Stop presampling (an early stop leaves epochs unsampled), close
+        the sampler (collective), and let go of the cache, the prefetcher
+        and the presampled epochs before the evaluation."""
         if self.presampler is not None:
             self.presampler.stop()
             self.presampler.raise_error()
-        self.close_sampler()
+            for epoch in self._schedule_epochs:
+                self.presampler.forget(epoch)
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        if self.cache is not None:
+            self.cache.close()
+            self.cache.wait_built()
+            self.cache.free()
+        super().finish()
 
     def counters(self) -> dict[str, Any]:
         out = dict(self._counters)

@@ -226,6 +226,8 @@ def _epoch(
             total += loss * batch.seeds.numel()
         seen.append((batch.epoch, batch.index, int(batch.seeds.sum())))
     train_s = time.perf_counter() - began
+    if epoch == loop.epochs[-1]:
+        loop.fetcher.finish()  # its memory goes before the last evaluation
     metrics: dict[str, float] = {}
     stopped = False
     eval_began = time.perf_counter()

@@ -277,6 +277,35 @@ def test_a_presample_dir_in_use_by_another_run_is_refused(
     assert all(r["counters"]["n_hot"] > 0 for r in results)
 
 
+def test_rapid_lets_go_of_its_cache_and_epochs_before_the_last_evaluation(
+    parts: dict[int, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last evaluation adds to what training held: the peak RSS. Before
+    it, rapid's cache rows, prefetcher and presampled epochs go (the
+    sampler closed), while the evaluations before it find them in place;
+    the counters still give the cache's bytes."""
+    from graphwire.minibatch.loop import RankLoop
+
+    seen: dict[int, list[tuple[int, bool, bool]]] = {0: [], 1: []}
+    original = RankLoop.evaluate
+
+    def evaluate(self: RankLoop, loss: float) -> dict[str, float]:
+        store = self.fetcher
+        assert isinstance(store, rapid.RapidStore) and store.cache is not None
+        rows = sum(b.rows.numel() for b in store.cache._buffers)
+        seen[self.rank].append((rows, store._sampler_open, store.presampler.ready(1)))
+        return original(self, loss)
+
+    monkeypatch.setattr(RankLoop, "evaluate", evaluate)
+    config = dataclasses.replace(_config(epochs=2), eval_every=1)
+    results = run_local(lambda t: train(t, parts[2], config, "rapid"), 2)
+    for rank, r in enumerate(results):
+        (held, open_, ready), (last_held, last_open, last_ready) = seen[rank]
+        assert held > 0 and open_ and ready
+        assert (last_held, last_open, last_ready) == (0, False, False)
+        assert r["counters"]["cache_bytes"] == held * 4
+
+
 @pytest.mark.parametrize(
     "fields", [{"n_hot": 10**5}, {"cache_mb": 1e303}], ids=["n_hot", "cache_mb"]
 )
