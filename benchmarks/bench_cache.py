@@ -148,8 +148,9 @@ def _plot(rows: list[dict[str, float]], path: str, title: str) -> None:
     if base is not None:
         left.axhline(base["seeds_per_s"], color="grey", ls="--", label="on-demand")
         right.axhline(base["remote_rows"], color="grey", ls="--", label="on-demand")
-    left.set(xlabel="cache, % of the remote rows a worker reads", ylabel="seeds/s")
-    right.set(xlabel="cache, % of the remote rows a worker reads")
+    what = "cache, % of the remote rows a worker's first epoch reads"
+    left.set(xlabel=what, ylabel="seeds/s")
+    right.set(xlabel=what)
     right.set(ylabel="remote rows per epoch")
     for axes in (left, right):
         axes.grid(alpha=0.3)
