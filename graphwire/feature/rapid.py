@@ -271,10 +271,13 @@ class RapidStore(Fetcher):
             self.presampler.raise_error()
             for epoch in self._schedule_epochs:
                 self.presampler.forget(epoch)
+        # The cache first: a prefetcher that ran into an epoch this run
+        # will not start (an early stop) waits in a lookup for its buffer.
+        if self.cache is not None:
+            self.cache.close()
         if self.prefetcher is not None:
             self.prefetcher.close()
         if self.cache is not None:
-            self.cache.close()
             self.cache.wait_built()
             self.cache.free()
         super().finish()

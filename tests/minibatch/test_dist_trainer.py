@@ -33,6 +33,7 @@ from graphwire.comm.launch import WorkerFailed, launch_local
 from graphwire.comm.local import run_local
 from graphwire.feature import rapid
 from graphwire.feature.ondemand import OnDemandConfig
+from graphwire.feature.prefetch import Prefetcher
 from graphwire.feature.rapid import RapidConfig
 from graphwire.fullgraph.inference import ExactInference
 from graphwire.graph.graph import Graph
@@ -409,7 +410,7 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(
 
 
 def test_an_early_stop_ends_a_prefetcher_that_ran_two_epochs_ahead(
-    parts: dict[int, str],
+    parts: dict[int, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One step per epoch and Q = 2: the prefetcher runs into epoch e + 2,
     whose lookup waits for a buffer built when epoch e + 1 starts. After an
@@ -427,10 +428,21 @@ def test_an_early_stop_ends_a_prefetcher_that_ran_two_epochs_ahead(
     )
     options = RapidConfig(prefetch=2)
     before = set(threading.enumerate())
+    # Whether each close found its thread ended, or gave up on it after 30 s
+    # (finish() closed the prefetcher before the cache it waited on).
+    ended: list[bool] = []
+    close = Prefetcher.close
+
+    def closing(self: Prefetcher) -> None:
+        close(self)
+        ended.append(not self._thread.is_alive())
+
+    monkeypatch.setattr(Prefetcher, "close", closing)
     ranks = run_local(lambda t: train(t, parts[2], config, options), 2)
     for rank in ranks:
         assert rank["counters"]["steps_per_epoch"] == 1
         assert len(rank["records"]) <= config.epochs - 3  # stopped early
+    assert ended and all(ended)
     # Closing joins the thread; it gave up after 30 s (the lookup waits 600).
     left = [t for t in threading.enumerate() if t not in before]
     assert not [t.name for t in left if t.name == "prefetch"]
