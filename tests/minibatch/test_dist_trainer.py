@@ -301,8 +301,10 @@ def test_rapid_lets_go_of_its_cache_and_epochs_before_the_last_evaluation(
     config = dataclasses.replace(_config(epochs=2), eval_every=1)
     results = run_local(lambda t: train(t, parts[2], config, "rapid"), 2)
     for rank, r in enumerate(results):
-        (held, open_, ready), (last_held, last_open, last_ready) = seen[rank]
-        assert held > 0 and open_ and ready
+        # (epoch 1 was presampled to be trained: not ready at the end is
+        # dropped; at epoch 0's evaluation it may be on disk or not yet)
+        (held, open_, _), (last_held, last_open, last_ready) = seen[rank]
+        assert held > 0 and open_
         assert (last_held, last_open, last_ready) == (0, False, False)
         assert r["counters"]["cache_bytes"] == held * 4
 
