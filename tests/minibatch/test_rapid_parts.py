@@ -539,9 +539,16 @@ def test_presampling_overlaps_training_and_drops_the_epochs_done(tmp_path) -> No
 
     first = presampler(range(0, 4))
     assert made == [0, 0] and first.ready(0) and not first.ready(1)
+    reader = threading.Thread(target=first.epoch, args=(2,))
+    reader.start()
+    for _ in range(3000):  # until the reader waits (epoch 1 is held back)
+        if first.waits:
+            break
+        time.sleep(0.01)
+    assert first.waits == 1
     gate.set()
+    reader.join(timeout=30)
     assert first.epoch(2).num_batches == 2  # waited for, then read
-    assert first.waits >= 1
     first.forget(0)
     assert not (tmp_path / "epoch_00000").exists()
     assert (tmp_path / "epoch_00001").exists()
