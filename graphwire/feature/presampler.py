@@ -158,15 +158,14 @@ class Presampler:
         if self._remove:
             shutil.rmtree(epoch_folder(self.folder, epoch), ignore_errors=True)
 
-    def stop(self, wait: bool = True) -> None:
-        """End presampling after the batch being sampled; ``wait``: until
-        the thread has ended (not after an error, when a sample may wait on
-        a dead peer until the timeout)."""
+    def stop(self, timeout: float | None = None) -> None:
+        """End presampling after the batch being sampled, and wait for the
+        thread to end, ``timeout`` seconds at most (after an error a sample
+        may wait on a dead peer until the run's timeout)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        if wait:
-            self._thread.join()
+        self._thread.join(timeout)
 
     def raise_error(self) -> None:
         """Raise what made presampling fail, if it did."""

@@ -153,6 +153,7 @@ class RapidStore(Fetcher):
         folder = root / f"rank{rank}"
         if self._scratch is None:  # (a temporary folder is this run's alone)
             self._lock = lock_rank_folder(folder, rank)
+        folder.mkdir(parents=True, exist_ok=True)
         self.presampler = Presampler(
             folder,
             schedule.epochs,
@@ -305,7 +306,9 @@ class RapidStore(Fetcher):
         grace period, after which nothing would remove it."""
         try:
             if self.presampler is not None:
-                self.presampler.stop(wait=collective)
+                # After an error, a few seconds for its last batch: it must
+                # not write into the folder removed next.
+                self.presampler.stop(timeout=None if collective else 5.0)
             if not collective and self._scratch is not None:
                 # Threads reading from it fail: fine here. Inside the try: a
                 # SIGTERM landing in this rmtree leaves the rest to the finally.

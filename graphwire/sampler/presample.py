@@ -112,7 +112,9 @@ def presample_epoch(
     target = epoch_folder(folder, epoch)
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    # Not parents=True: a folder removed under a run that is stopping
+    # must stay removed.
+    partial.mkdir()
     index: list[list[list[int]]] = []
     counter = _AccessCounter()
     cursor = dict.fromkeys(_STREAMS, 0)
