@@ -9,8 +9,11 @@ Implementations provide three primitives, each recording into ``self.ledger``:
 - :meth:`Transport.all_gather_object` — small picklable metadata (plans, stats).
 
 Collectives built on them live here, so every transport computes them the same
-way: :meth:`Transport.all_reduce_sum` is a reduce-scatter then an all-gather,
-both as all-to-alls. Each rank sends ``2 (W - 1) / W`` of the tensor, as a ring
+way (a transport may run :meth:`Transport.broadcast` and
+:meth:`Transport.reduce_sum` as its backend's own collectives, as
+:class:`~graphwire.comm.dist.TorchTransport` does):
+:meth:`Transport.all_reduce_sum` is a reduce-scatter then an all-gather, both
+as all-to-alls. Each rank sends ``2 (W - 1) / W`` of the tensor, as a ring
 all-reduce does, but the bytes per peer are exact in the ledger and the sum is
 taken in rank order, so it is bitwise identical on every rank and run.
 :meth:`Transport.start_all_reduce_sum` is its non-blocking twin over
@@ -173,6 +176,56 @@ class Transport(ABC):
         reduced = _sum_in_rank_order(parts)
         gathered = self.all_to_all([reduced] * self.world_size, sizes, tag)
         return torch.cat(gathered).view_as(tensor)
+
+    def broadcast(self, tensor: torch.Tensor, root: int, tag: str) -> None:
+        """Rank ``root``'s ``tensor`` into every rank's ``tensor``, in place.
+
+        Every rank passes a contiguous tensor of the same shape and dtype. The
+        ledger counts the block once from ``root`` to each other rank (what
+        each receives; a ring or tree moves as many bytes in all). Here, one
+        point-to-point message per receiver.
+        """
+        self._check_root(root, "broadcast", tag)
+        if self.rank == root:
+            sends = [
+                self.isend(tensor, peer, tag)
+                for peer in range(self.world_size)
+                if peer != root
+            ]
+            for work in sends:
+                work.wait()
+        elif self.world_size > 1:
+            self.irecv(tensor, root, tag).wait()
+
+    def reduce_sum(
+        self, tensor: torch.Tensor, root: int, tag: str
+    ) -> torch.Tensor | None:
+        """The sum of every rank's ``tensor`` at rank ``root`` (None elsewhere).
+
+        The broadcast's adjoint: the ledger counts the block once from each
+        other rank to ``root``. ``tensor`` is left as it was. Here, one
+        point-to-point message per sender, summed at ``root`` in rank order.
+        """
+        self._check_root(root, "reduce_sum", tag)
+        if self.rank != root:
+            self.isend(tensor, root, tag).wait()
+            return None
+        parts = []
+        for peer in range(self.world_size):
+            if peer == root:
+                parts.append(tensor)
+                continue
+            buf = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            self.irecv(buf, peer, tag).wait()
+            parts.append(buf)
+        return _sum_in_rank_order(parts)
+
+    def _check_root(self, root: int, op: str, tag: str) -> None:
+        if not 0 <= root < self.world_size:
+            raise ValueError(
+                f"{op} ({tag}): root must be a rank in [0, {self.world_size}), "
+                f"got {root}"
+            )
 
     def start_all_reduce_sum(self, tensor: torch.Tensor, tag: str) -> PendingSum:
         """Non-blocking :meth:`all_reduce_sum`: the reduce-scatter starts now.

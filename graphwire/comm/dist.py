@@ -306,6 +306,53 @@ class TorchTransport(Transport):
                 self.ledger.record_recv(peer, tag, recv_sizes[peer] * width)
         return out
 
+    def broadcast(self, tensor: torch.Tensor, root: int, tag: str) -> None:
+        """See :meth:`Transport.broadcast`: ``torch.distributed.broadcast``."""
+        self._check_open(tag)
+        self._check_root(root, "broadcast", tag)
+        if self.world_size == 1:
+            return
+        staged = tensor if tensor.device == self.device else tensor.to(self.device)
+        with self.waiting("broadcast", tag):
+            try:
+                dist.broadcast(staged, src=root)
+            except RuntimeError as error:
+                self._collective_failed(f"broadcast from rank {root}", tag, error)
+        if staged is not tensor:
+            tensor.copy_(staged)
+        size = row_bytes(tensor)
+        for peer in range(self.world_size):
+            if peer == self.rank:
+                continue
+            if self.rank == root:
+                self.ledger.record_send(peer, tag, size)
+            elif peer == root:
+                self.ledger.record_recv(peer, tag, size)
+
+    def reduce_sum(
+        self, tensor: torch.Tensor, root: int, tag: str
+    ) -> torch.Tensor | None:
+        """See :meth:`Transport.reduce_sum`: ``torch.distributed.reduce``."""
+        self._check_open(tag)
+        self._check_root(root, "reduce_sum", tag)
+        if self.world_size == 1:
+            return tensor.clone()
+        # A copy: the backend may use a non-root's buffer as scratch.
+        staged = tensor.detach().to(self.device, copy=True).contiguous()
+        with self.waiting("reduce", tag):
+            try:
+                dist.reduce(staged, dst=root, op=dist.ReduceOp.SUM)
+            except RuntimeError as error:
+                self._collective_failed(f"reduce to rank {root}", tag, error)
+        size = row_bytes(tensor)
+        if self.rank != root:
+            self.ledger.record_send(root, tag, size)
+            return None
+        for peer in range(self.world_size):
+            if peer != root:
+                self.ledger.record_recv(peer, tag, size)
+        return staged.to(tensor.device)
+
     def isend(self, tensor: torch.Tensor, dst: int, tag: str) -> Work:
         """See :meth:`Transport.isend`.
 

@@ -289,6 +289,16 @@ class Engine(ABC):
         ids = self.local_orig_nid[self.part.num_owned :]
         return self.drop_input_rows(x, ids if rows is None else ids[rows], out)
 
+    def with_input_halo(self, h: torch.Tensor) -> torch.Tensor:
+        """``[n + num_halo, F]``: the owned input rows ``h``, then the halo's
+        cached ones after input dropout (``cache_input``)."""
+        # The halo rows dropped out straight into their part of the buffer.
+        n = h.shape[0]
+        local = h.new_empty((n + self.plan.num_halo, *h.shape[1:]))
+        self.cached_input_halo(out=local[n:])
+        local[:n] = h  # last: through autograd, should h need a gradient
+        return local
+
     def drop_input_rows(
         self, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -318,6 +328,23 @@ class Engine(ABC):
         raise NotImplementedError(
             f"exchange {self.name!r} runs the whole stack: see model_hooks()"
         )
+
+    # ----------------------------------------------------------------- epochs
+    def begin_epoch(self, epoch: int) -> None:
+        """Called before epoch ``epoch``'s training forward (not evaluation's)."""
+        del epoch  # only engines that keep state across epochs need it
+
+    def end_epoch(self) -> dict[str, Any]:
+        """Called after the epoch's step: what its record adds to ``extra``."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the engine besides the model (caches)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state (a resumed run)."""
+        del state
 
     # ------------------------------------------------------------- accounting
     def timed(self, fn: Callable[[], T]) -> T:

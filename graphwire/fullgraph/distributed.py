@@ -214,6 +214,8 @@ def train_distributed(
         state = load_on_every_rank(checkpoint, transport)
         if state is not None:
             first = restore_training_state(state, model, optimizer, best, records)
+            if "engine" in state:  # (checkpoints of engines that keep state)
+                engine.load_state_dict(state["engine"])
             if on_restore is not None:
                 on_restore(list(records))
     # Set-up ends when every rank's has: epoch 0 of a rank done early would
@@ -231,6 +233,7 @@ def train_distributed(
         start, cpu_start = time.perf_counter(), time.process_time()
         model.train()
         engine.phase = ""
+        engine.begin_epoch(epoch)
         _, loss = forward_loss(
             engine, model, sizes["train"], derive_seed(config.seed, epoch)
         )
@@ -244,6 +247,7 @@ def train_distributed(
         backward_done = time.perf_counter()
         cpu_s = time.process_time() - cpu_start
         comm_s = engine.comm_s
+        engine_extra = engine.end_epoch()
         trained = transport.ledger.snapshot()
 
         if config.evaluates(epoch):
@@ -278,14 +282,14 @@ def train_distributed(
             },
             peak_rss_mb=peak_rss_mb(),
             comm=comm,
-            extra={"cpu_s": cpu_s},
+            extra={"cpu_s": cpu_s} | engine_extra,
         )
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
         stopped = bool(metrics) and best.update(epoch, metrics, model)
         if checkpoint is not None and checkpoint.due(epoch, config.epochs, stopped):
-            _save(checkpoint, epoch, transport, model, optimizer, best, records)
+            _save(checkpoint, epoch, transport, engine, model, optimizer, best, records)
     transport.phase = "teardown"
     ledger = transport.ledger.snapshot()
     phases["teardown"] = phase_record(windows.cut(ledger), ended)
@@ -338,12 +342,14 @@ def _save(
     checkpoint: CheckpointConfig,
     epoch: int,
     transport: Transport,
+    engine: Engine,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     best: BestEpoch,
     records: list[EpochRecord],
 ) -> None:
     state = training_state(epoch, model, optimizer, best, records)
+    state["engine"] = engine.state_dict()  # caches, stamps: a resume equals a run
     save_on_every_rank(checkpoint, epoch, transport, state)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graphwire.fullgraph.base import Engine
+from graphwire.fullgraph.broadcast import BroadcastConfig, BroadcastEngine
 from graphwire.fullgraph.g3.config import G3Config
 from graphwire.fullgraph.g3.engine import G3Engine
 from graphwire.fullgraph.halo import HaloConfig, HaloEngine
@@ -32,4 +33,11 @@ EXCHANGES.register(
     G3Config,
     about="G3: each boundary row once to each peer that needs it, in bins "
     "overlapped with compute",
+)
+EXCHANGES.register(
+    "broadcast",
+    BroadcastEngine,
+    BroadcastConfig,
+    about="SANCUS/CAGNET: every block of rows broadcast per layer, skipped "
+    "while its cached copies are within --staleness",
 )

@@ -99,12 +99,7 @@ class HaloEngine(Engine):
     def fetch(self, index: int, h: torch.Tensor) -> torch.Tensor:
         """Owned rows of ``h`` followed by the halo rows from their owners."""
         if index == 0 and self.cache_input:
-            # The halo rows dropped out straight into their part of the buffer.
-            n = h.shape[0]
-            local = h.new_empty((n + self.plan.num_halo, *h.shape[1:]))
-            self.cached_input_halo(out=local[n:])
-            local[:n] = h  # last: through autograd, should h need a gradient
-            return local
+            return self.with_input_halo(h)
         out: torch.Tensor = HaloExchange.apply(
             h, self.plan, self._grad_plans[index], self.transport, index, self
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from graphwire.run.training import EpochRecord, format_acc
 from graphwire.units import format_bytes
 
@@ -34,7 +36,27 @@ def epoch_lines(record: EpochRecord) -> list[str]:
             for rank, (s, r) in enumerate(zip(sent, recv, strict=True))
         )
         lines.append(f"           bytes {kinds}  |  sent / recv by rank  {ranks}")
+    stale = record.extra.get("staleness")
+    if stale is not None:
+        lines.append("           " + staleness_line(stale, record.extra))
     return lines
+
+
+def staleness_line(stale: dict[str, Any], extra: dict[str, Any]) -> str:
+    """The epoch's skipped broadcasts (rank, layer), each cached block's age
+    by layer (one per rank: 0 fresh), and each rank's cache."""
+    skipped = " ".join(f"({rank},{layer})" for rank, layer in stale["skipped"])
+    first = stale.get("first_layer", 1)
+    ages = "  ".join(
+        f"L{first + k} " + ",".join(str(a) for a in row)
+        for k, row in enumerate(stale["age"])
+    )
+    cache = max(stale["cache_bytes"], default=0)
+    grads = "  gradients reused (SkipG)" if extra.get("grad_skipped") else ""
+    return (
+        f"skipped (rank,layer) {skipped or '-'}  |  age {ages}  |  cache "
+        f"{format_bytes(cache)}/rank{grads}"
+    )
 
 
 def print_epoch(record: EpochRecord) -> None:

@@ -50,6 +50,8 @@ ENGINES = [
     ("g3", {"bin_rows": 16, "order": "priority", "sync": "epoch"}),
     ("g3", {"bin_mb": 0.02}),  # bins cut by the memory budget, per layer
     ("g3", {}),
+    ("broadcast", {}),
+    ("broadcast", {"cache_input": False}),
 ]
 
 
@@ -60,7 +62,13 @@ def graph():
 
 # One part has no halo: what shapes the exchange (modes, orders, syncs) has
 # nothing to act on, so one of each engine runs there.
-ONE_PART = [("halo", {}), ("replicate", {}), ("g3", {"bin_rows": 16}), ("g3", {})]
+ONE_PART = [
+    ("halo", {}),
+    ("replicate", {}),
+    ("g3", {"bin_rows": 16}),
+    ("g3", {}),
+    ("broadcast", {}),
+]
 
 
 @pytest.mark.parametrize(
