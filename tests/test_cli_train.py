@@ -152,6 +152,23 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             "--n-hot: only with --fetch rapid",
         ),
         (
+            ["--workers", "2", "--exchange", "halo", "--staleness", "epoch:1"],
+            "--staleness: only with --exchange broadcast",
+        ),
+        (
+            ["--workers", "2", "--exchange", "broadcast", "--staleness", "often"],
+            "--staleness: expected none, epoch:K, adaptive:K (K an integer >= 0) "
+            "or gap:X (a number >= 0), got 'often'",
+        ),
+        (
+            ["--workers", "2", "--exchange", "broadcast", "--staleness", "gap:-1"],
+            "--staleness: gap: the bound must be >= 0, got 'gap:-1'",
+        ),
+        (
+            ["--workers", "2", "--exchange", "broadcast", "--grad-staleness", "-1"],
+            "--grad-staleness: expected >= 0, got -1",
+        ),
+        (
             ["--workers", "2", "--mode", "minibatch", "--cache-share", "0.5"],
             "--cache-share: only with --fetch rapid",
         ),

@@ -113,6 +113,7 @@ def test_engine_matches_single_process(
         ("replicate", {}),
         ("g3", {"bin_rows": 16}),
         ("g3", {"bin_rows": 16, "cache_input": False, "mode": "sequential"}),
+        ("broadcast", {"cache_input": False}),
     ],
     ids=repr,
 )

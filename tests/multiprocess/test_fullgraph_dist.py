@@ -1,8 +1,8 @@
 """Distributed full-graph training over real worker processes (gloo).
 
 - parity: one training step on 2 (metis) and 3 (random, uneven) processes,
-  halo and G3 (small bins: many pipelined isend/irecv per layer), GCN, SAGE and
-  GAT, equals the single-process oracle of tests/fullgraph/dist_helpers.py;
+  halo, G3 (small bins: many pipelined isend/irecv per layer) and SANCUS's
+  broadcast (gloo broadcasts and reduces), GCN, SAGE and GAT, equals the single-process oracle of tests/fullgraph/dist_helpers.py;
 - Cora on 4 workers (G3, metis) reaches the accuracy of one process;
 - a SIGKILLed worker ends the run with an error naming it, and no worker
   outlives the run: ``graphwire train --workers 3`` (killed from outside) and
@@ -68,7 +68,12 @@ LAUNCH_S = 120.0  # bound on one launch (and on each collective in it)
 
 # G3 with 16-row bins: a layer runs in many bins and sends one message per
 # (bin, peer) as each bin finishes, so isend/irecv really overlap computation.
-ENGINES = [("halo", {}), ("g3", {"bin_rows": 16, "mode": "full"})]
+# The broadcast engine: real torch.distributed broadcasts and reduces.
+ENGINES = [
+    ("halo", {}),
+    ("g3", {"bin_rows": 16, "mode": "full"}),
+    ("broadcast", {"cache_input": False}),
+]
 MODELS = ["gcn", "sage", "gat"]
 # 3: random parts, uneven, many halo rows; their nodes numbered in reverse
 # Cuthill-McKee order (node_order="rcm"), the 2 METIS parts' by ID.
