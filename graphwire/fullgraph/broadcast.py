@@ -4,15 +4,17 @@ Rank ``i`` of ``P`` owns the block of rows ``H_i`` of its part's global ID
 range (any partitioner: parts own consecutive global IDs). Per layer, the
 ranks broadcast their blocks in turn, root ``0`` to ``P - 1`` (CAGNET's 1D
 algorithm, ``torch.distributed.broadcast``), and each computes
-``T_i = sum_j A_ij H_j`` for its own rows over the whole assembled ``H``
-(float [N, F]: its own block, then every other as received or cached). With
+``T_i = sum_j A_ij H_j`` for its own rows. A receiver keeps of each block
+only the rows its edges read (its halo rows), so a layer runs on the part's
+usual local rows (float [n_i + num_halo, F]: its own block, then the halo
+rows of every other, as received or cached). With
 ``--staleness`` (:mod:`graphwire.fullgraph.staleness`) an owner whose block is
 within the bound skips its broadcast and every rank uses the copy it cached
 when the block was last sent (SANCUS's Skip-Broadcast); the flags and caches
 are kept per (layer, root).
 
-Backward is the broadcast's adjoint: the gradient of the assembled ``H``
-(float [N, F] on every rank) is summed block by block at each block's owner,
+Backward is the broadcast's adjoint: each rank's gradient of every other
+block (zeros but its halo rows) is summed block by block at the block's owner,
 one ``torch.distributed.reduce`` per root in the same order, every epoch,
 never skipped. (SANCUS broadcasts the gradient blocks ``G_i`` and lets every
 rank multiply by the transposed adjacency it holds, which works for GCN's
@@ -118,7 +120,8 @@ class BroadcastConfig:
 
 
 class BlockBroadcast(torch.autograd.Function):
-    """``h_own [n_i, *S] -> h [N, *S]``: every rank's block of one layer.
+    """``h_own [n_i, *S] -> h_local [n_i + num_halo, *S]``: owned rows, then
+    the halo rows of every other rank's block of one layer.
 
     Forward: the blocks broadcast (or cached) by :meth:`BroadcastEngine.gather`.
     Backward: each block's gradient summed at its owner
@@ -144,8 +147,9 @@ class BroadcastEngine(Engine):
     Attributes:
         staleness: the stamps and decisions of the blocks (keys ``(layer,
             root)``).
-        cache: ``(layer, root) -> float [n_root, *S]``, the copy of each other
-            rank's block last broadcast (with ``--staleness`` other than none).
+        cache: ``(layer, root) -> float [rows, *S]``, the rows this rank reads
+            of each other rank's block as last broadcast (with ``--staleness``
+            other than none).
     """
 
     config_type = BroadcastConfig
