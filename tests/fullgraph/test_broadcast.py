@@ -214,3 +214,33 @@ def test_a_resumed_run_equals_the_uninterrupted_one(parts, tmp_path, staleness):
     assert [r.loss for r in resumed[0]["records"]] == pytest.approx(losses, rel=1e-6)
     for name, weight in whole[0]["weights"].items():
         torch.testing.assert_close(resumed[0]["weights"][name], weight)
+
+
+def _clipped_grads(transport: Transport, folder: str) -> list[Any]:
+    """Each rank sends back an all-ones gradient, clipped to norm sqrt(2)."""
+    part = load_part(folder, transport.rank)
+    config = BroadcastConfig(grad_clip=1.0)  # th_i = sqrt(2) * 1 on 2 ranks
+    engine = build_engine(part, transport, CONFIG, config)
+    grad = torch.ones(part.num_local, 4)
+    summed = engine.scatter_grad(1, grad)
+    scale = 2**0.5 / float(torch.linalg.vector_norm(grad))
+    return [
+        summed,
+        scale,
+        part.num_owned,
+        part.local_to_global(torch.arange(part.num_owned, part.num_local)),
+    ]
+
+
+def test_each_rank_clips_the_gradient_it_sends_to_sqrt_p_times_the_threshold(
+    parts,
+) -> None:
+    ranks = run_local(functools.partial(_clipped_grads, folder=str(parts[2])), 2)
+    for rank, (summed, scale, n, _) in enumerate(ranks):
+        peer_summed, peer_scale, _, peer_halo = ranks[1 - rank]
+        del peer_summed
+        start = 0 if rank == 0 else ranks[0][2]
+        read_by_peer = torch.zeros(n)
+        read_by_peer[peer_halo - start] = 1.0
+        expected = scale + peer_scale * read_by_peer
+        torch.testing.assert_close(summed, expected[:, None].expand(n, 4))
