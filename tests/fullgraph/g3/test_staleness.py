@@ -26,6 +26,7 @@ from graphwire.fullgraph.broadcast import BroadcastConfig
 from graphwire.fullgraph.g3.config import G3Config
 from graphwire.fullgraph.g3.engine import G3Engine
 from graphwire.fullgraph.g3.wire import Wire
+from graphwire.fullgraph.progress import epoch_lines
 from graphwire.options import OptionError, option_fields
 from graphwire.partition import load_part
 from graphwire.run.checkpoint import CheckpointConfig
@@ -240,6 +241,11 @@ def test_skipped_messages_save_exactly_their_rows(runs, staleness: str) -> None:
             report = run.records[rank][1].extra["staleness"]
             assert report["age"] == [[1] * WORLD, [1] * WORLD]
             assert all(s == t for _, _, s, t in report["messages"])
+            line = epoch_lines(run.records[rank][1])[-1]
+            for sender, layer, skipped, total in report["messages"]:
+                assert f"({sender},{layer}) {skipped}/{total}" in line
+            assert "age L1 1,1,1  L2 1,1,1" in line
+            assert "skipped (rank,layer) -" in epoch_lines(first)[-1]
 
 
 def test_a_skipped_message_is_read_from_the_cached_copy(runs) -> None:
