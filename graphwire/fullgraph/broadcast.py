@@ -45,9 +45,15 @@ import torch
 from torch import nn
 
 from graphwire.fullgraph.base import Engine
-from graphwire.fullgraph.staleness import NORMS, Staleness, StalenessSpec
+from graphwire.fullgraph.staleness import (
+    Staleness,
+    StalenessSpec,
+    check_staleness,
+    staleness_norm_option,
+    staleness_option,
+)
 from graphwire.nn.base import MessageGraph
-from graphwire.options import OptionError, check_options, option
+from graphwire.options import check_options, option
 from graphwire.run.collective import sync_gradients
 from graphwire.run.local_graph import local_message_graph
 
@@ -72,21 +78,8 @@ class BroadcastConfig:
             SANCUS), ``inv-sqrt`` (``th / sqrt(P)``) or ``none`` (``th``).
     """
 
-    staleness: str = option(
-        "none",
-        flag="--staleness",
-        metavar="SPEC",
-        help="SANCUS bounded embedding staleness: none, epoch:K (send every K+1 "
-        "epochs), adaptive:K (staggered, K epochs after a receiver finds a "
-        "copy too old) or gap:X (send when the rows moved more than X)",
-    )
-    staleness_norm: str = option(
-        "relative",
-        flag="--staleness-norm",
-        choices=NORMS,
-        help="gap:X measures ||H - H_sent|| relative to ||H_sent||, as a plain "
-        "Frobenius norm, or as the largest entry",
-    )
+    staleness: str = staleness_option()
+    staleness_norm: str = staleness_norm_option()
     grad_staleness: int | None = option(
         None,
         flag="--grad-staleness",
@@ -109,10 +102,7 @@ class BroadcastConfig:
 
     def __post_init__(self) -> None:
         check_options(self)
-        try:
-            StalenessSpec.parse(self.staleness)
-        except ValueError as error:
-            raise OptionError("staleness", str(error)) from None
+        check_staleness(self.staleness)
 
     @property
     def spec(self) -> StalenessSpec:

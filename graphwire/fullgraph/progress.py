@@ -43,9 +43,16 @@ def epoch_lines(record: EpochRecord) -> list[str]:
 
 
 def staleness_line(stale: dict[str, Any], extra: dict[str, Any]) -> str:
-    """The epoch's skipped broadcasts (rank, layer), each cached block's age
-    by layer (one per rank: 0 fresh), and each rank's cache."""
-    skipped = " ".join(f"({rank},{layer})" for rank, layer in stale["skipped"])
+    """The epoch's skipped broadcasts or messages by (sending rank, layer)
+    (G3's: ``skipped/messages`` as this rank saw them), each cached block's
+    age by layer (the oldest per sending rank: 0 fresh), and each rank's
+    cache."""
+    if "messages" in stale:  # G3: messages per (sender, layer)
+        skipped = " ".join(
+            f"({r},{n}) {s}/{t}" for r, n, s, t in stale["messages"] if s
+        )
+    else:
+        skipped = " ".join(f"({rank},{layer})" for rank, layer in stale["skipped"])
     first = stale.get("first_layer", 1)
     ages = "  ".join(
         f"L{first + k} " + ",".join(str(a) for a in row)

@@ -45,7 +45,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["KINDS", "NORMS", "Staleness", "StalenessSpec", "default_phases"]
+from graphwire.options import OptionError, option
+
+__all__ = [
+    "KINDS",
+    "NORMS",
+    "Staleness",
+    "StalenessSpec",
+    "check_staleness",
+    "default_phases",
+    "staleness_norm_option",
+    "staleness_option",
+]
 
 KINDS = ("none", "epoch", "adaptive", "gap")
 NORMS = ("relative", "frobenius", "max")
@@ -92,6 +103,42 @@ class StalenessSpec:
             return "none"
         bound = int(self.bound) if self.kind != "gap" else self.bound
         return f"{self.kind}:{bound:g}"
+
+
+def staleness_option() -> Any:
+    """An engine config's ``staleness`` field (``--staleness``): one
+    definition, so that the flag table merges the engines' fields."""
+    return option(
+        "none",
+        flag="--staleness",
+        metavar="SPEC",
+        help="SANCUS bounded embedding staleness: none, epoch:K (send every K+1 "
+        "epochs), adaptive:K (staggered, K epochs after a receiver finds a "
+        "copy too old) or gap:X (send when the rows moved more than X)",
+    )
+
+
+def staleness_norm_option() -> Any:
+    """An engine config's ``staleness_norm`` field (``--staleness-norm``)."""
+    return option(
+        "relative",
+        flag="--staleness-norm",
+        choices=NORMS,
+        help="gap:X measures ||H - H_sent|| relative to ||H_sent||, as a plain "
+        "Frobenius norm, or as the largest entry",
+    )
+
+
+def check_staleness(text: str) -> StalenessSpec:
+    """``staleness``'s value parsed; for a config's ``__post_init__``.
+
+    Raises:
+        OptionError: naming the field ``staleness``.
+    """
+    try:
+        return StalenessSpec.parse(text)
+    except ValueError as error:
+        raise OptionError("staleness", str(error)) from None
 
 
 def default_phases(world_size: int, bound: int) -> list[int]:

@@ -13,4 +13,5 @@
 - :mod:`~graphwire.fullgraph.g3.table`: the input layer over one table.
 - :mod:`~graphwire.fullgraph.g3.sums`: a last layer summed message by message.
 - :mod:`~graphwire.fullgraph.g3.sync`: parameter synchronisation.
+- :mod:`~graphwire.fullgraph.g3.stale`: bounded staleness on the messages.
 """

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphwire.fullgraph.staleness import (
+    StalenessSpec,
+    check_staleness,
+    staleness_norm_option,
+    staleness_option,
+)
 from graphwire.options import check_options, option
 
 __all__ = ["LASTS", "MODES", "ORDERS", "SYNCS", "G3Config"]
@@ -47,6 +53,10 @@ class G3Config:
         bin_mb: the memory budget of a bin in MiB, per layer from its widths
             (G3 uses half a GPU's memory; on CPU it bounds a bin's working
             set).
+        staleness: the embedding staleness bound (``none``, ``epoch:K``,
+            ``adaptive:K``, ``gap:X``) on the messages
+            (:mod:`graphwire.fullgraph.g3.stale`).
+        staleness_norm: how ``gap`` measures a message's move.
     """
 
     mode: str = option(
@@ -90,5 +100,13 @@ class G3Config:
         help="G3: memory budget of a bin in MiB, sized per layer",
     )
 
+    staleness: str = staleness_option()
+    staleness_norm: str = staleness_norm_option()
+
     def __post_init__(self) -> None:
         check_options(self)
+        check_staleness(self.staleness)
+
+    @property
+    def spec(self) -> StalenessSpec:
+        return StalenessSpec.parse(self.staleness)

@@ -76,6 +76,11 @@ the transfer behind computation:
   projected rows; its backward returns the projected rows' gradients to their
   owners, whose bins of the layer below take them through the projection.
 
+- **Bounded staleness** (``--staleness``, SANCUS's bounds on G3's messages;
+  :mod:`graphwire.fullgraph.g3.stale`). A sender skips a message while its
+  rows are within the bound and the peer reads the copy it cached; ``gap``
+  is decided one epoch ahead (tag ``flags``). Gradients are never skipped.
+
 ``mode`` switches the two overlaps off for G3's ablation
 (:mod:`graphwire.fullgraph.g3.schedule`): ``full`` (both), ``inter``
 (pipelined sends, but a layer waits for all its halo rows before computing),
@@ -84,13 +89,15 @@ the transfer behind computation:
 every mode. All settings: :class:`~graphwire.fullgraph.g3.config.G3Config`.
 
 Forward bytes per layer equal ``num_halo * width * 4`` on every rank, where
-``width`` is the exchanged row width: each halo row arrives exactly once.
+``width`` is the exchanged row width: each halo row arrives exactly once
+(less the rows of skipped messages under ``--staleness``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -104,6 +111,7 @@ from graphwire.fullgraph.g3.forward import G3Forward
 from graphwire.fullgraph.g3.messages import plan_layers, send_order
 from graphwire.fullgraph.g3.schedule import SCHEDULES
 from graphwire.fullgraph.g3.stack import G3Stack
+from graphwire.fullgraph.g3.stale import StaleMessages
 from graphwire.fullgraph.g3.sums import MessageSums, plan_sums, sums_left_out
 from graphwire.fullgraph.g3.sync import GRADIENT_SYNCS
 from graphwire.fullgraph.g3.table import InputTable
@@ -138,6 +146,7 @@ class G3Engine(Engine):
         backward: the backward
             (:class:`~graphwire.fullgraph.g3.backward.G3Backward`).
         grad_sync: the parameter synchronisation (from ``config.sync``).
+        stale: the messages' staleness (None with ``staleness="none"``).
         model_layers: the model's layers (:meth:`begin`).
         sums: the layers planned so far (:meth:`prepare` or the first
             forward): layer -> its sum split message by message (the last
@@ -187,7 +196,8 @@ class G3Engine(Engine):
         )
         self.backward = G3Backward(self, self.grad_plans(self._mgs))
         self.forward = G3Forward(self)
-        self.wire = Wire(self, self.messages, self._halo_rows)
+        self.stale = self._stale_messages()
+        self.wire = Wire(self, self.messages, self._halo_rows, self.stale)
         self.table = InputTable(
             self.layers[0].bins if self.num_layers else [],
             order=[b for b, _ in self.bin_order(0)] if self.num_layers else [],
@@ -249,6 +259,8 @@ class G3Engine(Engine):
         self.forward.begin(gnn.activation, p, dropout_seed, training)
         self.model_layers = list(gnn.layers)
         self.wire.reset()
+        if self.stale is not None:  # evaluation sends everything
+            self.stale.training = self.phase == "" and self._training
 
     def model_hooks(self) -> dict[str, Any]:
         return {"run_layers": self.run_layers}
@@ -280,6 +292,44 @@ class G3Engine(Engine):
         layer as the backward went or in one flat all-reduce
         (:mod:`~graphwire.fullgraph.g3.sync`)."""
         self.grad_sync.collect(model)
+
+    # ----------------------------------------------------------- staleness
+    def _stale_messages(self) -> StaleMessages | None:
+        """Collective when the bound skips: every rank's halo size (for the
+        report's cache sizes)."""
+        spec, transport = self.config.spec, self.transport
+        if not spec.skips:
+            return None
+        halo_sizes = transport.all_gather_object(self.part.num_halo, "setup.plan")
+        return StaleMessages(
+            spec,
+            self.config.staleness_norm,
+            self.messages,
+            rank=transport.rank,
+            world_size=transport.world_size,
+            first=1 if self.cache_input else 0,
+            halo_sizes=halo_sizes,
+        )
+
+    def begin_epoch(self, epoch: int) -> None:
+        if self.stale is not None:
+            self.stale.begin_epoch(epoch)
+
+    def end_epoch(self) -> dict[str, Any]:
+        """The epoch's staleness report
+        (:meth:`~graphwire.fullgraph.g3.stale.StaleMessages.report`);
+        ``gap``'s flags for the next epoch go out here."""
+        stale = self.stale
+        if stale is None:
+            return {}
+        return {"staleness": self.timed(partial(stale.end_epoch, self.transport))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.stale is None else {"stale": self.stale.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.stale is not None:
+            self.stale.load_state_dict(state["stale"])
 
     # ------------------------------------------------------------------ plans
     def _halo_first(self, index: int) -> bool:

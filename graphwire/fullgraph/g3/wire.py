@@ -10,22 +10,28 @@ layer takes each as it is in (:meth:`Wire.arrivals`). The rows a rank
 computes leave bin by bin (:meth:`Wire.send_bin`) or a layer's all at once
 (:meth:`Wire.send_all`); every ``isend``, the backward's returns too
 (:meth:`Wire.send`), stays in :attr:`Wire.sends` until :meth:`Wire.drain`.
-Waits count in the engine's ``comm_s``.
+Waits count in the engine's ``comm_s``. Under ``--staleness``
+(:mod:`graphwire.fullgraph.g3.stale`) a skipped message is neither sent nor
+received: its receiver reads the rows it cached when the message last came.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 
 from graphwire.comm.base import Work
 from graphwire.fullgraph.base import Engine
 from graphwire.fullgraph.g3.messages import Messages
+from graphwire.fullgraph.g3.stale import StaleMessages
 
 __all__ = ["Wire"]
 
 Key = tuple[int, int]  # a message: (peer, sender bin)
+# A message to take in: its receive (None: the rows are the cached copy) and rows.
+_Entry = tuple[Work | None, torch.Tensor]
 
 
 class Wire:
@@ -36,6 +42,7 @@ class Wire:
         messages: how each layer's halo rows travel, input layer first.
         halo_rows: rows of layer ``l``'s halo buffer (0 for a layer that sums
             its messages straight from their receive buffers).
+        stale: the messages' staleness (None: every message every forward).
 
     Attributes:
         halo: per layer, float [halo_rows(l), width], its halo rows (halo
@@ -48,10 +55,12 @@ class Wire:
         engine: Engine,
         messages: list[Messages],
         halo_rows: Callable[[int], int],
+        stale: StaleMessages | None = None,
     ) -> None:
         self._engine, self._messages, self._halo_rows = engine, messages, halo_rows
+        self.stale = stale
         self.halo: dict[int, torch.Tensor] = {}
-        self._pending: dict[int, dict[Key, tuple[Work, torch.Tensor]]] = {}
+        self._pending: dict[int, dict[Key, _Entry]] = {}
         self.sends: list[Work] = []
 
     def reset(self) -> None:
@@ -80,8 +89,14 @@ class Wire:
         tag = self._tag(layer)
         transport = self._engine.transport
         pending = self._pending[layer] = {}
-        messages = self._messages[layer]
+        messages, stale = self._messages[layer], self.stale
+        if stale is not None:
+            stale.posted(layer, width, like)
         for key in messages.keys:
+            cached = None if stale is None else stale.incoming(layer, key)
+            if cached is not None:
+                pending[key] = (None, cached)
+                continue
             buf = like.new_empty((messages.recv_pos[key].numel(), width))
             pending[key] = (transport.irecv(buf, key[0], tag), buf)
 
@@ -99,11 +114,19 @@ class Wire:
 
         def wait() -> None:
             for key in wanted:
-                work, buf = pending.pop(key)
-                work.wait()
-                halo.index_copy_(0, recv_pos[key], buf)
+                rows = self._take(layer, key, pending.pop(key))
+                halo.index_copy_(0, recv_pos[key], rows)
 
         self._engine.timed(wait)
+
+    def _take(self, layer: int, key: Key, entry: _Entry) -> torch.Tensor:
+        """Message ``key``'s rows, once in (cached under staleness)."""
+        work, rows = entry
+        if work is not None:
+            work.wait()
+            if self.stale is not None:
+                self.stale.arrived(layer, key, rows)
+        return rows
 
     def arrivals(self, layer: int) -> Iterator[tuple[Key, torch.Tensor]]:
         """``layer``'s messages and their rows, in send order, each as it is in
@@ -111,9 +134,8 @@ class Wire:
         pending = self._pending.pop(layer, {})
         for key in self._messages[layer].keys:
             if key in pending:
-                work, rows = pending.pop(key)
-                self._engine.timed(work.wait)
-                yield key, rows
+                take = partial(self._take, layer, key, pending.pop(key))
+                yield key, self._engine.timed(take)
 
     def send_bin(self, layer: int, b: int, rows: torch.Tensor) -> None:
         """Send every peer the rows of sender bin ``b`` it reads at ``layer``;
@@ -121,18 +143,28 @@ class Wire:
         messages = self._messages[layer]
         if b not in messages.bins_sent:
             return
-        tag = self._tag(layer)
         for peer, chunks in enumerate(messages.send_rows):
             if b in chunks:
-                self.send(rows.index_select(0, chunks[b][1]), peer, tag)
+                self._send_rows(
+                    layer, peer, b, partial(rows.index_select, 0, chunks[b][1])
+                )
 
     def send_all(self, layer: int, h: torch.Tensor) -> None:
         """Send every peer all the owned rows of ``h`` it reads at ``layer``,
         message by message in send order."""
-        tag = self._tag(layer)
         for peer, chunks in enumerate(self._messages[layer].send_rows):
-            for rows, _ in chunks.values():
-                self.send(h.index_select(0, rows), peer, tag)
+            for b, (rows, _) in chunks.items():
+                self._send_rows(layer, peer, b, partial(h.index_select, 0, rows))
+
+    def _send_rows(
+        self, layer: int, peer: int, b: int, select: Callable[[], torch.Tensor]
+    ) -> None:
+        """Send ``peer`` message ``b`` of ``layer``, its rows ``select()``,
+        unless staleness keeps them home."""
+        stale = self.stale
+        rows = select() if stale is None else stale.outgoing(layer, peer, b, select)
+        if rows is not None:
+            self.send(rows, peer, self._tag(layer))
 
     def send(self, tensor: torch.Tensor, peer: int, tag: str) -> None:
         """``isend`` ``tensor`` to ``peer``; complete by :meth:`drain`."""

@@ -30,6 +30,8 @@ def test_defaults_flags_and_choices() -> None:
         "last": None,
         "bin_rows": 32768,
         "bin_mb": 256.0,
+        "staleness": "none",
+        "staleness_norm": "relative",
     }
     flags = {f.name: flag_of(f) for f in option_fields(G3Config)}
     assert flags == {
@@ -39,6 +41,8 @@ def test_defaults_flags_and_choices() -> None:
         "last": "--g3-last",
         "bin_rows": "--bin-rows",
         "bin_mb": "--bin-mb",
+        "staleness": "--staleness",
+        "staleness_norm": "--staleness-norm",
     }
     choices = {f.name: f.metadata["choices"] for f in option_fields(G3Config)}
     assert choices["mode"] == MODES == ("full", "inter", "intra", "sequential")
