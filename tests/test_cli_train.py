@@ -153,7 +153,11 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
         ),
         (
             ["--workers", "2", "--exchange", "halo", "--staleness", "epoch:1"],
-            "--staleness: only with --exchange broadcast",
+            "--staleness: only with --exchange g3 or broadcast",
+        ),
+        (
+            ["--workers", "2", "--exchange", "halo", "--staleness-norm", "max"],
+            "--staleness-norm: only with --exchange g3 or broadcast",
         ),
         (
             ["--workers", "2", "--exchange", "broadcast", "--staleness", "often"],

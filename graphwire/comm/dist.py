@@ -19,6 +19,8 @@ What each primitive runs (``W`` ranks, this rank ``r``):
   on one stream, so two ranks that each post a receive before their send (as
   G3 posts a layer's receives before its bins compute) would wait on each
   other for good; gloo posts a receive without holding up the sends.
+- ``broadcast`` / ``reduce_sum``: ``dist.broadcast`` / ``dist.reduce``
+  (:mod:`~graphwire.comm.dist_rooted`).
 - ``all_gather_object``: an ``all_gather`` of the pickled lengths (``int64
   [1]`` per rank), then one ``all_to_all_single`` of the exact pickles. Unlike
   ``dist.all_gather_object`` nothing is padded to the longest pickle, so the
@@ -53,6 +55,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from graphwire.comm import dist_rooted as rooted
 from graphwire.comm.base import (
     JoinFailed,
     Transport,
@@ -307,51 +310,18 @@ class TorchTransport(Transport):
         return out
 
     def broadcast(self, tensor: torch.Tensor, root: int, tag: str) -> None:
-        """See :meth:`Transport.broadcast`: ``torch.distributed.broadcast``."""
+        """See :meth:`Transport.broadcast` (:mod:`~graphwire.comm.dist_rooted`)."""
         self._check_open(tag)
         self._check_root(root, "broadcast", tag)
-        if self.world_size == 1:
-            return
-        staged = tensor if tensor.device == self.device else tensor.to(self.device)
-        with self.waiting("broadcast", tag):
-            try:
-                dist.broadcast(staged, src=root)
-            except RuntimeError as error:
-                self._collective_failed(f"broadcast from rank {root}", tag, error)
-        if staged is not tensor:
-            tensor.copy_(staged)
-        size = row_bytes(tensor)
-        for peer in range(self.world_size):
-            if peer == self.rank:
-                continue
-            if self.rank == root:
-                self.ledger.record_send(peer, tag, size)
-            elif peer == root:
-                self.ledger.record_recv(peer, tag, size)
+        rooted.broadcast(self, tensor, root, tag)
 
     def reduce_sum(
         self, tensor: torch.Tensor, root: int, tag: str
     ) -> torch.Tensor | None:
-        """See :meth:`Transport.reduce_sum`: ``torch.distributed.reduce``."""
+        """See :meth:`Transport.reduce_sum` (:mod:`~graphwire.comm.dist_rooted`)."""
         self._check_open(tag)
         self._check_root(root, "reduce_sum", tag)
-        if self.world_size == 1:
-            return tensor.clone()
-        # A copy: the backend may use a non-root's buffer as scratch.
-        staged = tensor.detach().to(self.device, copy=True).contiguous()
-        with self.waiting("reduce", tag):
-            try:
-                dist.reduce(staged, dst=root, op=dist.ReduceOp.SUM)
-            except RuntimeError as error:
-                self._collective_failed(f"reduce to rank {root}", tag, error)
-        size = row_bytes(tensor)
-        if self.rank != root:
-            self.ledger.record_send(root, tag, size)
-            return None
-        for peer in range(self.world_size):
-            if peer != root:
-                self.ledger.record_recv(peer, tag, size)
-        return staged.to(tensor.device)
+        return rooted.reduce_sum(self, tensor, root, tag)
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: str) -> Work:
         """See :meth:`Transport.isend`.

@@ -99,7 +99,7 @@ def test_epoch_bound_broadcasts_every_other_epoch_and_saves_the_skipped_blocks(
             stale_sent = _sent(stale[0]["records"][epoch], kind)
             blocks = [rank["sizes"][0] * width * 4 for rank in full]
             saved = [b if epoch % 2 else 0 for b in blocks]
-            assert [f - s for f, s in zip(full_sent, stale_sent)] == saved
+            assert [f - s for f, s in zip(full_sent, stale_sent, strict=True)] == saved
             # Backward gradients are never skipped.
             bwd = f"bwd.L{layer}"
             assert _sent(stale[0]["records"][epoch], bwd) == _sent(

@@ -2,7 +2,8 @@
 
 - parity: one training step on 2 (metis) and 3 (random, uneven) processes,
   halo, G3 (small bins: many pipelined isend/irecv per layer) and SANCUS's
-  broadcast (gloo broadcasts and reduces), GCN, SAGE and GAT, equals the single-process oracle of tests/fullgraph/dist_helpers.py;
+  broadcast (gloo broadcasts and reduces), GCN, SAGE and GAT, equals the
+  single-process oracle of tests/fullgraph/dist_helpers.py;
 - Cora on 4 workers (G3, metis) reaches the accuracy of one process;
 - a SIGKILLed worker ends the run with an error naming it, and no worker
   outlives the run: ``graphwire train --workers 3`` (killed from outside) and

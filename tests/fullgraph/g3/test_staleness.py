@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import graphwire.fullgraph.distributed as distributed
-from graphwire.cli import main
 from graphwire.comm.local import run_local
 from graphwire.fullgraph.broadcast import BroadcastConfig
 from graphwire.fullgraph.g3.config import G3Config
@@ -344,23 +343,3 @@ def test_staleness_options_are_the_broadcast_engines() -> None:
     assert caught.value.field == "staleness"
     with pytest.raises(OptionError, match="expected one of relative, frobenius"):
         G3Config(staleness_norm="l2")
-
-
-@pytest.mark.parametrize(
-    ("flags", "error"),
-    [
-        (["--exchange", "halo", "--staleness", "epoch:1"], "--staleness: only with"),
-        (["--exchange", "halo", "--staleness-norm", "max"], "--staleness-norm: only"),
-        (["--staleness", "gap:-1"], "--staleness: gap: the bound must be >= 0"),
-    ],
-)
-def test_the_command_line_takes_staleness_with_g3_only(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], error: str
-) -> None:
-    argv = ["train", "--dataset", str(tmp_path / "missing"), "--quiet"]
-    argv += ["--workers", "2", *flags, "--out", str(tmp_path / "run")]
-    assert main(argv) == 2
-    said = capsys.readouterr().err
-    assert error in said
-    if "only with" in error:
-        assert "only with --exchange g3 or broadcast" in said
