@@ -456,6 +456,8 @@ def _argv(args: argparse.Namespace, work: Path, job: Job) -> list[str]:
     argv = ["--model", "gcn", "--epochs", str(job.epochs), "--seed", str(job.seed)]
     argv += ["--quiet", "--threads", "1", "--timeout", str(args.collective_timeout)]
     argv += ["--dataset", str(work / f"{job.graph}-{job.workers}")]
+    if args.dropout is not None:
+        argv += ["--dropout", f"{args.dropout:g}"]
     return [*argv, "--workers", str(job.workers), *VARIANTS[job.variant]]
 
 
@@ -535,13 +537,17 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     names = {"synthetic": f"synthetic {args.nodes:,} nodes F={args.features}"}
     names["cora"] = "Cora 2,708 nodes"
     epochs = {"synthetic": args.epochs, "cora": args.cora_epochs}
+    dropout = 0.5 if args.dropout is None else args.dropout
     print(
-        f"\nGCN (2 layers, hidden 16), METIS parts, 1 thread per worker on "
-        f"{os.cpu_count()} CPUs, seeds {args.seeds}; load average now "
+        f"\nGCN (2 layers, hidden 16, dropout {dropout:g}), METIS parts, 1 thread "
+        f"per worker on {os.cpu_count()} CPUs, seeds {args.seeds}; load average now "
         f"{os.getloadavg()[0]:.1f}"
     )
     tables = {}
-    for (graph, workers), variants in sorted(runs.items(), key=lambda kv: kv[0]):
+    order = {key: index for index, key in enumerate(GRAPHS)}
+    for (graph, workers), variants in sorted(
+        runs.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])
+    ):
         link = (
             f"{args.rate_mbit:g} Mbit/s shared loopback (tbf)"
             if workers == TIMED_WORKERS
@@ -613,6 +619,12 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds", default="0", help="seeds, each variant runs with each (default 0)"
     )
     parser.add_argument(
+        "--dropout",
+        type=float,
+        help="dropout of every run (default GCN's 0.5); each epoch's new masks "
+        "move the broadcast rows, which gap:X measures",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         help="timing rounds at 2 workers on the synthetic graph, the accuracy "
@@ -644,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     args.seeds = _list(parser, "--seeds", args.seeds, int)
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds: expected integers >= 0, got {args.seeds}")
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        parser.error(f"--dropout: expected a number in [0, 1), got {args.dropout}")
     graphs = args.graphs or ("synthetic" if args.quick else ",".join(GRAPHS))
     args.graphs = _list(parser, "--graphs", graphs, str)
     if not set(args.graphs) <= set(GRAPHS) or len(set(args.graphs)) < len(args.graphs):

@@ -186,6 +186,7 @@ def test_timed_runs_are_two_workers_and_the_rounds_alternate() -> None:
         (["--seeds", "-1"], "--seeds: expected integers >= 0"),
         (["--quick", "--epochs", "1"], "--epochs: expected an integer >= 2, got 1"),
         (["--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
+        (["--dropout", "1"], "--dropout: expected a number in [0, 1), got 1.0"),
         (["--rate-mbit", "0"], "--rate-mbit: expected a number > 0, got 0.0"),
         (["--cora", "/nowhere/cora"], "--cora /nowhere/cora: no /nowhere/ind.cora.x"),
     ],
