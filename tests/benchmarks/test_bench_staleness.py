@@ -227,3 +227,14 @@ def test_quick_runs_a_few_variants_on_the_small_graph(monkeypatch) -> None:
         ["synthetic", "cora"],
     )
     assert full.only == ["g3", "g3+A1"] and full.workers == [2, 4]
+
+
+def test_checks_of_variants_not_run_print_nothing_or_say_what_is_missing(
+    capsys,
+) -> None:
+    rows = _rows(g3=[_run(4, 4, 0.8)], **{"g3+E1": [_run(2, 4, 0.8)]})
+    bench_staleness._check_broadcast_cut("s", rows)
+    bench_staleness._check_skipg("s", rows)
+    assert capsys.readouterr().out == ""
+    bench_staleness._check_broadcast_cut("s", _rows(**{"SCS-E1": [_run(2, 4, 0.8)]}))
+    assert capsys.readouterr().out.strip().endswith("n/a (needs CAGNET)")
