@@ -35,19 +35,27 @@ TRAIN = ["train", "--model", "sage", "--exchange", "g3", "--bin-rows", "64"]
 TRAIN += ["--epochs", "4", "--seed", "1", "--quiet", "--timeout", "120"]
 
 
-def _spawned_g3(
+def _g3_on_parts(
     capfd: Capture, tmp_path: Path, workers: int, *flags: str
-) -> tuple[list[str], dict[str, str]]:
-    """METIS parts of SPEC for ``workers`` ranks; the ``graphwire train``
-    arguments (:data:`TRAIN` on them, and ``flags``) and the summary of the
-    run with ``--workers`` (both in this process)."""
+) -> list[str]:
+    """METIS parts of SPEC for ``workers`` ranks (split in this process) and
+    the ``graphwire train`` arguments to train on them: :data:`TRAIN`, and
+    ``flags``."""
     parts = tmp_path / "parts"
     split = graphwire(
         capfd, "partition", "--dataset", SPEC, "--method", "metis",
         "--parts", str(workers), "--out", str(parts),
     )  # fmt: skip
     assert split.returncode == 0, split.stderr[-3000:]
-    common = [*TRAIN, "--dataset", str(parts), *flags]
+    return [*TRAIN, "--dataset", str(parts), *flags]
+
+
+def _spawned_g3(
+    capfd: Capture, tmp_path: Path, workers: int, *flags: str
+) -> tuple[list[str], dict[str, str]]:
+    """:func:`_g3_on_parts`' arguments and the summary of their run with
+    ``--workers`` (in this process)."""
+    common = _g3_on_parts(capfd, tmp_path, workers, *flags)
     spawned = graphwire(
         capfd, *common, "--workers", str(workers), "--out", str(tmp_path / "spawned")
     ).summary()
@@ -396,7 +404,7 @@ def test_replicate_reports_the_rows_it_holds_and_recomputes(
     from graphwire.partition import load_part
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # 2 cores
-    common, _ = _spawned_g3(capfd, tmp_path, 2)
+    common = _g3_on_parts(capfd, tmp_path, 2)
     common[common.index("g3")] = "replicate"
     del common[common.index("--bin-rows") : common.index("--bin-rows") + 2]
     ran = graphwire(
