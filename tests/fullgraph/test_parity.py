@@ -13,6 +13,9 @@ happen in a different order than in one process; nothing else differs.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +29,7 @@ from graphwire.partition import (
     load_part,
     write_partitioned,
 )
+from graphwire.run.config import TrainConfig
 from tests.fullgraph.dist_helpers import (
     config_for,
     run_dist_steps,
@@ -60,6 +64,36 @@ def graph():
     return small_graph()
 
 
+@pytest.fixture(scope="module")
+def oracle(graph) -> Callable[[TrainConfig], dict[str, Any]]:
+    """``config -> single_step(graph, config)``, computed once per config for
+    the module (the tests only read it)."""
+    steps: dict[str, dict[str, Any]] = {}
+
+    def step(config: TrainConfig) -> dict[str, Any]:
+        if repr(config) not in steps:
+            steps[repr(config)] = single_step(graph, config)
+        return steps[repr(config)]
+
+    return step
+
+
+@pytest.fixture(scope="module")
+def parts(graph, tmp_path_factory) -> Callable[..., Path]:
+    """``(num_parts, method, node_order="id") -> write_parts(graph, ...)``,
+    written once per split for the module (the ranks only read them)."""
+    root = tmp_path_factory.mktemp("parts")
+    folders: dict[tuple[int, str, str], Path] = {}
+
+    def folder(num_parts: int, method: str, node_order: str = "id") -> Path:
+        key = (num_parts, method, node_order)
+        if key not in folders:
+            folders[key] = write_parts(graph, num_parts, root, method, node_order)
+        return folders[key]
+
+    return folder
+
+
 # One part has no halo: what shapes the exchange (modes, orders, syncs) has
 # nothing to act on, so one of each engine runs there.
 ONE_PART = [
@@ -79,17 +113,17 @@ ONE_PART = [
 )
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
 def test_engine_matches_single_process(
-    graph, tmp_path, exchange, options, model, num_parts
+    oracle, parts, exchange, options, model, num_parts
 ):
     config = config_for(model)
-    oracle = single_step(graph, config)
+    single = oracle(config)
     method = "random" if num_parts == 3 else "metis"  # 3: uneven, many halo rows
     # 3 parts number their nodes in reverse Cuthill-McKee order (the CLI's
     # default), the others by ID: the oracle's order is the graph's.
     order = "rcm" if num_parts == 3 else "id"
-    folder = write_parts(graph, num_parts, tmp_path, method, order)
+    folder = parts(num_parts, method, order)
     ranks = run_dist_steps(folder, num_parts, config, exchange, options)
-    _assert_matches(ranks, oracle)
+    _assert_matches(ranks, single)
     if exchange == "g3" and num_parts > 1:
         # GCN's and SAGE's last layers sum message by message unless told or
         # unable to (GAT's softmax needs every source row first).
@@ -119,19 +153,19 @@ def test_engine_matches_single_process(
 )
 @pytest.mark.parametrize("num_parts", [2, 3])
 def test_gat_attention_dropout_matches_single_process(
-    graph, tmp_path, exchange, options, num_parts
+    oracle, parts, exchange, options, num_parts
 ):
     """GAT with attention dropout 0.6 (and feature dropout 0.6): the engines
     hash each edge's mask from its global endpoints, as the single process
     does, so the parity holds at the same tolerance (only sums reorder)."""
     config = config_for("gat", attn_dropout=0.6)
-    oracle = single_step(graph, config)
-    without = single_step(graph, config_for("gat"))
-    assert not torch.allclose(oracle["logits"], without["logits"])  # it drops
+    single = oracle(config)
+    without = oracle(config_for("gat"))
+    assert not torch.allclose(single["logits"], without["logits"])  # it drops
     method = "random" if num_parts == 3 else "metis"
-    folder = write_parts(graph, num_parts, tmp_path, method)
+    folder = parts(num_parts, method)
     ranks = run_dist_steps(folder, num_parts, config, exchange, options)
-    _assert_matches(ranks, oracle)
+    _assert_matches(ranks, single)
 
 
 def test_one_row_bins_match_single_process_on_cora(cora_dir, tmp_path) -> None:
@@ -178,7 +212,7 @@ def test_one_row_bins_match_single_process_on_cora(cora_dir, tmp_path) -> None:
 @pytest.mark.parametrize("model", ["gcn", "sage"])
 @pytest.mark.parametrize("num_parts", [2, 3])
 def test_g3_input_bins_reading_the_whole_table_match_single_process(
-    graph, tmp_path, options, model, num_parts
+    oracle, parts, options, model, num_parts
 ):
     """A hidden width above the input's: the input layer aggregates its rows
     before transforming them, so G3's input bins read the whole [owned; halo]
@@ -186,11 +220,11 @@ def test_g3_input_bins_reading_the_whole_table_match_single_process(
     from dataclasses import replace
 
     config = replace(config_for(model), hidden=16)  # the graph has 12 features
-    oracle = single_step(graph, config)
+    single = oracle(config)
     method = "random" if num_parts == 3 else "metis"
-    folder = write_parts(graph, num_parts, tmp_path, method)
+    folder = parts(num_parts, method)
     ranks = run_dist_steps(folder, num_parts, config, "g3", options)
-    _assert_matches(ranks, oracle)
+    _assert_matches(ranks, single)
     for rank in ranks:
         assert rank["counters"]["bins.in_place"] == rank["counters"]["bins.L0"]
         assert rank["counters"]["proj.table"] == 0  # it aggregates first
@@ -210,6 +244,16 @@ def _assert_matches(ranks, oracle) -> None:
             torch.testing.assert_close(rank["grads"][name], grad, **TOL)
 
 
+@pytest.fixture(scope="module")
+def empty_part(graph, tmp_path_factory) -> Path:
+    """The graph's 3 METIS parts as 4: part 3 owns no node."""
+    three = get_partitioner("metis").partition(graph, 3, seed=0)
+    partition = Partition(assignment=three.assignment, num_parts=4)
+    return write_partitioned(
+        graph, partition, tmp_path_factory.mktemp("empty") / "empty-part"
+    )
+
+
 @pytest.mark.parametrize(
     ("exchange", "options"),
     [
@@ -223,7 +267,7 @@ def _assert_matches(ranks, oracle) -> None:
 )
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat", "gat-averaged-heads"])
 def test_a_rank_that_owns_no_nodes_takes_part(
-    graph, tmp_path, exchange, options, model
+    oracle, empty_part, exchange, options, model
 ):
     """Four ranks over a 3-way split: rank 3 owns no node, yet joins every
     exchange and gradient sum, and the others still match the oracle; its
@@ -234,19 +278,16 @@ def test_a_rank_that_owns_no_nodes_takes_part(
     config = config_for(model.removesuffix("-averaged-heads"))
     if model.endswith("-averaged-heads"):
         config = replace(config, out_heads=2)
-    oracle = single_step(graph, config)
-    three = get_partitioner("metis").partition(graph, 3, seed=0)
-    partition = Partition(assignment=three.assignment, num_parts=4)
-    folder = write_partitioned(graph, partition, tmp_path / "empty-part")
-    ranks = run_dist_steps(folder, 4, config, exchange, options)
+    single = oracle(config)
+    ranks = run_dist_steps(empty_part, 4, config, exchange, options)
     assert ranks[3]["orig_nid"].numel() == 0
-    assert ranks[3]["logits"].shape == (0, oracle["logits"].shape[1])
-    _assert_matches(ranks, oracle)
+    assert ranks[3]["logits"].shape == (0, single["logits"].shape[1])
+    _assert_matches(ranks, single)
 
 
 @pytest.mark.parametrize("exchange", ["halo", "g3"])
 def test_eval_every_matches_single_process_and_skips_the_eval_traffic(
-    tmp_path, exchange
+    graph, parts, exchange
 ) -> None:
     """With ``eval_every=2`` over 3 epochs, distributed training evaluates
     after epochs 1 and 2 only, with the single-process accuracies, and sends
@@ -257,8 +298,7 @@ def test_eval_every_matches_single_process_and_skips_the_eval_traffic(
     from graphwire.fullgraph.distributed import train_distributed
     from graphwire.fullgraph.trainer import train_fullgraph
 
-    graph = small_graph()
-    folder = write_parts(graph, 2, tmp_path, "metis")
+    folder = parts(2, "metis")
     config = replace(config_for("gcn"), epochs=3, eval_every=2)
 
     def train(transport):
@@ -282,7 +322,9 @@ def test_eval_every_matches_single_process_and_skips_the_eval_traffic(
     assert [r.epoch for r in records if config.evaluates(r.epoch)] == [1, 2]
 
 
-def test_a_run_resumed_after_an_epoch_without_evaluation_goes_on(tmp_path) -> None:
+def test_a_run_resumed_after_an_epoch_without_evaluation_goes_on(
+    parts, tmp_path
+) -> None:
     """Checkpoints keep the records of epochs without an evaluation (null
     accuracies); a resumed run reads them back as such and ends as the
     uninterrupted run does."""
@@ -291,7 +333,7 @@ def test_a_run_resumed_after_an_epoch_without_evaluation_goes_on(tmp_path) -> No
     from graphwire.fullgraph.distributed import train_distributed
     from graphwire.run.checkpoint import CheckpointConfig
 
-    folder = write_parts(small_graph(), 2, tmp_path, "metis")
+    folder = parts(2, "metis")
     config = replace(config_for("gcn"), epochs=3, eval_every=2)
 
     def train(transport, epochs, checkpoint, restored=None):
@@ -332,7 +374,7 @@ def test_a_run_resumed_after_an_epoch_without_evaluation_goes_on(tmp_path) -> No
     ids=repr,
 )
 def test_returning_only_the_read_gradients_changes_no_bit(
-    tmp_path, exchange, options, model, layers
+    parts, exchange, options, model, layers
 ) -> None:
     """The halo gradients the loss cannot reach (in the output layer, those
     of rows no training row reads; below, those of rows no such row reads)
@@ -341,7 +383,7 @@ def test_returning_only_the_read_gradients_changes_no_bit(
     row (``loss_rows=None``), with fewer backward bytes in every layer."""
     from dataclasses import replace
 
-    folder = write_parts(small_graph(), 3, tmp_path, "random")
+    folder = parts(3, "random")
     config = replace(config_for(model), num_layers=layers, fanouts=[5] * layers)
     pruned = run_dist_steps(folder, 3, config, exchange, options)
     every = run_dist_steps(folder, 3, config, exchange, {**options, "loss_rows": None})
@@ -365,7 +407,7 @@ def test_returning_only_the_read_gradients_changes_no_bit(
             assert back(pruned, layer) < returned, layer
 
 
-def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path) -> None:
+def test_a_run_that_stopped_early_stays_stopped_when_resumed(parts, tmp_path) -> None:
     """The epoch that stops a run early is also a checkpoint's: a resume of
     the finished run (a job script may always pass --resume) used to train on
     from there. It trains nothing now, and a larger patience goes on."""
@@ -374,7 +416,7 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path) -> None:
     from graphwire.fullgraph.distributed import train_distributed
     from graphwire.run.checkpoint import CheckpointConfig
 
-    folder = write_parts(small_graph(), 2, tmp_path, "metis")
+    folder = parts(2, "metis")
     config = replace(config_for("gcn"), epochs=40, patience=1)
     saved = str(tmp_path / "ckpt")
 
@@ -421,9 +463,7 @@ def _rowwise_copy(weights: dict, num_features: int, num_classes: int) -> GNN:
 
 
 @pytest.mark.parametrize("num_parts", [2, 3])
-def test_g3_runs_a_layer_of_the_users_own_that_it_cannot_split(
-    graph, tmp_path, num_parts
-):
+def test_g3_runs_a_layer_of_the_users_own_that_it_cannot_split(graph, parts, num_parts):
     """A layer with neither ``project`` nor ``propagate`` runs whole in every
     bin: G3's cached input layer gathers each bin's source rows, its halo rows
     dropped out once per forward by the first bin that reads them, and the
@@ -433,7 +473,7 @@ def test_g3_runs_a_layer_of_the_users_own_that_it_cannot_split(
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     oracle = single_step(graph, config_for("gcn"), model)
     method = "random" if num_parts == 3 else "metis"
-    folder = write_parts(graph, num_parts, tmp_path, method)
+    folder = parts(num_parts, method)
     copy = functools.partial(_rowwise_copy, weights)
     options = {"bin_rows": 16}
     ranks = run_dist_steps(folder, num_parts, config_for("gcn"), "g3", options, copy)

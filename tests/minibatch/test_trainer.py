@@ -13,7 +13,7 @@ from graphwire.graph.graph import Graph
 from graphwire.graph.planetoid import load_planetoid
 from graphwire.minibatch.trainer import train_minibatch
 from graphwire.run.config import TrainConfig
-from graphwire.run.training import EpochRecord
+from graphwire.run.training import EpochRecord, TrainResult
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +41,21 @@ def test_same_seed_gives_identical_runs(cora: Graph, model: str) -> None:
         assert torch.equal(tensor, two.state_dict[name]), name
 
 
-def test_records_and_time_split(cora: Graph) -> None:
+SHORT = TrainConfig(model="sage", epochs=3, batch_size=50, fanouts=[2, 3])
+
+
+@pytest.fixture(scope="module")
+def short_run(cora: Graph) -> tuple[TrainResult, list[EpochRecord]]:
+    """:data:`SHORT` trained once for the module, and the records its epoch
+    callback was given."""
     seen: list[EpochRecord] = []
-    config = TrainConfig(model="sage", epochs=3, batch_size=50, fanouts=[2, 3])
-    result = train_minibatch(cora, config, on_epoch=seen.append)
+    return train_minibatch(cora, SHORT, on_epoch=seen.append), seen
+
+
+def test_records_and_time_split(
+    short_run: tuple[TrainResult, list[EpochRecord]],
+) -> None:
+    result, seen = short_run
     assert result.epochs_run == 3 == len(seen)
     for record in seen:
         assert set(record.times) == {"sample_s", "forward_s", "backward_s", "eval_s"}
@@ -52,10 +63,11 @@ def test_records_and_time_split(cora: Graph) -> None:
         assert record.loss > 0
 
 
-def test_eval_every_skips_evaluation_but_not_training(cora: Graph) -> None:
-    config = TrainConfig(model="sage", epochs=3, batch_size=50, fanouts=[2, 3])
-    every = train_minibatch(cora, config)
-    sparse = train_minibatch(cora, replace(config, eval_every=2))
+def test_eval_every_skips_evaluation_but_not_training(
+    cora: Graph, short_run: tuple[TrainResult, list[EpochRecord]]
+) -> None:
+    every, _ = short_run  # evaluated every epoch
+    sparse = train_minibatch(cora, replace(SHORT, eval_every=2))
     assert [r.loss for r in sparse.records] == [r.loss for r in every.records]
     assert math.isnan(sparse.records[0].val_acc)
     for epoch in (1, 2):  # every 2nd epoch, and the last

@@ -35,19 +35,27 @@ TRAIN = ["train", "--model", "sage", "--exchange", "g3", "--bin-rows", "64"]
 TRAIN += ["--epochs", "4", "--seed", "1", "--quiet", "--timeout", "120"]
 
 
-def _spawned_g3(
+def _g3_on_parts(
     capfd: Capture, tmp_path: Path, workers: int, *flags: str
-) -> tuple[list[str], dict[str, str]]:
-    """METIS parts of SPEC for ``workers`` ranks; the ``graphwire train``
-    arguments (:data:`TRAIN` on them, and ``flags``) and the summary of the
-    run with ``--workers`` (both in this process)."""
+) -> list[str]:
+    """METIS parts of SPEC for ``workers`` ranks (split in this process) and
+    the ``graphwire train`` arguments to train on them: :data:`TRAIN`, and
+    ``flags``."""
     parts = tmp_path / "parts"
     split = graphwire(
         capfd, "partition", "--dataset", SPEC, "--method", "metis",
         "--parts", str(workers), "--out", str(parts),
     )  # fmt: skip
     assert split.returncode == 0, split.stderr[-3000:]
-    common = [*TRAIN, "--dataset", str(parts), *flags]
+    return [*TRAIN, "--dataset", str(parts), *flags]
+
+
+def _spawned_g3(
+    capfd: Capture, tmp_path: Path, workers: int, *flags: str
+) -> tuple[list[str], dict[str, str]]:
+    """:func:`_g3_on_parts`' arguments and the summary of their run with
+    ``--workers`` (in this process)."""
+    common = _g3_on_parts(capfd, tmp_path, workers, *flags)
     spawned = graphwire(
         capfd, *common, "--workers", str(workers), "--out", str(tmp_path / "spawned")
     ).summary()
@@ -96,32 +104,38 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
         )
         for name, argv in argvs.items()
     }
-    stderrs, killed, ended = {}, {}, {}
+    stderrs, ended = {}, {}
+    workers: dict[str, list[psutil.Process]] = {}
+    frozen: dict[str, psutil.Process] = {}
     try:
+        deadline = time.monotonic() + 120
         for name, run in runs.items():
             partial = outs[name] / "metrics.jsonl.partial"
-            deadline = time.monotonic() + 120
             while _epoch_lines(partial) < 3 + 2 * STREAMED[name][1]:
                 assert run.poll() is None, _read(errs[name])[-3000:]
                 assert time.monotonic() < deadline, f"{name}: no epochs in 120 s"
                 time.sleep(0.2)
             # The worker not writing the file: rank 1.
-            workers = worker_children(run.pid)
-            writing = [w for w in workers if str(partial) in _open_paths(w)]
-            assert len(workers) == 2 and len(writing) == 1, name
-            frozen = next(w for w in workers if w not in writing)
-            time.sleep(1.0)  # two heartbeats: where it is, told (every 0.5 s)
-            frozen.suspend()
+            workers[name] = worker_children(run.pid)
+            writing = [w for w in workers[name] if str(partial) in _open_paths(w)]
+            assert len(workers[name]) == 2 and len(writing) == 1, name
+            frozen[name] = next(w for w in workers[name] if w not in writing)
+        # Both runs' rank 1 frozen, told of and killed at once (the waits overlap).
+        time.sleep(1.0)  # two heartbeats: where it is, told (every 0.5 s)
+        for worker in frozen.values():
+            worker.suspend()
+        for name in runs:
             while "stopped beating" not in _read(errs[name]):
                 assert time.monotonic() < deadline + 60, f"{name}: no stall notice"
                 time.sleep(0.2)
-            time.sleep(2.5)  # a second notice of the same wait would come by now
-            frozen.kill()
-            killed[name] = (time.monotonic(), workers)
+        time.sleep(2.5)  # a second notice of the same wait would come by now
+        for worker in frozen.values():
+            worker.kill()
+        killed_at = time.monotonic()
         for name, run in runs.items():
             run.communicate(timeout=120)
             stderrs[name] = _read(errs[name])
-            ended[name] = time.monotonic() - killed[name][0]
+            ended[name] = time.monotonic() - killed_at
     finally:
         for run in runs.values():
             if run.poll() is None:  # SIGTERM: the launcher stops its workers
@@ -132,7 +146,7 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
                     run.kill()
                     run.communicate()
     for name in STREAMED:
-        stderr, (_, workers) = stderrs[name], killed[name]
+        stderr = stderrs[name]
         assert runs[name].returncode == 1, (name, stderr[-3000:])
         notices = [line for line in stderr.splitlines() if "has waited" in line]
         assert len(notices) == 1, stderr
@@ -146,7 +160,7 @@ def test_rank_0_streams_its_epochs_and_a_late_failure_leaves_them(
         assert len(lines) == 1, stderr
         assert lines[0].startswith("graphwire: error: rank 1 was killed by SIGKILL")
         assert ended[name] < 30.0, (name, ended[name])
-        _, alive = psutil.wait_procs(workers, timeout=10)
+        _, alive = psutil.wait_procs(workers[name], timeout=10)
         assert alive == [], name
     for name, (_, resumed) in STREAMED.items():
         _check_stream(
@@ -396,7 +410,7 @@ def test_replicate_reports_the_rows_it_holds_and_recomputes(
     from graphwire.partition import load_part
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # 2 cores
-    common, _ = _spawned_g3(capfd, tmp_path, 2)
+    common = _g3_on_parts(capfd, tmp_path, 2)
     common[common.index("g3")] = "replicate"
     del common[common.index("--bin-rows") : common.index("--bin-rows") + 2]
     ran = graphwire(

@@ -187,7 +187,11 @@ def test_full_fanout_takes_every_in_edge_and_weights_follow() -> None:
 def test_sampled_weights_make_unbiased_sums() -> None:
     """A weighted sum over a destination's sampled in-edges estimates its sum
     over all of them: each kept edge's weight is scaled by in-degree / kept
-    (without it, fanout 3 of ~30 edges sums to a tenth of the full graph's)."""
+    (without it, fanout 3 of ~30 edges sums to a tenth of the full graph's).
+
+    40 disjoint copies of one 40-node graph, its weights on each: one call
+    draws each node's edges 40 times independently, so 50 calls give every
+    node 2000 draws."""
     graph = _random_graph(40, 1200, seed=8)
     # Seeded: drawn from torch's global generator, the weights (and whether
     # the 5% held) depended on the tests run before this one.
@@ -195,22 +199,29 @@ def test_sampled_weights_make_unbiased_sums() -> None:
     full = torch.zeros(graph.num_nodes).index_add_(
         0, torch.repeat_interleave(torch.arange(40), graph.in_degrees()), weight
     )
-    sampler = UniformNeighborSampler(graph, [3], edge_weight=weight)
-    seeds = torch.arange(40)
+    copies, calls = 40, 50
+    src, dst = graph.edge_index()
+    shift = torch.arange(copies).repeat_interleave(graph.num_edges) * 40
+    copied = Graph.from_edge_index(
+        src.repeat(copies) + shift, dst.repeat(copies) + shift, num_nodes=40 * copies
+    )
+    # Edge e of copy c is edge e of the graph: its weight is weight[e].
+    assert torch.equal(copied.indices, graph.indices.repeat(copies) + shift)
+    sampler = UniformNeighborSampler(copied, [3], edge_weight=weight.repeat(copies))
+    seeds = torch.arange(40 * copies)
     total = torch.zeros(40, dtype=torch.float64)
-    draws = 2000  # the mean's spread: about 1% of the sum, so 5% is 4-5 of it
-    for draw in range(draws):
-        block = sampler.sample(seeds, draw).blocks[0]
+    draws = copies * calls  # the mean's spread: about 1% of the sum, so 5% is 4-5
+    for call in range(calls):
+        block = sampler.sample(seeds, call).blocks[0]
         assert block.edge_weight is not None
-        total += (
-            torch.zeros(40)
-            .index_add_(0, block.dst_of_edges, block.edge_weight)
-            .double()
+        sums = torch.zeros(40 * copies).index_add_(
+            0, block.dst_of_edges, block.edge_weight
         )
+        total += sums.double().view(copies, 40).sum(0)
     torch.testing.assert_close(total / draws, full.double(), rtol=0.05, atol=0.0)
     # Where a destination keeps every in-edge its weights are the graph's.
     everything = UniformNeighborSampler(graph, [100], edge_weight=weight)
-    block = everything.sample(seeds).blocks[0]
+    block = everything.sample(torch.arange(40)).blocks[0]
     assert block.edge_weight is not None
     assert torch.equal(block.edge_weight, weight[block.eid])
 
