@@ -409,7 +409,8 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(
     assert len(ran[0]) < config.epochs  # it stopped early
     resume = dataclasses.replace(saving, resume=True)
     assert epochs(resume) == ran
-    assert len(epochs(resume, patience=30)[0]) > len(ran[0])
+    # Patience 2, one above the run's: at least one more epoch, often one.
+    assert len(epochs(resume, patience=2)[0]) > len(ran[0])
 
 
 def test_an_early_stop_ends_a_prefetcher_that_ran_two_epochs_ahead(
