@@ -378,6 +378,8 @@ def _check_records(out: Path, summary: dict[str, str], world: int, epochs: int) 
         "order": "priority",
         "sync": "layer",
         "last": None,
+        "staleness": "none",
+        "staleness_norm": "relative",
     }
     kinds = [r["kind"] for r in records]
     ranks = ["setup"] * world + ["epoch"] * (epochs * world) + ["teardown"] * world
