@@ -149,7 +149,6 @@ class BroadcastEngine(Engine):
         part, transport = self.part, self.transport
         config: BroadcastConfig = self.config
         self.offsets = part.offsets.to(torch.int64).tolist()
-        self.num_nodes = self.offsets[-1]
         self._mg = local_message_graph(part, self.plan, transport, self.kind)
         # Where each root's block lands: the halo positions its rows fill and
         # their rows within the block (a rank keeps only the rows it reads).
