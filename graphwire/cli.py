@@ -110,6 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(train)
     train.set_defaults(handler=_handler("graphwire.commands.train", "run"))
 
+    switch = commands.add_parser(
+        "switch", help="run the emulated switch of --exchange switch (one run)"
+    )
+    switch.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="address to listen on (default 127.0.0.1:0: loopback, any port; "
+        "the address is printed)",
+    )
+    switch.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    switch.set_defaults(handler=_handler("graphwire.commands.switch", "run"))
+
     bench = commands.add_parser(
         "bench", help="run a benchmark: its figures beside their targets or references"
     )

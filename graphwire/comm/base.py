@@ -75,7 +75,11 @@ class Transport(ABC):
         ledger: what this rank has sent and received.
         phase: where the run is (``"setup"``, ``"epoch 21"``), set by the
             trainer: a rank held up in a call says so (:meth:`waiting`).
+        timeout_s: how long one call may wait on a peer (what other
+            channels, such as the switch's socket, wait at most too).
     """
+
+    timeout_s = 300.0
 
     def __init__(self, rank: int, world_size: int) -> None:
         if not 0 <= rank < world_size:

@@ -108,6 +108,7 @@ class TorchTransport(Transport):
         self.device = ctx.device
         self.check_splits = check_splits
         self._timeout = timedelta(seconds=ctx.timeout_s)
+        self.timeout_s = float(ctx.timeout_s)
         self._owns_group = owns_group
         self._closed = False
         self._stall: StallWatch | None = None

@@ -25,6 +25,7 @@ __all__ = [
     "LedgerWindows",
     "ledger_delta",
     "merge",
+    "recv_between",
     "sent_between",
 ]
 
@@ -160,6 +161,18 @@ def sent_between(
         delta = num_bytes - old.get((dst, tag), 0)
         if delta:
             yield dst, tag, delta
+
+
+def recv_between(
+    before: Mapping[str, Any], after: Mapping[str, Any]
+) -> Iterator[tuple[int, str, int]]:
+    """``(src, tag, bytes)`` a rank received between two of its ledger's
+    snapshots. Each ``(src, tag)`` that received bytes comes once."""
+    old = {(r[0], r[2]): r[3] for r in before["recv"]}
+    for src, _, tag, num_bytes, _ in after["recv"]:
+        delta = num_bytes - old.get((src, tag), 0)
+        if delta:
+            yield src, tag, delta
 
 
 def ledger_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:

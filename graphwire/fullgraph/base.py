@@ -346,6 +346,10 @@ class Engine(ABC):
         """Restore :meth:`state_dict`'s state (a resumed run)."""
         del state
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the engine holds outside the process (called once,
+        after the last epoch; default: nothing)."""
+
     # ------------------------------------------------------------- accounting
     def timed(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` and add its wall time to ``comm_s``."""

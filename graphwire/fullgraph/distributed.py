@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
-from graphwire.comm.ledger import LedgerWindows, sent_between
+from graphwire.comm.ledger import LedgerWindows, recv_between, sent_between
 from graphwire.fullgraph.base import Engine
 from graphwire.fullgraph.engines import EXCHANGES
 from graphwire.graph.seeds import derive_seed
@@ -290,6 +290,7 @@ def train_distributed(
         stopped = bool(metrics) and best.update(epoch, metrics, model)
         if checkpoint is not None and checkpoint.due(epoch, config.epochs, stopped):
             _save(checkpoint, epoch, transport, engine, model, optimizer, best, records)
+    engine.close()
     transport.phase = "teardown"
     ledger = transport.ledger.snapshot()
     phases["teardown"] = phase_record(windows.cut(ledger), ended)
@@ -329,7 +330,14 @@ def traffic_by_rank(
             tag = "sync.grad"
         k = position.get(tag, len(kinds) - 1)
         counts[0, k, transport.rank] += delta
-        counts[1, k, dst] += delta
+        if dst < transport.world_size:
+            counts[1, k, dst] += delta
+    # Peers past the last rank (the switch process) send to this rank only:
+    # what it received from them is its own to count.
+    for src, tag, delta in recv_between(before, after):
+        if src >= transport.world_size:
+            k = position.get(tag, len(kinds) - 1)
+            counts[1, k, transport.rank] += delta
     total = transport.all_reduce_sum(counts, "sync.metrics").to(torch.int64)
     return {
         kind: {"sent": total[0, k].tolist(), "recv": total[1, k].tolist()}

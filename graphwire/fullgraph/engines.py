@@ -8,6 +8,7 @@ from graphwire.fullgraph.g3.config import G3Config
 from graphwire.fullgraph.g3.engine import G3Engine
 from graphwire.fullgraph.halo import HaloConfig, HaloEngine
 from graphwire.fullgraph.replicate import ReplicateConfig, ReplicateEngine
+from graphwire.fullgraph.switch import SwitchConfig, SwitchEngine
 from graphwire.run.registry import Registry
 
 __all__ = ["EXCHANGES"]
@@ -40,4 +41,11 @@ EXCHANGES.register(
     BroadcastConfig,
     about="SANCUS/CAGNET: every block of rows broadcast per layer, skipped "
     "while its cached copies are within --staleness",
+)
+EXCHANGES.register(
+    "switch",
+    SwitchEngine,
+    SwitchConfig,
+    about="SwitchGNN: each boundary row once to an emulated switch that sums it "
+    "into the aggregators of the rows that read it",
 )

@@ -14,7 +14,7 @@ from graphwire.nn.base import MessageGraph
 from graphwire.nn.models import LayerKind
 from graphwire.partition.local import LocalPart
 
-__all__ = ["local_message_graph", "with_self_loops"]
+__all__ = ["global_out_degrees", "local_message_graph", "with_self_loops"]
 
 
 def local_message_graph(
@@ -35,14 +35,28 @@ def local_message_graph(
         indptr, indices = with_self_loops(indptr, indices, n)
     weight = None
     if kind.gcn_weights:
-        partial = torch.bincount(indices, minlength=part.num_local)
-        owned = partial[:n] + plan.scatter_grad(partial[n:], transport, "setup.degree")
-        halo = plan.gather_halo(owned, transport, "setup.degree")
-        out_deg = torch.cat([owned, halo]).clamp(min=1).to(torch.float32)
+        out_deg = global_out_degrees(part, plan, transport, indices)
+        out_deg = out_deg.clamp(min=1).to(torch.float32)
         in_deg = (indptr[1:] - indptr[:-1]).clamp(min=1).to(torch.float32)
         dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
         weight = (out_deg[indices] * in_deg[dst]).rsqrt()
     return MessageGraph(indptr, indices, part.num_local, n, weight)
+
+
+def global_out_degrees(
+    part: LocalPart, plan: ExchangePlan, transport: Transport, indices: torch.Tensor
+) -> torch.Tensor:
+    """int64 [num_local]: every local row's out-degree in the whole graph.
+
+    ``indices`` are the source rows of the part's in-edges (owned then halo
+    rows); each part sees only its share of a row's out-edges, so the halo
+    shares are summed at their owners and the totals sent back (collective,
+    tag ``setup.degree``)."""
+    n = part.num_owned
+    partial = torch.bincount(indices, minlength=part.num_local)
+    owned = partial[:n] + plan.scatter_grad(partial[n:], transport, "setup.degree")
+    halo = plan.gather_halo(owned, transport, "setup.degree")
+    return torch.cat([owned, halo])
 
 
 def with_self_loops(

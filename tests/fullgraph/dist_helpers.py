@@ -131,6 +131,7 @@ def dist_step(
     sizes = (part.x.shape[1], int(part.meta["num_classes"]))
     gnn = seeded_model(*sizes, config) if model is None else model(*sizes)
     gnn.train()
+    engine.prepare(gnn)  # as train_distributed does: plans that need the model
     num_train = int(
         transport.all_reduce_sum(
             torch.tensor([float(part.train_local.numel())]), "sync.metrics"
@@ -139,6 +140,7 @@ def dist_step(
     logits, loss = forward_loss(engine, gnn, num_train, DROPOUT_SEED)
     loss.backward()
     engine.sync_gradients(gnn)
+    engine.close()
     return {
         "orig_nid": part.orig_nid.clone(),
         "logits": logits.detach(),
