@@ -36,6 +36,9 @@ def epoch_lines(record: EpochRecord) -> list[str]:
             for rank, (s, r) in enumerate(zip(sent, recv, strict=True))
         )
         lines.append(f"           bytes {kinds}  |  sent / recv by rank  {ranks}")
+    switch = record.extra.get("switch")
+    if switch is not None:
+        lines.append("           " + switch_line(switch))
     stale = record.extra.get("staleness")
     if stale is not None:
         lines.append("           " + staleness_line(stale, record.extra))
@@ -63,6 +66,33 @@ def staleness_line(stale: dict[str, Any], extra: dict[str, Any]) -> str:
     return (
         f"skipped (rank,layer) {skipped or '-'}  |  age {ages}  |  cache "
         f"{format_bytes(cache)}/rank{grads}"
+    )
+
+
+def switch_line(switch: dict[str, Any]) -> str:
+    """The epoch's switch (``--exchange switch``): each rank's link bytes up
+    and down, the aggregator pool's peak and mean occupancy (rows, of the
+    pool's rows per width), rows summed in the switch and forwarded raw
+    (overflow), blocks per layer, and the reliability counters."""
+    core = switch.get("core") or {}
+    workers = switch["workers"]
+    links = " ".join(
+        f"{rank}: {format_bytes(up)}/{format_bytes(down)}"
+        for rank, (up, down) in enumerate(
+            zip(switch["up"], switch["down"], strict=True)
+        )
+    )
+    pools = ",".join(str(rows) for rows in core.get("pool_rows", {}).values())
+    blocks = " ".join(f"{k} {v}" for k, v in workers[0]["blocks"].items())
+    retransmitted = sum(w["retransmitted"] for w in workers)
+    fetched = sum(w["fetched"] for w in workers)
+    return (
+        f"switch link up/down {links}  |  aggregators peak {core.get('peak_slots', 0)}"
+        f" mean {core.get('mean_slots', 0.0):.0f} of {pools or '-'}  |  rows "
+        f"aggregated {core.get('aggregated', 0)} raw {core.get('raw', 0)}  |  "
+        f"blocks {blocks or '-'}  |  retransmitted {retransmitted} bypassed "
+        f"{core.get('bypassed', 0)} fetched {fetched} dropped "
+        f"{core.get('dropped_frames', 0)} ecn {core.get('ecn_marks', 0)}"
     )
 
 

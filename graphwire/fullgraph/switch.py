@@ -359,8 +359,12 @@ class SwitchEngine(Engine):
 
     # ----------------------------------------------------------------- epochs
     def begin_epoch(self, epoch: int) -> None:
+        """Zero the epoch's counters, the switch's too (evaluation's passes,
+        after the last epoch's report, are in neither)."""
         del epoch
         self.passes = PassCounters()
+        if self.transport.rank == 0:
+            self._switch_stats()
         ledger, peer = self.transport.ledger, self.transport.world_size
         self._epoch_ledger = (
             ledger.bytes_sent(peer=peer),
@@ -374,11 +378,7 @@ class SwitchEngine(Engine):
         ledger, peer = self.transport.ledger, self.transport.world_size
         up = ledger.bytes_sent(peer=peer) - self._epoch_ledger[0]
         down = ledger.bytes_recv(peer=peer) - self._epoch_ledger[1]
-        core = None
-        if self.transport.rank == 0:
-            self.link.tags("switch.stats", "switch.stats")
-            self.link.send(Frame(Kind.STATS))
-            core = self.link.wait_for(Kind.STATS).body
+        core = self._switch_stats() if self.transport.rank == 0 else None
         mine = {"up": up, "down": down} | self.passes.as_dict()
         gathered = self.transport.all_gather_object((mine, core), "sync.metrics")
         workers = [g[0] for g in gathered]
@@ -390,6 +390,13 @@ class SwitchEngine(Engine):
                 "core": gathered[0][1],
             }
         }
+
+    def _switch_stats(self) -> dict[str, Any]:
+        """The switch's counters since the last call (which it then zeroes)."""
+        self.link.tags("switch.stats", "switch.stats")
+        self.link.send(Frame(Kind.STATS))
+        body: dict[str, Any] = self.link.wait_for(Kind.STATS).body
+        return body
 
     def close(self) -> None:
         """Leave the switch; rank 0 waits for the switch it started to end."""

@@ -112,9 +112,13 @@ def _fullgraph_time_split(reports: list[RankReport]) -> None:
 
 def training_bytes_by_peer(reports: list[RankReport]) -> list[list[int]]:
     """``[src][dst]``: the training bytes (:data:`TRAINING_TAGS`) each rank
-    sent each other rank over the whole run, from the senders' ledgers."""
+    sent each other rank over the whole run, from the senders' ledgers; a
+    column past the last rank is a peer that is not one (the switch of
+    ``--exchange switch``)."""
     world = len(reports)
-    matrix = [[0] * world for _ in range(world)]
+    # Columns past the last rank: peers that are not ranks (the switch).
+    peers = max([world] + [r[1] + 1 for rep in reports for r in rep.ledger["sent"]])
+    matrix = [[0] * peers for _ in range(world)]
     for report in reports:
         for src, dst, tag, num_bytes, _ in report.ledger["sent"]:
             if tag.startswith(TRAINING_TAGS):
@@ -165,15 +169,30 @@ def print_comm(reports: list[RankReport]) -> dict[str, int]:
     )
     matrix = training_bytes_by_peer(reports)
     world = len(matrix)
-    peers = range(world) if world <= _PEER_COLUMNS else range(0)
+    # What ranks received from peers that are not ranks (they keep no ledger).
+    outside = [
+        sum(
+            r[3]
+            for r in report.ledger["recv"]
+            if r[0] >= world and r[2].startswith(TRAINING_TAGS)
+        )
+        for report in reports
+    ]
+    width = len(matrix[0]) if matrix else 0
+    peers = range(width) if width <= _PEER_COLUMNS else range(0)
     print_table(
         f"training bytes by rank ({', '.join(t + '*' for t in TRAINING_TAGS)}; {span})",
-        ["rank", "sent", "received", *(f"to {dst}" for dst in peers)],
+        [
+            "rank",
+            "sent",
+            "received",
+            *(f"to {dst}" if dst < world else "to switch" for dst in peers),
+        ],
         [
             (
                 src,
                 format_bytes(sum(matrix[src])),
-                format_bytes(sum(row[src] for row in matrix)),
+                format_bytes(sum(row[src] for row in matrix) + outside[src]),
                 *(
                     "-" if dst == src else format_bytes(matrix[src][dst])
                     for dst in peers
