@@ -199,6 +199,7 @@ class SwitchEngine(Engine):
         self._views: dict[tuple[int, bool], list[Any]] = {}
         self._weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._seq = 0
+        self._epoch_seq = 0
         self.passes = PassCounters()
         self._epoch_ledger = (0, 0)
 
@@ -359,12 +360,10 @@ class SwitchEngine(Engine):
 
     # ----------------------------------------------------------------- epochs
     def begin_epoch(self, epoch: int) -> None:
-        """Zero the epoch's counters, the switch's too (evaluation's passes,
-        after the last epoch's report, are in neither)."""
+        """Zero the epoch's counters; its passes start at ``_seq``."""
         del epoch
         self.passes = PassCounters()
-        if self.transport.rank == 0:
-            self._switch_stats()
+        self._epoch_seq = self._seq
         ledger, peer = self.transport.ledger, self.transport.world_size
         self._epoch_ledger = (
             ledger.bytes_sent(peer=peer),
@@ -378,7 +377,9 @@ class SwitchEngine(Engine):
         ledger, peer = self.transport.ledger, self.transport.world_size
         up = ledger.bytes_sent(peer=peer) - self._epoch_ledger[0]
         down = ledger.bytes_recv(peer=peer) - self._epoch_ledger[1]
-        core = self._switch_stats() if self.transport.rank == 0 else None
+        core = None
+        if self.transport.rank == 0:
+            core = self._switch_stats(self._epoch_seq, self._seq)
         mine = {"up": up, "down": down} | self.passes.as_dict()
         gathered = self.transport.all_gather_object((mine, core), "sync.metrics")
         workers = [g[0] for g in gathered]
@@ -391,10 +392,11 @@ class SwitchEngine(Engine):
             }
         }
 
-    def _switch_stats(self) -> dict[str, Any]:
-        """The switch's counters since the last call (which it then zeroes)."""
+    def _switch_stats(self, first: int, end: int) -> dict[str, Any]:
+        """The switch's counters of passes ``first..end-1`` (the epoch's
+        training); it forgets every pass before ``end``."""
         self.link.tags("switch.stats", "switch.stats")
-        self.link.send(Frame(Kind.STATS))
+        self.link.send(Frame(Kind.STATS, seq=first, block=end))
         body: dict[str, Any] = self.link.wait_for(Kind.STATS).body
         return body
 

@@ -129,7 +129,8 @@ class SwitchCore:
         self._tables: dict[tuple[int, int, bool], _Direction] = {}
         self._active: dict[tuple[int, int], _Block] = {}  # (seq, block)
         self._finished: dict[int, int] = {}  # seq -> blocks completed
-        self.stats = self._zero_stats()
+        self._by_seq: dict[int, dict[str, Any]] = {}
+        self.stats = self._zero_stats()  # the counters of the frame in hand
 
     # ------------------------------------------------------------ accounting
     @staticmethod
@@ -152,12 +153,35 @@ class SwitchCore:
             "late_frames": 0,
         }
 
-    def take_stats(self) -> dict[str, Any]:
-        """The counters since the last call (then zeroed)."""
-        stats, self.stats = self.stats, self._zero_stats()
-        samples = stats.pop("occupancy_samples")
-        stats["mean_slots"] = stats.pop("occupancy_sum") / samples if samples else 0.0
+    def stats_for(self, seq: int) -> dict[str, Any]:
+        """The counters of pass ``seq`` (created empty)."""
+        stats = self._by_seq.get(seq)
+        if stats is None:
+            stats = self._by_seq[seq] = self._zero_stats()
         return stats
+
+    def take_stats(self, first: int, end: int) -> dict[str, Any]:
+        """The counters of passes ``first..end-1`` summed (peaks: the
+        largest); those of every pass before ``end`` are then dropped."""
+        total = self._zero_stats()
+        for seq in sorted(self._by_seq):
+            if first <= seq < end:
+                for key, value in self._by_seq[seq].items():
+                    if key == "peak_slots":
+                        total[key] = max(total[key], value)
+                    elif isinstance(value, dict):
+                        for k, v in value.items():
+                            merged = total[key].get(k, 0)
+                            total[key][k] = (
+                                max(merged, v) if key == "pool_rows" else merged + v
+                            )
+                    else:
+                        total[key] += value
+        for seq in [s for s in self._by_seq if s < end]:
+            del self._by_seq[seq]
+        samples = total.pop("occupancy_samples")
+        total["mean_slots"] = total.pop("occupancy_sum") / samples if samples else 0.0
+        return total
 
     def owner(self, ids: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.offsets, ids, side="right") - 1
@@ -165,6 +189,7 @@ class SwitchCore:
     # ----------------------------------------------------------------- frames
     def handle(self, frame: Frame) -> list[tuple[int, Frame]]:
         """Frames to send for one frame from worker ``frame.sender``."""
+        self.stats = self.stats_for(frame.seq)
         if frame.kind == Kind.TABLE:
             return self._table(frame)
         if frame.kind in (Kind.DATA, Kind.FETCH, Kind.ACK, Kind.DONE):

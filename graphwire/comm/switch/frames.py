@@ -40,7 +40,7 @@ __all__ = [
     "payload_bytes",
 ]
 
-PACKET_BYTES = 16384  # rows payload of one DATA frame (at least one row)
+PACKET_BYTES = 8192  # rows payload of a DATA frame: within a 9000-byte jumbo frame
 HEADER = struct.Struct("<BBHHHIIIIII")
 _LENGTH = struct.Struct("<I")
 MAX_FRAME = 1 << 30  # a longer frame is a corrupt stream

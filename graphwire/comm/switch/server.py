@@ -72,7 +72,6 @@ class _Server:
         self.core: SwitchCore | None = None
         self.world = 0
         self.ecn_bytes = DEFAULT_ECN_BYTES
-        self.ecn_marks = 0
         self.failed: str | None = None
 
     # ------------------------------------------------------------- sending
@@ -80,7 +79,8 @@ class _Server:
         data = bytearray(encode(frame))
         if len(conn.out) > self.ecn_bytes:
             data[5] |= ECN  # the flags byte, after the length and the kind
-            self.ecn_marks += 1
+            if self.core is not None:
+                self.core.stats_for(frame.seq)["ecn_marks"] += 1
         conn.out += data
         self._watch(conn)
 
@@ -118,9 +118,8 @@ class _Server:
             conn.bye = True
             return
         if frame.kind == Kind.STATS:
-            stats = self.core.take_stats()
-            stats["ecn_marks"] = self.ecn_marks
-            self.ecn_marks = 0
+            # seq..block: the passes asked about (block: one past the last).
+            stats = self.core.take_stats(frame.seq, frame.block)
             self.send(conn, Frame(Kind.STATS, body=stats))
             return
         for rank, out in self.core.handle(frame):
