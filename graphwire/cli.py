@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the address is printed)",
     )
     switch.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    _quiet_flag(switch)  # (it prints only its address and errors anyway)
     switch.set_defaults(handler=_handler("graphwire.commands.switch", "run"))
 
     bench = commands.add_parser(

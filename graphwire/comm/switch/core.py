@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from graphwire.comm.switch.frames import BACKWARD, BYPASS, RESEND, Frame, Kind
+from graphwire.comm.switch.stats import sum_stats, zero_stats
 
 __all__ = ["SwitchCore", "SwitchProtocolError", "pool_rows", "run_starts"]
 
@@ -130,57 +131,22 @@ class SwitchCore:
         self._active: dict[tuple[int, int], _Block] = {}  # (seq, block)
         self._finished: dict[int, int] = {}  # seq -> blocks completed
         self._by_seq: dict[int, dict[str, Any]] = {}
-        self.stats = self._zero_stats()  # the counters of the frame in hand
+        self.stats = zero_stats()  # the counters of the frame in hand
 
     # ------------------------------------------------------------ accounting
-    @staticmethod
-    def _zero_stats() -> dict[str, Any]:
-        return {
-            "rows_in": 0,
-            "aggregated": 0,
-            "results": 0,
-            "raw": 0,
-            "bypassed": 0,
-            "dropped_frames": 0,
-            "dropped_rows": 0,
-            "fetches": 0,
-            "blocks": {},
-            "peak_slots": 0,
-            "occupancy_sum": 0.0,
-            "occupancy_samples": 0,
-            "pool_rows": {},
-            "ecn_marks": 0,
-            "late_frames": 0,
-        }
-
     def stats_for(self, seq: int) -> dict[str, Any]:
         """The counters of pass ``seq`` (created empty)."""
         stats = self._by_seq.get(seq)
         if stats is None:
-            stats = self._by_seq[seq] = self._zero_stats()
+            stats = self._by_seq[seq] = zero_stats()
         return stats
 
     def take_stats(self, first: int, end: int) -> dict[str, Any]:
-        """The counters of passes ``first..end-1`` summed (peaks: the
-        largest); those of every pass before ``end`` are then dropped."""
-        total = self._zero_stats()
-        for seq in sorted(self._by_seq):
-            if first <= seq < end:
-                for key, value in self._by_seq[seq].items():
-                    if key == "peak_slots":
-                        total[key] = max(total[key], value)
-                    elif isinstance(value, dict):
-                        for k, v in value.items():
-                            merged = total[key].get(k, 0)
-                            total[key][k] = (
-                                max(merged, v) if key == "pool_rows" else merged + v
-                            )
-                    else:
-                        total[key] += value
-        for seq in [s for s in self._by_seq if s < end]:
+        """The counters of passes ``first..end-1`` summed
+        (:func:`~.stats.sum_stats`); every pass before ``end`` is forgotten."""
+        total = sum_stats(s for q, s in self._by_seq.items() if first <= q < end)
+        for seq in [q for q in self._by_seq if q < end]:
             del self._by_seq[seq]
-        samples = total.pop("occupancy_samples")
-        total["mean_slots"] = total.pop("occupancy_sum") / samples if samples else 0.0
         return total
 
     def owner(self, ids: np.ndarray) -> np.ndarray:
