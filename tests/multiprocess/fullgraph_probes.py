@@ -192,11 +192,13 @@ def _step(transport: Transport, case: StepCase) -> dict[str, Any]:
     num_classes = int(part.meta["num_classes"])
     model = seeded_model(part.x.shape[1], num_classes, case.config)
     model.train()
+    engine.prepare(model)  # as train_distributed does
     local = torch.tensor([float(part.train_local.numel())])
     num_train = int(transport.all_reduce_sum(local, "sync.metrics"))
     logits, loss = forward_loss(engine, model, num_train, case.dropout_seed)
     loss.backward()
     engine.sync_gradients(model)
+    engine.close()
     return {
         "orig_nid": part.orig_nid.clone(),
         "logits": logits.detach().clone(),
