@@ -173,6 +173,22 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             "--grad-staleness: expected >= 0, got -1",
         ),
         (
+            ["--workers", "2", "--exchange", "halo", "--switch-mb", "1"],
+            "--switch-mb: only with --exchange switch",
+        ),
+        (
+            ["--workers", "2", "--exchange", "switch", "--switch-loss", "0.9"],
+            "--switch-loss: expected >= 0 and <= 0.5, got 0.9",
+        ),
+        (
+            ["--workers", "2", "--exchange", "switch", "--switch-addr", "nohost"],
+            "--switch-addr: switch address: expected HOST:PORT, got 'nohost'",
+        ),
+        (
+            ["--workers", "2", "--exchange", "switch", "--model", "gat"],
+            "--exchange switch: only with --model gcn or sage, not gat",
+        ),
+        (
             ["--workers", "2", "--mode", "minibatch", "--cache-share", "0.5"],
             "--cache-share: only with --fetch rapid",
         ),

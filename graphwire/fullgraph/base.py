@@ -76,6 +76,8 @@ class Engine(ABC):
     name = "engine"
     # The engine's settings: a dataclass of option fields (registered with it).
     config_type: type = type(None)
+    # The models (``--model``) the engine can train; None: every model.
+    models: tuple[str, ...] | None = None
     # Whether the engine takes ``widths``, each layer's (input, output) row
     # widths, as an option (``build_engine`` passes the model's).
     takes_widths = False

@@ -46,12 +46,12 @@ from graphwire.comm.switch.exchange import PassCounters, block_views, run_pass
 from graphwire.comm.switch.frames import Frame, Kind
 from graphwire.comm.switch.link import SwitchLink
 from graphwire.comm.switch.plan import BLOCKINGS, ORDERS, SwitchPlan, build_plan
-from graphwire.comm.switch.server import start_switch
+from graphwire.comm.switch.server import parse_address, start_switch
 from graphwire.fullgraph.base import Engine
 from graphwire.nn.aggregate import spmm_sum
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.models import projects_first
-from graphwire.options import check_options, option
+from graphwire.options import OptionError, check_options, option
 from graphwire.run.local_graph import global_out_degrees, local_message_graph
 
 __all__ = ["SwitchConfig", "SwitchEngine", "SwitchSum"]
@@ -108,9 +108,10 @@ class SwitchConfig:
     def __post_init__(self) -> None:
         check_options(self)
         if self.switch_addr is not None:
-            from graphwire.comm.switch.server import parse_address
-
-            parse_address(self.switch_addr)
+            try:
+                parse_address(self.switch_addr)
+            except ValueError as error:
+                raise OptionError("switch_addr", str(error)) from None
 
     @property
     def mem_bytes(self) -> int:
@@ -144,6 +145,7 @@ class SwitchEngine(Engine):
     """
 
     config_type = SwitchConfig
+    models = ("gcn", "sage")  # sums the switch can do; GAT's attention is not one
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -258,6 +258,15 @@ def _strategy(table: FlagTable, given: _Given, kind: str) -> StrategyChoice:
     """The strategy of ``kind`` the values name, with its config."""
     registry = table.registries[kind]
     strategy = registry.get(given.get(kind, registry.default))
+    models = getattr(strategy.cls, "models", None)  # None: every model
+    model = given.get("model", "sage")
+    if models is not None and model not in models:
+        flag = table[kind] if kind in table else None
+        named = given.named(flag) if flag else f"--{kind}"
+        raise ValueError(
+            f"{named} {strategy.name}: only with --model {' or '.join(models)}, "
+            f"not {model}"
+        )
     fields = _fields(table, given, kind, strategy.name)
     try:
         config = strategy.config(**fields)

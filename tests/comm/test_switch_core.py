@@ -135,3 +135,28 @@ def test_loss_drops_data_frames_only() -> None:
     assert len(core.handle(resend)) == 1  # retransmissions get through
     stats = core.take_stats(0, 10)
     assert stats["dropped_frames"] == 1 and stats["dropped_rows"] == 2
+
+
+def test_frames_queued_past_the_threshold_are_marked_ecn() -> None:
+    """The server marks ECN on a frame queued behind more than its threshold
+    (SwitchGNN §3.4); the first frame, on an empty queue, is not marked."""
+    import selectors
+    import socket
+
+    from graphwire.comm.switch.frames import ECN
+    from graphwire.comm.switch.server import _Conn, _Server
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    near, far = socket.socketpair()
+    try:
+        server = _Server(listener)
+        server.ecn_bytes = 100
+        conn = _Conn(near)
+        server.sel.register(near, selectors.EVENT_READ, conn)
+        server.send(conn, Frame(Kind.ACK, ids1=np.arange(20)))  # 196 bytes
+        server.send(conn, Frame(Kind.ACK, ids1=np.arange(1)))
+        frames = FrameReader().feed(bytes(conn.out))
+        assert [f.flags & ECN for f, _ in frames] == [0, ECN]
+    finally:
+        for sock in (listener, near, far):
+            sock.close()
