@@ -317,9 +317,11 @@ class SwitchEngine(Engine):
         plan = self._layer_plan[index]
         views = self._views[(plan, backward)]
         way = "bwd" if backward else "fwd"
-        self.link.tags(f"{self.phase}{way}.L{index}", f"{self.phase}switch.L{index}")
         seq = self._seq
         self._seq += 1
+        self.link.tags(
+            f"{self.phase}{way}.L{index}", f"{self.phase}switch.L{index}", seq
+        )
         x = m.detach().to(torch.float32).contiguous().numpy()
         if not views:
             return torch.zeros_like(m)

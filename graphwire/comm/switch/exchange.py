@@ -121,9 +121,10 @@ def block_views(
         u, v = (dst[edges], src[edges]) if backward else (src[edges], dst[edges])
         mine = (u >= base) & (u < end)
         s_src, s_dst = u[mine], v[mine]
-        rank_of = {int(g): i for i, g in enumerate(order.tolist())}
         ups = np.unique(s_src)
-        up_gid = ups[np.argsort([rank_of[int(g)] for g in ups.tolist()], kind="stable")]
+        by_id = np.argsort(order, kind="stable")
+        position = by_id[np.searchsorted(order[by_id], ups)]  # in the send order
+        up_gid = ups[np.argsort(position, kind="stable")]
         ack_dst = np.unique(s_dst)
         owned = (v >= base) & (v < end)
         r_src, r_dst = u[owned], v[owned]

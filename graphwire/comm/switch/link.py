@@ -33,6 +33,10 @@ from graphwire.comm.switch.frames import (
 __all__ = ["SwitchError", "SwitchLink"]
 
 
+# Frames of a pass, counted under that pass's tags whenever they arrive.
+_PASS_KINDS = {Kind.RESULT, Kind.RAW, Kind.ACK, Kind.FETCH, Kind.COMPLETE}
+
+
 class SwitchError(RuntimeError):
     """The switch process is gone, silent, or ended the run."""
 
@@ -70,6 +74,8 @@ class SwitchLink:
         self._out = bytearray()
         self._held: list[Frame] = []
         self._tags = ("switch", "switch")
+        self._pass_tags: dict[int, tuple[str, str]] = {}
+        self._uncounted: list[tuple[Frame, int]] = []
         host, port = parse_address(address)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -91,9 +97,20 @@ class SwitchLink:
         self.wait_for(Kind.READY)
 
     # ------------------------------------------------------------- frames
-    def tags(self, data: str, control: str) -> None:
-        """Count the frames from now on under ``data`` (rows) and ``control``."""
+    def tags(self, data: str, control: str, seq: int | None = None) -> None:
+        """Count the frames from now on under ``data`` (rows) and ``control``;
+        with ``seq``, also the frames of pass ``seq`` received before or after
+        (a pass's frames can arrive while the previous pass ends)."""
         self._tags = (data, control)
+        if seq is None:
+            return
+        self._pass_tags[seq] = (data, control)
+        for old in [q for q in self._pass_tags if q < seq - 16]:
+            del self._pass_tags[old]  # long over: no frame of it comes any more
+        waiting = [(f, n) for f, n in self._uncounted if f.seq == seq]
+        self._uncounted = [(f, n) for f, n in self._uncounted if f.seq != seq]
+        for frame, size in waiting:
+            self._count(frame, size, sent=False)
 
     def send(self, frame: Frame) -> None:
         """Queue ``frame`` (sent by :meth:`poll` and :meth:`flush`)."""
@@ -107,6 +124,12 @@ class SwitchLink:
             return
         rows = payload_bytes(frame)
         data_tag, control_tag = self._tags
+        if not sent and frame.kind in _PASS_KINDS:
+            tags = self._pass_tags.get(frame.seq)
+            if tags is None:  # a pass not yet begun here: counted when it is
+                self._uncounted.append((frame, size))
+                return
+            data_tag, control_tag = tags
         record = self.ledger.record_send if sent else self.ledger.record_recv
         record(self.peer, data_tag, rows)
         record(self.peer, control_tag, size - rows)
