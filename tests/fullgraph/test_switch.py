@@ -20,6 +20,8 @@ so two plans of two widths go through the switch, forward and backward.
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -212,6 +214,32 @@ def _halo_ledger(transport: Transport, folder: str) -> dict[str, int]:
     part = load_part(folder, transport.rank)
     sent = sum(r[3] for r in ledger["sent"] if r[2] == "fwd.L2")
     return {"sent": sent, "num_halo": part.num_halo}
+
+
+def test_a_switch_of_ones_own_serves_a_run_and_leaves_with_it(parts) -> None:
+    """The torchrun recipe: ``graphwire switch --listen 127.0.0.1:0`` prints
+    its address, serves the workers that name it (``--switch-addr``) and
+    exits 0 when they leave."""
+    switch = subprocess.Popen(
+        [sys.executable, "-m", "graphwire", "switch", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert switch.stdout is not None
+        line = switch.stdout.readline()
+        assert line.startswith("graphwire switch: listening on 127.0.0.1:"), line
+        address = line.rsplit(" ", 1)[1].strip()
+        ranks = _run(parts[2], 2, "sage", switch_addr=address, switch_mb=SMALL_MB)
+        assert switch.wait(timeout=30) == 0, switch.communicate()[1]
+    finally:
+        if switch.poll() is None:
+            switch.kill()
+            switch.communicate()
+    report = ranks[0]["switch"]
+    assert min(report["up"]) > 0 and min(report["down"]) > 0
+    assert report["core"]["aggregated"] > 0
 
 
 def test_gat_is_refused_by_name(parts) -> None:

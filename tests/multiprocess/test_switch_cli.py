@@ -1,15 +1,10 @@
-"""``--exchange switch`` as users run it: a switch of their own, and one that dies.
-
-- ``graphwire switch --listen 127.0.0.1:0`` (the torchrun recipe) serves a
-  2-worker ``graphwire train --switch-addr`` run and exits 0 when it ends;
-- the switch that ``graphwire train --workers 2`` starts, SIGKILLed while
-  the run trains, ends the run within 30 s with an error naming the switch,
-  and no worker outlives it.
-"""
+"""A switch that dies: the one ``graphwire train --workers 2`` starts,
+SIGKILLed while the run trains, ends the run within 30 s with an error
+naming the switch, and no worker outlives it. (A switch of one's own,
+``graphwire switch --listen``, is in tests/fullgraph/test_switch.py.)"""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -23,44 +18,6 @@ from tests.multiprocess.cli_runs import SPEC
 TRAIN = [sys.executable, "-m", "graphwire", "train", "--dataset", SPEC]
 TRAIN += ["--model", "gcn", "--exchange", "switch", "--workers", "2"]
 TRAIN += ["--timeout", "120", "--quiet"]
-
-
-def test_a_switch_of_ones_own_serves_a_run_and_leaves_with_it(tmp_path: Path) -> None:
-    switch = subprocess.Popen(
-        [sys.executable, "-m", "graphwire", "switch", "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert switch.stdout is not None
-        line = switch.stdout.readline()
-        assert line.startswith("graphwire switch: listening on 127.0.0.1:"), line
-        address = line.rsplit(" ", 1)[1].strip()
-        run = subprocess.run(
-            [*TRAIN, "--epochs", "2", "--switch-addr", address, "--switch-mb", "0.01"]
-            + ["--out", str(tmp_path / "run")],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert switch.wait(timeout=30) == 0, (
-            switch.stderr.read() if switch.stderr else ""
-        )
-    finally:
-        if switch.poll() is None:
-            switch.kill()
-            switch.communicate()
-    records = [
-        json.loads(line)
-        for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
-    epochs = [r for r in records if r.get("kind") == "epoch" and r["rank"] == 0]
-    assert len(epochs) == 2
-    report = epochs[-1]["extra"]["switch"]
-    assert min(report["up"]) > 0 and min(report["down"]) > 0
-    assert report["core"]["aggregated"] > 0
 
 
 def test_a_killed_switch_ends_every_worker_with_its_name(tmp_path: Path) -> None:
