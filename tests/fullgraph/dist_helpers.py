@@ -120,7 +120,8 @@ def dist_step(
     options: dict[str, Any] | None = None,
     model: Callable[[int, int], GNN] | None = None,
 ) -> dict[str, Any]:
-    """One rank's logits (with their original IDs), loss share and synced grads.
+    """One rank's logits (with their original IDs), loss share and synced
+    grads, as epoch 0 of a run (``begin_epoch``, ``end_epoch``).
 
     ``model(num_features, num_classes)`` builds the rank's model, with the
     oracle's weights (default: ``config``'s model, :func:`seeded_model`).
@@ -137,9 +138,11 @@ def dist_step(
             torch.tensor([float(part.train_local.numel())]), "sync.metrics"
         )
     )
+    engine.begin_epoch(0)
     logits, loss = forward_loss(engine, gnn, num_train, DROPOUT_SEED)
     loss.backward()
     engine.sync_gradients(gnn)
+    extra = engine.end_epoch()
     engine.close()
     return {
         "orig_nid": part.orig_nid.clone(),
@@ -148,4 +151,6 @@ def dist_step(
         "grads": {n: p.grad.clone() for n, p in gnn.named_parameters()},
         "ledger": transport.ledger.snapshot(),
         "counters": dict(engine.counters),
+        "extra": extra,  # the epoch's report (end_epoch)
+        "engine": engine,  # (ranks are threads: the engine itself comes back)
     }

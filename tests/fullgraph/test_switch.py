@@ -19,7 +19,6 @@ so two plans of two widths go through the switch, forward and backward.
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
 from dataclasses import replace
@@ -30,15 +29,10 @@ import numpy as np
 import pytest
 import torch
 
-from graphwire.comm.base import Transport
-from graphwire.comm.local import run_local
-from graphwire.fullgraph.distributed import build_engine, forward_loss
 from graphwire.fullgraph.switch import SwitchConfig
-from graphwire.partition import load_part
-from graphwire.run.collective import seeded_model
 from tests.fullgraph.dist_helpers import (
-    DROPOUT_SEED,
     config_for,
+    run_dist_steps,
     single_step,
     small_graph,
     write_parts,
@@ -63,42 +57,9 @@ def _config(model: str):
     return replace(config_for(model), num_layers=3, fanouts=[5, 5, 5])
 
 
-def _step(transport: Transport, folder: str, model: str, **options: Any) -> dict:
-    """One training step through the switch, with the epoch's report."""
-    config = _config(model)
-    part = load_part(folder, transport.rank)
-    engine = build_engine(part, transport, config, SwitchConfig(**options))
-    assert part.x is not None
-    gnn = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
-    gnn.train()
-    engine.prepare(gnn)
-    num_train = int(
-        transport.all_reduce_sum(
-            torch.tensor([float(part.train_local.numel())]), "sync.metrics"
-        )
-    )
-    engine.begin_epoch(0)
-    logits, loss = forward_loss(engine, gnn, num_train, DROPOUT_SEED)
-    loss.backward()
-    engine.sync_gradients(gnn)
-    extra = engine.end_epoch()
-    engine.close()
-    return {
-        "orig_nid": part.orig_nid.clone(),
-        "logits": logits.detach(),
-        "loss": float(loss.detach()),
-        "grads": {n: p.grad.clone() for n, p in gnn.named_parameters()},
-        "ledger": transport.ledger,
-        "switch": extra["switch"],
-        "plans": engine.plans,
-        "layer_plan": dict(engine._layer_plan),
-    }
-
-
 def _run(folder: Path, world: int, model: str, **options: Any) -> list[dict]:
-    return run_local(
-        functools.partial(_step, folder=str(folder), model=model, **options), world
-    )
+    """One training step through the switch on every rank (epoch 0's)."""
+    return run_dist_steps(folder, world, _config(model), "switch", options)
 
 
 def _assert_exact(ranks: list[dict], single: dict) -> None:
@@ -114,11 +75,11 @@ def _assert_exact(ranks: list[dict], single: dict) -> None:
 
 def _link_rows(ranks: list[dict], tag: str) -> int:
     """Bytes of rows under ``tag`` on every worker's link, up and down."""
+    ledgers = [r["engine"].transport.ledger for r in ranks]
     switch = len(ranks)
     return sum(
-        r["ledger"].bytes_sent(tag, peer=switch)
-        + r["ledger"].bytes_recv(tag, peer=switch)
-        for r in ranks
+        ledger.bytes_sent(tag, peer=switch) + ledger.bytes_recv(tag, peer=switch)
+        for ledger in ledgers
     )
 
 
@@ -152,9 +113,9 @@ def test_switch_equals_one_process_and_sends_switchgnn_volumes(
     }
     ranks = _run(parts[world], world, model, **options)
     _assert_exact(ranks, single_step(graph, _config(model)))
-    core = ranks[0]["switch"]["core"]
-    workers = ranks[0]["switch"]["workers"]
-    plans, layer_plan = ranks[0]["plans"], ranks[0]["layer_plan"]
+    core = ranks[0]["extra"]["switch"]["core"]
+    workers = ranks[0]["extra"]["switch"]["workers"]
+    plans, layer_plan = ranks[0]["engine"].plans, ranks[0]["engine"]._layer_plan
     limited = mb > 0
     if limited and blocks == "multilevel":
         assert all(len(p.blocks) > 1 for p in plans.values())
@@ -192,28 +153,22 @@ def test_straw_ul_saves_one_minus_one_over_mean_partitions_against_halo(
     each remote part that reads it: ``sum |R(v)| s`` each way. The saving is
     ``1 - 1 / mean |R(v)|`` (SwitchGNN's 94% on Reddit at 128 parts)."""
     world = 4
-    halo = run_local(functools.partial(_halo_ledger, folder=str(parts[world])), world)
+    halo = run_dist_steps(parts[world], world, _config("gcn"), "halo")
     straw = _run(parts[world], world, "gcn", switch_mb=0.0, switch_blocks="none")
-    plan = straw[0]["plans"][straw[0]["layer_plan"][2]]
+    engine = straw[0]["engine"]
+    plan = engine.plans[engine._layer_plan[2]]
     boundary = np.unique(plan.src).size
     assert np.unique(plan.dst).size == boundary  # a symmetric graph
-    partitions = sum(h["num_halo"] for h in halo)  # sum over v of |R(v)|
+    # sum over v of |R(v)|: each part holds each remote row it reads once
+    partitions = sum(h["engine"].part.num_halo for h in halo)
     s = 4 * plan.width
-    halo_bytes = 2 * sum(h["sent"] for h in halo)
+    halo_bytes = 2 * sum(
+        r[3] for h in halo for r in h["ledger"]["sent"] if r[2] == "fwd.L2"
+    )
     assert halo_bytes == 2 * partitions * s
     straw_bytes = _link_rows(straw, "fwd.L2")
     assert straw_bytes == 2 * boundary * s
     assert 1 - straw_bytes / halo_bytes == pytest.approx(1 - boundary / partitions)
-
-
-def _halo_ledger(transport: Transport, folder: str) -> dict[str, int]:
-    from tests.fullgraph.dist_helpers import dist_step
-
-    step = dist_step(transport, folder, _config("gcn"), "halo")
-    ledger = step["ledger"]
-    part = load_part(folder, transport.rank)
-    sent = sum(r[3] for r in ledger["sent"] if r[2] == "fwd.L2")
-    return {"sent": sent, "num_halo": part.num_halo}
 
 
 def test_a_switch_of_ones_own_serves_a_run_and_leaves_with_it(parts) -> None:
@@ -237,7 +192,7 @@ def test_a_switch_of_ones_own_serves_a_run_and_leaves_with_it(parts) -> None:
         if switch.poll() is None:
             switch.kill()
             switch.communicate()
-    report = ranks[0]["switch"]
+    report = ranks[0]["extra"]["switch"]
     assert min(report["up"]) > 0 and min(report["down"]) > 0
     assert report["core"]["aggregated"] > 0
 
