@@ -13,7 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 @pytest.mark.parametrize(
-    "script", ["bench_fullgraph", "bench_minibatch", "bench_staleness", "check_shaper"]
+    "script",
+    [
+        "bench_fullgraph",
+        "bench_minibatch",
+        "bench_staleness",
+        "bench_switch",
+        "check_shaper",
+    ],
 )
 def test_without_namespaces_the_benchmark_says_so_and_exits_1(
     script: str, capsys, monkeypatch
