@@ -93,10 +93,11 @@ class SwitchConfig:
         0.0, least=0, most=0.5, help="probability the switch drops a data frame"
     )
     switch_timeout: float = option(
-        0.2,
+        1.0,
         least=0,
         strict=True,
-        help="seconds without progress before a worker fetches (2x: resends)",
+        help="seconds without progress before a worker fetches (2x: resends); "
+        "doubled at each timeout within a block",
     )
     switch_addr: str | None = option(
         None,

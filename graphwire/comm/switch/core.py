@@ -353,15 +353,20 @@ class SwitchCore:
         bypass: bool,
     ) -> list[tuple[int, Frame]]:
         """RAW frames: rows ``frame.rows[pair_row]`` for destinations
-        ``pair_agg``, one row per (source, owner)."""
+        ``pair_agg``. Overflow sends a copy per destination (the strawman:
+        each multicast copy that finds no aggregator goes on as it is);
+        bypass, one row per (source, owner), which the owner caches."""
         self.stats["bypassed" if bypass else "raw"] += int(pair_row.size)
         src = frame.ids1[pair_row]
         dst = block.table.agg[pair_agg]
         out = []
         for rank, pick in self._by_owner(dst):
             order = pick[np.lexsort((dst[pick], src[pick]))]
-            runs = run_starts(src[order])
-            first = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]])
+            if bypass:  # one row per (source, owner): the owner caches it
+                runs = run_starts(src[order])
+                first = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]])
+            else:  # overflow: the strawman's copy per destination
+                first = np.arange(order.size)
             out.append(
                 (
                     rank,

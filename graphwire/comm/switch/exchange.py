@@ -17,7 +17,8 @@ that read each source (its backward). It runs block by block
 3. multicasts an ACK for each finished destination through the switch; its
    own sent pairs are done when their destinations' ACKs are back (the
    **sending/ACK bitmap**);
-4. on no progress for ``timeout_s``: **fetches** the pairs its unfinished
+4. on no progress for ``timeout_s`` (doubled at each timeout within the
+   block, TCP's backoff): **fetches** the pairs its unfinished
    destinations lack (the switch drops their partial sums and puts them in
    bypass, and asks the sources' owners to resend), and after twice that
    **resends** (RESEND) its own unacknowledged pairs;
@@ -257,6 +258,7 @@ class _BlockRun:
         done_sent = complete = False
         last_progress = last_frame = time.monotonic()
         resent_at = last_progress
+        rto = self.timeout_s  # doubles at each timeout of the block (backoff)
         while not complete:
             if sent < len(self.packets) and link.pending < window * PACKET_BYTES:
                 for part in self.packets[sent : sent + window]:
@@ -264,7 +266,7 @@ class _BlockRun:
                     link.send(self.frame(Kind.DATA, ids1=view.up_gid[part], rows=rows))
                 sent = min(len(self.packets), sent + window)
             more = sent < len(self.packets)
-            frames = link.poll(0.0 if more else min(0.05, self.timeout_s / 4))
+            frames = link.poll(0.0 if more else min(0.05, rto / 4))
             now = time.monotonic()
             marked = False
             for at, frame in enumerate(frames):
@@ -297,14 +299,17 @@ class _BlockRun:
                     f"{link.timeout_s:g}s (block {self.head[2]} of pass "
                     f"{self.head[1]})"
                 )
-            if done_sent or more or now - last_progress < self.timeout_s:
+            if done_sent or more or now - last_progress < rto:
                 continue
             self.c.timeouts += 1
-            resend = now - resent_at >= 2 * self.timeout_s
+            resend = now - resent_at >= 2 * rto
             self.recover(resend=resend)
             if resend:
                 resent_at = now
             last_progress = now
+            # A worker held up (a shared CPU, a slow peer) is no loss: each
+            # timeout doubles the next, so stalls do not breed fetch storms.
+            rto *= 2
 
     # ---------------------------------------------------------------- frames
     def on_frame(self, frame: Frame) -> bool:
@@ -353,7 +358,9 @@ class _BlockRun:
             raise SwitchError(
                 "the switch forwarded a pair this worker does not receive"
             )
-        rows = frame.rows[run_starts(frame.ids1)]
+        # A row per pair (overflow), or per run of pairs of one source.
+        one_each = frame.rows.shape[0] == frame.ids1.size
+        rows = frame.rows if one_each else frame.rows[run_starts(frame.ids1)]
         for gid, row in zip(frame.ids1.tolist(), rows, strict=True):
             self.cache.setdefault(gid, row)
         self.add_pairs(at, rows)

@@ -59,7 +59,8 @@ class Kind:
     TABLE = 2  # w->s: one block's edges: ids1 = sources, ids2 = destinations
     DATA = 3  # w->s: rows of ids1 (RESEND: one per (ids1, ids2) pair)
     RESULT = 4  # s->w: finished aggregates of ids1, ids2 = rows summed in each
-    RAW = 5  # s->w: rows not aggregated, pairs (ids1 -> ids2), one row per run
+    RAW = 5  # s->w: rows not aggregated, pairs (ids1 -> ids2): a row per pair,
+    # or (as many rows as runs of equal ids1) one per run
     ACK = 6  # w->s->w: destinations ids1 have their aggregates
     FETCH = 7  # w->s->w: resend pairs (ids1 -> ids2), bypassing aggregation
     DONE = 8  # w->s: this worker has finished block ``block`` of ``seq``
