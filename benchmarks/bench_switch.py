@@ -2,7 +2,7 @@
 
 python benchmarks/bench_switch.py [--nodes 100000] [--epochs 4]
                                   [--workers 2,4] [--graphs synthetic,cora]
-                                  [--num-layers 2] [--switch-timeout 10]
+                                  [--num-layers 2] [--switch-timeout 1]
                                   [--rate-mbit 1000] [--unshaped] [--jobs 1]
                                   [--quick] [--only NAME [NAME ...]]
                                   [--json PATH]
@@ -25,10 +25,10 @@ variant, every variant with the same seed:
   (ceil(4F/128) * 128) at the first exchanged layer's width F), which
   matters on graphs that 10 MiB holds whole.
 
-Every switch run passes ``--switch-timeout`` (default 10 s, not train's
-0.2 s): with the emulated switch sharing two cores with the workers, a
-0.2 s stall is common and starts fetches and resends that multiply the
-bytes; the table's ``t/o`` column counts any timeouts left.
+Every switch run passes ``--switch-timeout`` (default train's 1 s, which
+doubles at each timeout within a block): with the emulated switch sharing
+two cores with the workers a stall is common, and a timeout starts fetches
+and resends that add bytes; the table's ``t/o`` column counts them.
 
 Per variant it prints, from rank 0's per-epoch records in ``metrics.jsonl``
 (``comm.by_rank`` and ``extra.switch`` hold every rank's), the mean over
@@ -349,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--switch-timeout",
         type=float,
-        default=10.0,
-        help="train --switch-timeout of every switch run, seconds (default 10)",
+        default=1.0,
+        help="train --switch-timeout of every switch run, seconds (default 1)",
     )
     parser.add_argument(
         "--rate-mbit",

@@ -169,6 +169,7 @@ class SwitchEngine(Engine):
         self._edge_src = gid[mg.indices[self._remote]].numpy()
         self._edge_dst = gid[dst[self._remote]].numpy()
         self._remote_dst = dst[self._remote]
+        self._dst_of_edge = dst
         self._remote_src = mg.indices[self._remote]
         # Source scales: GCN's 1/sqrt(out_deg), owned rows then halo rows.
         if self.kind.gcn_weights:
@@ -198,7 +199,8 @@ class SwitchEngine(Engine):
             switch_config,
         )
         self.plans: dict[int, SwitchPlan] = {}
-        self._layer_plan: dict[int, int] = {}
+        self._fwd_plan: dict[int, int] = {}  # layer -> plan ID
+        self._bwd_plan: dict[int, int] = {}
         self._views: dict[tuple[int, bool], list[Any]] = {}
         self._weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._seq = 0
@@ -226,9 +228,7 @@ class SwitchEngine(Engine):
             self._weights[index] = self._split_weights(index, layer)
             narrow = projects_first(layer)
             widths[index] = int(layer.message_width if narrow else layer.in_dim)
-        for index, width in widths.items():
-            self._layer_plan[index] = sorted(set(widths.values())).index(width)
-        self._plan_widths(sorted(set(widths.values())))
+        self._plan_all(widths)
 
     def _split_weights(
         self, index: int, layer: nn.Module
@@ -251,27 +251,46 @@ class SwitchEngine(Engine):
             )
         return weight[~self._remote].contiguous(), post
 
-    def _plan_widths(self, widths: list[int]) -> None:
-        """Collective: rank 0 plans each width; the switch gets the tables."""
+    def _plan_all(self, widths: dict[int, int]) -> None:
+        """Collective: the plans of every exchanged layer, forward and back.
+
+        One forward plan per row width; backward, the layer's edges whose
+        destination's gradient can be nonzero (:meth:`_gradient_edges`),
+        one plan per layer unless that is every edge. Rank 0 builds them
+        and sends the switch their tables."""
         transport, config = self.transport, self.config
         edges = transport.all_gather_object(
             (self._edge_src, self._edge_dst), "setup.switch"
         )
+        src = np.concatenate([e[0] for e in edges])
+        dst = np.concatenate([e[1] for e in edges])
+        keeps = self._gradient_edges(src, dst)
+        jobs: list[tuple[int, np.ndarray | None]] = []  # (width, edges kept)
+        forward: dict[int, int] = {}
+        for width in sorted(set(widths.values())):
+            forward[width] = len(jobs)
+            jobs.append((width, None))
+        for index, width in widths.items():
+            self._fwd_plan[index] = forward[width]
+            keep = keeps.get(index)
+            if keep is None or bool(keep.all()):
+                self._bwd_plan[index] = forward[width]
+            else:
+                self._bwd_plan[index] = len(jobs)
+                jobs.append((width, keep))
         plans: list[SwitchPlan] | None = None
         if transport.rank == 0:
-            src = np.concatenate([e[0] for e in edges])
-            dst = np.concatenate([e[1] for e in edges])
             plans = [
                 build_plan(
-                    src,
-                    dst,
+                    src if keep is None else src[keep],
+                    dst if keep is None else dst[keep],
                     width,
                     config.mem_bytes,
                     blocking=config.switch_blocks,
                     order=config.switch_order,
                     seed=config.switch_seed,
                 )
-                for width in widths
+                for width, keep in jobs
             ]
             self.link.tags("setup.switch", "setup.switch")
             for plan_id, plan in enumerate(plans):
@@ -281,7 +300,7 @@ class SwitchEngine(Engine):
         transport.barrier()  # the switch has every table before any row
         for plan_id, plan in enumerate(plans):
             self.plans[plan_id] = plan
-            self.counters[f"blocks.width{plan.width}"] = len(plan.blocks)
+            self.counters[f"blocks.plan{plan_id}"] = len(plan.blocks)
             for backward in (False, True):
                 self._views[(plan_id, backward)] = block_views(
                     plan.src,
@@ -292,6 +311,44 @@ class SwitchEngine(Engine):
                     transport.rank,
                     backward=backward,
                 )
+
+    def _gradient_edges(
+        self, src: np.ndarray, dst: np.ndarray
+    ) -> dict[int, np.ndarray | None]:
+        """Collective: per exchanged layer, the inter-worker edges ``src ->
+        dst`` (global, every rank's) whose destination's gradient can be
+        nonzero (None: every edge, without ``loss_rows``).
+
+        As :meth:`~graphwire.fullgraph.base.Engine.grad_plans` for the halo:
+        at the output layer the loss rows; a layer below, those rows, the
+        rows they read inside the part, and the rows whose gradients come
+        back through the switch (one all-gather of the rows per layer, tag
+        ``setup.plan.loss``)."""
+        layers = range(self.num_layers - 1, self.first - 1, -1)
+        if self._outside_loss is None:
+            return dict.fromkeys(layers)
+        n, base = self.part.num_owned, int(self.offsets[self.transport.rank])
+        indices = self._mg.indices
+        needed = ~self._outside_loss
+        keeps: dict[int, np.ndarray | None] = {}
+        for index in layers:
+            mine = np.flatnonzero(needed.numpy()) + base
+            rows = self.transport.all_gather_object(mine, "setup.plan.loss")
+            keep = np.isin(dst, np.concatenate(rows))
+            keeps[index] = keep
+            below = needed.clone()
+            read = indices[needed[self._dst_of_edge] & (indices < n)]
+            below[read] = True
+            sent = src[keep]
+            below[torch.from_numpy(sent[(sent >= base) & (sent < base + n)] - base)] = (
+                True
+            )
+            needed = below
+        return keeps
+
+    def plan_of(self, index: int, *, backward: bool) -> SwitchPlan:
+        """The plan of layer ``index``'s forward or backward passes."""
+        return self.plans[(self._bwd_plan if backward else self._fwd_plan)[index]]
 
     def _send_tables(self, plan_id: int, plan: SwitchPlan) -> None:
         if not plan.blocks:
@@ -315,7 +372,7 @@ class SwitchEngine(Engine):
         self, index: int, m: torch.Tensor, *, backward: bool
     ) -> torch.Tensor:
         """Layer ``index``'s remote sums of ``m`` [n, F] (or its reverse)."""
-        plan = self._layer_plan[index]
+        plan = (self._bwd_plan if backward else self._fwd_plan)[index]
         views = self._views[(plan, backward)]
         way = "bwd" if backward else "fwd"
         seq = self._seq
@@ -361,6 +418,8 @@ class SwitchEngine(Engine):
         if not narrow:
             agg = lay.project(agg)
         out: torch.Tensor = lay.finish(agg, h)
+        if index == self.num_layers - 1 and out.requires_grad:
+            out.register_hook(self.check_output_grad)  # (zeros stay home)
         return out
 
     # ----------------------------------------------------------------- epochs

@@ -115,7 +115,8 @@ def test_switch_equals_one_process_and_sends_switchgnn_volumes(
     _assert_exact(ranks, single_step(graph, _config(model)))
     core = ranks[0]["extra"]["switch"]["core"]
     workers = ranks[0]["extra"]["switch"]["workers"]
-    plans, layer_plan = ranks[0]["engine"].plans, ranks[0]["engine"]._layer_plan
+    engine = ranks[0]["engine"]
+    plans = engine.plans
     limited = mb > 0
     if limited and blocks == "multilevel":
         assert all(len(p.blocks) > 1 for p in plans.values())
@@ -133,15 +134,19 @@ def test_switch_equals_one_process_and_sends_switchgnn_volumes(
         assert core["bypassed"] > 0
         return
     assert sum(w["retransmitted"] + w["fetched"] for w in workers) == 0
-    for layer, plan_id in layer_plan.items():
-        plan = plans[plan_id]
-        rows = sum(v + d for v, d in plan.block_sizes())
-        s = 4 * plan.width
+    # Backward sends only the gradients the loss can make nonzero: at the
+    # output layer, those of the rows the training nodes read.
+    top = (engine.plan_of(2, backward=b).src.size for b in (True, False))
+    assert next(top) < next(top)
+    for layer in (1, 2):
         for way in ("fwd", "bwd"):
+            plan = engine.plan_of(layer, backward=way == "bwd")
+            rows = sum(v + d for v, d in plan.block_sizes())
+            s = 4 * plan.width
             sent = _link_rows(ranks, f"{way}.L{layer}")
             if core["raw"] == 0:
                 assert sent == rows * s, (way, layer)
-            else:  # overflow: raw rows on top, results for fewer rows
+            else:  # overflow: raw copies on top of the uploads
                 assert sent > plan.block_sizes()[0][0] * s
 
 
@@ -155,8 +160,7 @@ def test_straw_ul_saves_one_minus_one_over_mean_partitions_against_halo(
     world = 4
     halo = run_dist_steps(parts[world], world, _config("gcn"), "halo")
     straw = _run(parts[world], world, "gcn", switch_mb=0.0, switch_blocks="none")
-    engine = straw[0]["engine"]
-    plan = engine.plans[engine._layer_plan[2]]
+    plan = straw[0]["engine"].plan_of(2, backward=False)
     boundary = np.unique(plan.src).size
     assert np.unique(plan.dst).size == boundary  # a symmetric graph
     # sum over v of |R(v)|: each part holds each remote row it reads once
