@@ -18,6 +18,10 @@ It holds what SwitchGNN's P4 program holds (paper §3, §4; digest §2.2–2.8):
   destination's aggregator, drops its partial sum and puts the destination
   in bypass: its rows go straight to the owner from then on;
 - the **block-complete multicast** once every worker reported the block done;
+- the **all-sent multicast** once every worker's rows of the block are in
+  (ours: every result that needs no recovery is queued before it, so a
+  worker fetches what it still lacks then, without waiting for a timeout
+  that cannot tell a lost row from a slow peer);
 - seeded **loss** of DATA frames (``--switch-loss``), for the protocol's sake.
 
 ECN marking is the server's (:mod:`.server`): it knows its queues.
@@ -99,6 +103,7 @@ class _Block:
     done: np.ndarray  # bool [A]
     free: list[int]
     done_workers: set[int] = field(default_factory=set)
+    sent_workers: set[int] = field(default_factory=set)
 
 
 class SwitchCore:
@@ -158,7 +163,7 @@ class SwitchCore:
         self.stats = self.stats_for(frame.seq)
         if frame.kind == Kind.TABLE:
             return self._table(frame)
-        if frame.kind in (Kind.DATA, Kind.FETCH, Kind.ACK, Kind.DONE):
+        if frame.kind in (Kind.DATA, Kind.FETCH, Kind.ACK, Kind.DONE, Kind.SENT):
             block = self._block(frame)
             if block is None:
                 self.stats["late_frames"] += 1
@@ -171,6 +176,8 @@ class SwitchCore:
                 return self._fetch(frame, block)
             if frame.kind == Kind.ACK:
                 return self._ack(frame, block)
+            if frame.kind == Kind.SENT:
+                return self._sent(frame, block)
             return self._done(frame, block)
         raise SwitchProtocolError(f"unexpected {frame.name} frame from a worker")
 
@@ -458,6 +465,22 @@ class SwitchCore:
                 )
             )
         return out
+
+    def _sent(self, frame: Frame, block: _Block) -> list[tuple[int, Frame]]:
+        """A worker's rows of the block are all out; once every worker's are
+        in, say so to all (every result they will get without a fetch is
+        queued before it: what is missing then was lost)."""
+        block.sent_workers.add(frame.sender)
+        if len(block.sent_workers) < self.world_size:
+            return []
+        sent = Frame(
+            Kind.SENT,
+            frame.flags & BACKWARD,
+            frame.plan,
+            seq=frame.seq,
+            block=frame.block,
+        )
+        return [(rank, sent) for rank in range(self.world_size)]
 
     def _done(self, frame: Frame, block: _Block) -> list[tuple[int, Frame]]:
         block.done_workers.add(frame.sender)

@@ -17,11 +17,14 @@ that read each source (its backward). It runs block by block
 3. multicasts an ACK for each finished destination through the switch; its
    own sent pairs are done when their destinations' ACKs are back (the
    **sending/ACK bitmap**);
-4. on no progress for ``timeout_s`` (doubled at each timeout within the
-   block, TCP's backoff): **fetches** the pairs its unfinished
-   destinations lack (the switch drops their partial sums and puts them in
-   bypass, and asks the sources' owners to resend), and after twice that
-   **resends** (RESEND) its own unacknowledged pairs;
+4. says SENT after its last row; when the switch has every worker's, it
+   multicasts SENT, behind every result it could give without recovery:
+   the worker then **fetches** what its unfinished destinations lack at
+   once (the switch drops their partial sums, puts them in bypass and asks
+   the sources' owners to resend); as a fallback, after no progress for
+   ``timeout_s`` since then (doubled at each timeout within the block,
+   TCP's backoff), it fetches again, and after twice that **resends**
+   (RESEND) its own unacknowledged pairs;
 5. says DONE when its destinations are finished and its pairs acknowledged,
    and starts the next block on the switch's COMPLETE multicast.
 
@@ -242,6 +245,7 @@ class _BlockRun:
         self.done = np.zeros(nd, dtype=bool)
         self.acked = np.zeros(view.ack_dst.size, dtype=bool)
         self.cache: dict[int, np.ndarray] = {}
+        self.all_in = False  # the switch said every worker's rows are in
         per = max(1, PACKET_BYTES // (4 * max(width, 1)))
         self.packets = [slice(i, i + per) for i in range(0, view.up_gid.size, per)]
 
@@ -256,6 +260,8 @@ class _BlockRun:
         link, view = self.link, self.view
         sent, window = 0, 4
         done_sent = complete = False
+        if not self.packets:
+            link.send(self.frame(Kind.SENT))
         last_progress = last_frame = time.monotonic()
         resent_at = last_progress
         rto = self.timeout_s  # doubles at each timeout of the block (backoff)
@@ -265,6 +271,8 @@ class _BlockRun:
                     rows = self.x[view.up_row[part]]
                     link.send(self.frame(Kind.DATA, ids1=view.up_gid[part], rows=rows))
                 sent = min(len(self.packets), sent + window)
+                if sent == len(self.packets):
+                    link.send(self.frame(Kind.SENT))
             more = sent < len(self.packets)
             frames = link.poll(0.0 if more else min(0.05, rto / 4))
             now = time.monotonic()
@@ -299,7 +307,7 @@ class _BlockRun:
                     f"{link.timeout_s:g}s (block {self.head[2]} of pass "
                     f"{self.head[1]})"
                 )
-            if done_sent or more or now - last_progress < rto:
+            if done_sent or not self.all_in or now - last_progress < rto:
                 continue
             self.c.timeouts += 1
             resend = now - resent_at >= 2 * rto
@@ -324,6 +332,13 @@ class _BlockRun:
             self.acked[at] = True
         elif kind == Kind.FETCH:
             self.resend(frame.ids1, frame.ids2)
+        elif kind == Kind.SENT:
+            # Every worker's rows are in, and every result that needed no
+            # recovery came before this: what is missing was lost.
+            self.all_in = True
+            todo = np.flatnonzero(~self.done)
+            if todo.size:
+                self.start_fetch(todo)
         elif kind == Kind.COMPLETE:
             return True
         else:

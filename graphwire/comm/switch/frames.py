@@ -69,6 +69,7 @@ class Kind:
     ABORT = 11  # s->w: the run cannot go on (JSON: why)
     READY = 12  # s->w: HELLO answered, or every TABLE of a plan stored
     BYE = 13  # w->s: this worker is leaving
+    SENT = 14  # w->s: this worker's DATA of the block is out; s->w: all is in
 
     NAMES = {
         1: "HELLO",
@@ -84,6 +85,7 @@ class Kind:
         11: "ABORT",
         12: "READY",
         13: "BYE",
+        14: "SENT",
     }
 
 
