@@ -205,10 +205,7 @@ def print_table(label: str, variants: list[str], runs: Runs) -> None:
 LEGEND = (
     "fwd/bwdMiB/ep: rows on the workers' links (fwd.*, bwd.*: to and from the "
     "switch, or between hosts), sent + received, summed over ranks, mean over "
-    "epochs; rowsMiB/ep: both (a switch run's\nsplit of the received rows "
-    "between fwd and bwd follows each worker's tag when it reads them: "
-    "backward results read early count as fwd; the sum is exact); x halo: "
-    "rows over halo's;\nlinkMiB/ep: a switch run's every link byte (rows, "
+    "epochs; rowsMiB/ep: both; x halo: rows over halo's;\nlinkMiB/ep: a switch run's every link byte (rows, "
     "headers, IDs, acknowledgements); MiB: the switch's memory (--switch-mb); "
     "pool rows: aggregators of the row width; peak, mean:\naggregators in use "
     "(the switch's peak_slots, mean_slots; peak over epochs); raw/ep: rows "
@@ -229,10 +226,7 @@ def print_checks(label: str, runs: Runs, timed: bool) -> None:
     ul, halo = results.get("Straw-UL"), results.get("halo")
     uploads, width = runs.uploads(), runs.width()
     if ul and halo and uploads and width and runs.boundary_rows:
-        # Straw-UL's backward moves what its forward does (the same table
-        # reversed), so its fwd rows are half of fwd+bwd, which no early
-        # read can shift.
-        measured = 1 - ul.train_bytes / 2 / halo.fwd_bytes
+        measured = 1 - ul.fwd_bytes / halo.fwd_bytes
         mean_r = runs.halo_rows / runs.boundary_rows
         moved = round(halo.fwd_sent[halo.first_tag] / (4 * width))
         print(
@@ -241,8 +235,8 @@ def print_checks(label: str, runs: Runs, timed: bool) -> None:
             f"the formula 1 - 1/mean|R(v)|, mean|R(v)| = {runs.halo_rows:,} / "
             f"{runs.boundary_rows:,} = {mean_r:.3f} (the parts' halo / boundary rows;"
             f" the runs moved {moved:,} / {uploads:,}); fwd+bwd rows "
-            f"{_change(ul.train_bytes, halo.train_bytes):+.1%} (halo sends only "
-            "the gradients the loss can make nonzero)"
+            f"{_change(ul.train_bytes, halo.train_bytes):+.1%} (both send back "
+            "only the gradients the loss can make nonzero)"
         )
     pairs = []
     for memory in ("1MB", "10MB", "100MB", "small"):
