@@ -205,7 +205,8 @@ def print_table(label: str, variants: list[str], runs: Runs) -> None:
 LEGEND = (
     "fwd/bwdMiB/ep: rows on the workers' links (fwd.*, bwd.*: to and from the "
     "switch, or between hosts), sent + received, summed over ranks, mean over "
-    "epochs; rowsMiB/ep: both; x halo: rows over halo's;\nlinkMiB/ep: a switch run's every link byte (rows, "
+    "epochs; rowsMiB/ep: both; x halo: rows over halo's;\nlinkMiB/ep: a "
+    "switch run's every link byte (rows, "
     "headers, IDs, acknowledgements); MiB: the switch's memory (--switch-mb); "
     "pool rows: aggregators of the row width; peak, mean:\naggregators in use "
     "(the switch's peak_slots, mean_slots; peak over epochs); raw/ep: rows "
