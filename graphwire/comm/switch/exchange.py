@@ -274,7 +274,9 @@ class _BlockRun:
                 if sent == len(self.packets):
                     link.send(self.frame(Kind.SENT))
             more = sent < len(self.packets)
-            frames = link.poll(0.0 if more else min(0.05, rto / 4))
+            # (select wakes on a writable socket too: no spinning while a
+            # shaped link drains what is queued)
+            frames = link.poll(min(0.05, rto / 4))
             now = time.monotonic()
             marked = False
             for at, frame in enumerate(frames):
