@@ -309,7 +309,10 @@ class _BlockRun:
                     f"{link.timeout_s:g}s (block {self.head[2]} of pass "
                     f"{self.head[1]})"
                 )
-            if done_sent or not self.all_in or now - last_progress < rto:
+            if not self.all_in:
+                resent_at = now  # the timers start when every row is in
+                continue
+            if done_sent or now - last_progress < rto:
                 continue
             self.c.timeouts += 1
             resend = now - resent_at >= 2 * rto
