@@ -166,16 +166,17 @@ def _figures(line: str) -> list[float]:
 
 @pytest.mark.slow
 def test_quick_run_on_cora_is_consistent(cora_dir, tmp_path, capsys) -> None:
-    """Four runs on Cora at 3 workers, two at a time (about 25 s): Straw-UL
-    moves fewer forward rows than halo, by what the formula says; at the
-    small memory Straw overflows and SwitchGNN's blocks do not."""
+    """Two runs on Cora at 3 workers, at once (about 10 s): Straw-UL moves
+    fewer forward rows than halo, by what the formula says. (Overflow and
+    blocks at a small memory: tests/fullgraph/test_switch.py; the lines that
+    print them: test_the_check_lines_set_ours_beside_the_paper.)"""
     figures = tmp_path / "figures.json"
     argv = ["--quick", "--cora", str(cora_dir / "cora"), "--json", str(figures)]
     assert bench_switch.main(argv) == 0
     out = capsys.readouterr().out
     (runs,) = json.loads(figures.read_text())["runs"]
     results = runs["results"]
-    assert set(results) == {"halo", "Straw-UL", "Straw-small", "SwitchGNN-small"}
+    assert set(results) == {"halo", "Straw-UL"}
     halo, ul = results["halo"], results["Straw-UL"]
     # Forward: Straw-UL's rows are fewer than halo's: Cora's 3 parts have
     # rows read by 2 others.
@@ -184,11 +185,4 @@ def test_quick_run_on_cora_is_consistent(cora_dir, tmp_path, capsys) -> None:
     formula = _line(out, "formula [cora, 3 workers, unshaped] Straw-UL vs halo")
     measured, predicted = _figures(formula)[1:3]
     assert measured == predicted > 0
-    overflow = _line(out, "overflow [cora, 3 workers, unshaped]")
-    assert results["Straw-small"]["raw"] > 0 and results["SwitchGNN-small"]["raw"] == 0
-    assert "SwitchGNN raw 0 (" in overflow
-    small_rows = runs["small"][1]
-    assert results["SwitchGNN-small"]["peak_slots"] <= small_rows
-    assert results["SwitchGNN-small"]["blocks"]["L1"] > 1
     assert all(r["timeouts"] == 0 for r in results.values())
-    assert "SwitchGNN vs Straw [cora, 3 workers, unshaped]" in out
