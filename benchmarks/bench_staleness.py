@@ -73,6 +73,7 @@ from shaped_bench import (  # noqa: E402
     add_run_flags,
     check_flags,
     cli,
+    comma_list,
     epoch_records,
     in_work_folder,
     prepare_graph,
@@ -585,13 +586,6 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
     return 1 if failed else 0
 
 
-def _list(parser: argparse.ArgumentParser, flag: str, text: str, kind: type) -> list:
-    try:
-        return [kind(item) for item in text.split(",")]
-    except ValueError:
-        parser.error(f"{flag}: expected {kind.__name__}s separated by commas: {text}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     add_graph_flags(parser)
@@ -652,16 +646,16 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is None:
             setattr(args, name, value)
     check_flags(parser, args, MINIMUMS, ("rate_mbit", *TIMEOUTS))
-    args.workers = _list(parser, "--workers", args.workers, int)
+    args.workers = comma_list(parser, "--workers", args.workers, int)
     if any(w < 2 for w in args.workers) or len(set(args.workers)) < len(args.workers):
         parser.error(f"--workers: expected distinct integers >= 2, got {args.workers}")
-    args.seeds = _list(parser, "--seeds", args.seeds, int)
+    args.seeds = comma_list(parser, "--seeds", args.seeds, int)
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds: expected integers >= 0, got {args.seeds}")
     if args.dropout is not None and not 0 <= args.dropout < 1:
         parser.error(f"--dropout: expected a number in [0, 1), got {args.dropout}")
     graphs = args.graphs or ("synthetic" if args.quick else ",".join(GRAPHS))
-    args.graphs = _list(parser, "--graphs", graphs, str)
+    args.graphs = comma_list(parser, "--graphs", graphs, str)
     if not set(args.graphs) <= set(GRAPHS) or len(set(args.graphs)) < len(args.graphs):
         parser.error(f"--graphs: expected synthetic, cora or both, got {graphs}")
     unknown = sorted(set(args.only or ()) - VARIANTS.keys())

@@ -84,6 +84,7 @@ from shaped_bench import (  # noqa: E402
     RunFailed,
     add_run_flags,
     check_flags,
+    comma_list,
     in_work_folder,
     prepare_graph,
     shaper_check,
@@ -311,13 +312,6 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
 
 
 # ------------------------------------------------------------------ flags
-def _list(parser: argparse.ArgumentParser, flag: str, text: str, kind: type) -> list:
-    try:
-        return [kind(item) for item in text.split(",")]
-    except ValueError:
-        parser.error(f"{flag}: expected {kind.__name__}s separated by commas: {text}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument(
@@ -385,10 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     args.unshaped = args.unshaped or args.quick
     check_flags(parser, args, MINIMUMS, ("rate_mbit", "switch_timeout", *TIMEOUTS))
     graphs = args.graphs
-    args.workers = _list(parser, "--workers", args.workers, int)
+    args.workers = comma_list(parser, "--workers", args.workers, int)
     if any(w < 2 for w in args.workers) or len(set(args.workers)) < len(args.workers):
         parser.error(f"--workers: expected distinct integers >= 2, got {args.workers}")
-    args.graphs = _list(parser, "--graphs", graphs, str)
+    args.graphs = comma_list(parser, "--graphs", graphs, str)
     if not set(args.graphs) <= set(GRAPHS) or len(set(args.graphs)) < len(args.graphs):
         parser.error(f"--graphs: expected synthetic, cora or both, got {graphs}")
     unknown = sorted(set(args.only or ()) - set(VARIANTS))

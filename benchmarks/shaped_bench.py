@@ -33,6 +33,7 @@ __all__ = [
     "add_run_flags",
     "check_flags",
     "cli",
+    "comma_list",
     "epoch_records",
     "in_work_folder",
     "kill_namespace_processes",
@@ -339,3 +340,14 @@ def write_figures(path: str, payload: dict[str, Any]) -> None:
     """``payload`` to --json ``path``, atomically, its folder made if need be."""
     with atomic_file(path) as handle:
         handle.write(json.dumps(payload, indent=1))
+
+
+def comma_list(
+    parser: argparse.ArgumentParser, flag: str, text: str, kind: type
+) -> list:
+    """``text`` (``"2,4"``) as a list of ``kind``; refused through ``parser``,
+    naming ``flag``, if an item is not one."""
+    try:
+        return [kind(item) for item in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag}: expected {kind.__name__}s separated by commas: {text}")
