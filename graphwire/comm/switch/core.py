@@ -330,21 +330,13 @@ class SwitchCore:
         ids = block.table.agg[done]
         out = []
         for rank, pick in self._by_owner(ids):
-            out.append(
-                (
-                    rank,
-                    Frame(
-                        Kind.RESULT,
-                        frame.flags & BACKWARD,
-                        frame.plan,
-                        seq=frame.seq,
-                        block=frame.block,
-                        ids1=ids[pick],
-                        ids2=block.count[done[pick]],
-                        rows=rows[pick],
-                    ),
-                )
+            result = frame.reply(
+                Kind.RESULT,
+                ids1=ids[pick],
+                ids2=block.count[done[pick]],
+                rows=rows[pick],
             )
+            out.append((rank, result))
         return out
 
     def _by_owner(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -374,21 +366,14 @@ class SwitchCore:
                 first = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]])
             else:  # overflow: the strawman's copy per destination
                 first = np.arange(order.size)
-            out.append(
-                (
-                    rank,
-                    Frame(
-                        Kind.RAW,
-                        (BYPASS if bypass else 0) | (frame.flags & BACKWARD),
-                        frame.plan,
-                        seq=frame.seq,
-                        block=frame.block,
-                        ids1=src[order],
-                        ids2=dst[order],
-                        rows=frame.rows[pair_row[order[first]]],
-                    ),
-                )
+            raw = frame.reply(
+                Kind.RAW,
+                BYPASS if bypass else 0,
+                ids1=src[order],
+                ids2=dst[order],
+                rows=frame.rows[pair_row[order[first]]],
             )
+            out.append((rank, raw))
         return out
 
     def _release(self, block: _Block, aggs: np.ndarray) -> None:
@@ -427,14 +412,8 @@ class SwitchCore:
         self.stats["fetches"] += int(frame.ids1.size)
         out = []
         for rank, pick in self._by_owner(frame.ids1):
-            fetch = Frame(
-                Kind.FETCH,
-                frame.flags & BACKWARD,
-                frame.plan,
-                seq=frame.seq,
-                block=frame.block,
-                ids1=frame.ids1[pick],
-                ids2=frame.ids2[pick],
+            fetch = frame.reply(
+                Kind.FETCH, ids1=frame.ids1[pick], ids2=frame.ids2[pick]
             )
             out.append((rank, fetch))
         return out
@@ -451,19 +430,7 @@ class SwitchCore:
         out = []
         for rank in np.unique(owners).tolist():
             ids = np.unique(dests[owners == rank])
-            out.append(
-                (
-                    rank,
-                    Frame(
-                        Kind.ACK,
-                        frame.flags & BACKWARD,
-                        frame.plan,
-                        seq=frame.seq,
-                        block=frame.block,
-                        ids1=ids,
-                    ),
-                )
-            )
+            out.append((rank, frame.reply(Kind.ACK, ids1=ids)))
         return out
 
     def _sent(self, frame: Frame, block: _Block) -> list[tuple[int, Frame]]:
@@ -473,13 +440,7 @@ class SwitchCore:
         block.sent_workers.add(frame.sender)
         if len(block.sent_workers) < self.world_size:
             return []
-        sent = Frame(
-            Kind.SENT,
-            frame.flags & BACKWARD,
-            frame.plan,
-            seq=frame.seq,
-            block=frame.block,
-        )
+        sent = frame.reply(Kind.SENT)
         return [(rank, sent) for rank in range(self.world_size)]
 
     def _done(self, frame: Frame, block: _Block) -> list[tuple[int, Frame]]:
@@ -490,11 +451,5 @@ class SwitchCore:
         self._finished[frame.seq] = frame.block + 1
         blocks = self.stats["blocks"]
         blocks[str(frame.plan)] = blocks.get(str(frame.plan), 0) + 1
-        complete = Frame(
-            Kind.COMPLETE,
-            frame.flags & BACKWARD,
-            frame.plan,
-            seq=frame.seq,
-            block=frame.block,
-        )
+        complete = frame.reply(Kind.COMPLETE)
         return [(rank, complete) for rank in range(self.world_size)]

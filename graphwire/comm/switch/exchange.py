@@ -232,6 +232,7 @@ class _BlockRun:
     ) -> None:
         self.link, self.view, self.x, self.out = link, view, x, out
         self.head = (plan, seq, block, BACKWARD if backward else 0)
+        self.template = Frame(Kind.DATA, self.head[3], plan, seq=seq, block=block)
         self.timeout_s, self.c = timeout_s, counters
         width = x.shape[1]
         nd = view.d_gid.size
@@ -250,11 +251,8 @@ class _BlockRun:
         self.packets = [slice(i, i + per) for i in range(0, view.up_gid.size, per)]
 
     def frame(self, kind: int, flags: int = 0, **arrays: np.ndarray) -> Frame:
-        plan, seq, block, direction = self.head
-        out = Frame(kind, flags | direction, plan, seq=seq, block=block)
-        for name, array in arrays.items():
-            setattr(out, name, array)
-        return out
+        """A frame of this block's pass and direction."""
+        return self.template.reply(kind, flags, **arrays)
 
     def run(self) -> None:
         link, view = self.link, self.view

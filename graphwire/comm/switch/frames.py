@@ -112,6 +112,15 @@ class Frame:
     def name(self) -> str:
         return Kind.NAMES.get(self.kind, f"kind {self.kind}")
 
+    def reply(self, kind: int, flags: int = 0, **arrays: np.ndarray) -> Frame:
+        """A frame of ``kind`` about this one's pass, block and direction,
+        with ``flags`` added and ``arrays`` (``ids1``, ``ids2``, ``rows``)."""
+        out = Frame(kind, flags | (self.flags & BACKWARD), self.plan)
+        out.seq, out.block = self.seq, self.block
+        for name, array in arrays.items():
+            setattr(out, name, array)
+        return out
+
 
 def encode(frame: Frame) -> bytes:
     """``frame`` as bytes on the wire (length prefix included)."""
