@@ -79,6 +79,7 @@ from shaped_bench import (  # noqa: E402
     prepare_graph,
     shaper_check,
     train_runs,
+    worker_counts,
     write_figures,
 )
 
@@ -646,9 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is None:
             setattr(args, name, value)
     check_flags(parser, args, MINIMUMS, ("rate_mbit", *TIMEOUTS))
-    args.workers = comma_list(parser, "--workers", args.workers, int)
-    if any(w < 2 for w in args.workers) or len(set(args.workers)) < len(args.workers):
-        parser.error(f"--workers: expected distinct integers >= 2, got {args.workers}")
+    args.workers = worker_counts(parser, args.workers)
     args.seeds = comma_list(parser, "--seeds", args.seeds, int)
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds: expected integers >= 0, got {args.seeds}")

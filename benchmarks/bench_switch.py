@@ -89,6 +89,7 @@ from shaped_bench import (  # noqa: E402
     prepare_graph,
     shaper_check,
     train_runs,
+    worker_counts,
     write_figures,
 )
 from switch_report import (  # noqa: E402
@@ -379,9 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args.unshaped = args.unshaped or args.quick
     check_flags(parser, args, MINIMUMS, ("rate_mbit", "switch_timeout", *TIMEOUTS))
     graphs = args.graphs
-    args.workers = comma_list(parser, "--workers", args.workers, int)
-    if any(w < 2 for w in args.workers) or len(set(args.workers)) < len(args.workers):
-        parser.error(f"--workers: expected distinct integers >= 2, got {args.workers}")
+    args.workers = worker_counts(parser, args.workers)
     args.graphs = comma_list(parser, "--graphs", graphs, str)
     if not set(args.graphs) <= set(GRAPHS) or len(set(args.graphs)) < len(args.graphs):
         parser.error(f"--graphs: expected synthetic, cora or both, got {graphs}")

@@ -34,6 +34,7 @@ __all__ = [
     "check_flags",
     "cli",
     "comma_list",
+    "worker_counts",
     "epoch_records",
     "in_work_folder",
     "kill_namespace_processes",
@@ -351,3 +352,12 @@ def comma_list(
         return [kind(item) for item in text.split(",")]
     except ValueError:
         parser.error(f"{flag}: expected {kind.__name__}s separated by commas: {text}")
+
+
+def worker_counts(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--workers`` (``"2,4"``): distinct worker counts, each >= 2; refused
+    through ``parser`` otherwise."""
+    counts = comma_list(parser, "--workers", text, int)
+    if any(w < 2 for w in counts) or len(set(counts)) < len(counts):
+        parser.error(f"--workers: expected distinct integers >= 2, got {counts}")
+    return counts
