@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"feature"},
     {"run"},
     {"fullgraph", "minibatch"},
-    {"bench", "testing"},
+    {"bench", "testing", "simulate"},
     {"commands", "cli", "__main__", "__init__"},
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}

@@ -1,0 +1,25 @@
+"""What a simulated message costs on the wire: packets of a fixed payload plus headers.
+
+Both simulators charge the same bytes: the ns-3 hosts send each message as
+``ceil(nbytes / PAYLOAD_BYTES)`` packets, each carrying ``HEADER_BYTES`` of
+headers on every link, and the flow model charges :func:`wire_bytes`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HEADER_BYTES", "PAYLOAD_BYTES", "packets", "wire_bytes"]
+
+# Jumbo frames (MTU 9000), as on the emulation's loopback.
+PAYLOAD_BYTES = 8192
+# Point-to-point 2 + IPv4 20 + UDP 8 + graphwire's message header 16.
+HEADER_BYTES = 46
+
+
+def packets(nbytes: int) -> int:
+    """Packets a message of ``nbytes`` payload takes (one for an empty one: none)."""
+    return -(-nbytes // PAYLOAD_BYTES)
+
+
+def wire_bytes(nbytes: int) -> int:
+    """Bytes a message of ``nbytes`` payload puts on each link it crosses."""
+    return nbytes + packets(nbytes) * HEADER_BYTES
