@@ -1,0 +1,201 @@
+"""`capture_epoch`: one training step of a real engine, with every transfer traced.
+
+The simulators' traffic is the engines' own: the strategy's engine is built
+on each part of a partitioned folder, exactly as ``graphwire train`` builds
+it, and runs one training step (forward, backward, gradient sum) on
+in-process ranks (:func:`~graphwire.comm.local.run_local`, threads of this
+process, one torch thread each). Each rank's ledger also keeps, in order,
+every message it sent or received, with the CPU time the rank's thread had
+used by then, so the CPU between two transfers is that rank's compute there,
+measured one part at a time on this machine's cores.
+
+A receive posted ahead (``irecv``, G3's pipelined bins) counts where the rank
+waits for it, not where it was posted, so overlap is kept. The switch of
+``--exchange switch`` is a real process here too (peer ``world_size`` in
+the ledger); what it sends is seen as each rank receives it.
+
+A warm-up step runs first and is not traced (first-call allocations are not
+an epoch's cost).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphwire.comm.base import Transport, Work
+from graphwire.comm.ledger import Ledger
+from graphwire.comm.local import run_local
+from graphwire.fullgraph.distributed import build_engine, forward_loss
+from graphwire.partition import load_part
+from graphwire.run.collective import seeded_model, split_sizes
+from graphwire.run.config import TrainConfig
+
+__all__ = ["Event", "RankTrace", "TraceLedger", "capture_epoch"]
+
+# The hashed dropout's seed of the traced step (any fixed value: same masks
+# on every run, so the same rows cross the wire).
+_DROPOUT_SEED = 0
+
+
+@dataclass(slots=True)
+class Event:
+    """One transfer of one rank.
+
+    Attributes:
+        kind: ``send``; ``recv`` (the rank has the message now); ``posted`` (a
+            receive posted ahead: the rank waits for it at the ``wait`` event
+            whose ``ref`` is this event's index).
+        peer: the other rank (``world_size``: the switch).
+        tag: the ledger's tag.
+        nbytes: payload bytes.
+        cpu: the rank's thread CPU seconds since the trace began.
+        wall: ``time.perf_counter()`` at the event (comparable across ranks).
+        ref: for ``wait``, the index of its ``posted`` event.
+    """
+
+    kind: str
+    peer: int
+    tag: str
+    nbytes: int
+    cpu: float
+    wall: float
+    ref: int = -1
+
+
+class TraceLedger(Ledger):
+    """A :class:`Ledger` that also keeps its rank's transfers in order while on."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(rank)
+        self.events: list[Event] = []
+        self.on = False
+        self._cpu0 = 0.0
+
+    def start(self) -> None:
+        self.events.clear()
+        self._cpu0 = time.thread_time()
+        self.on = True
+
+    def cpu(self) -> float:
+        """Thread CPU seconds since :meth:`start` (call on the rank's thread)."""
+        return time.thread_time() - self._cpu0
+
+    def record_send(self, dst: int, tag: str, num_bytes: int) -> None:
+        super().record_send(dst, tag, num_bytes)
+        self._keep("send", dst, tag, num_bytes)
+
+    def record_recv(self, src: int, tag: str, num_bytes: int) -> None:
+        super().record_recv(src, tag, num_bytes)
+        self._keep("recv", src, tag, num_bytes)
+
+    def _keep(
+        self, kind: str, peer: int, tag: str, num_bytes: int, ref: int = -1
+    ) -> None:
+        if self.on and (num_bytes > 0 or kind == "wait"):
+            now = time.perf_counter()
+            self.events.append(Event(kind, peer, tag, num_bytes, self.cpu(), now, ref))
+
+
+class _Waited:
+    """A posted receive whose ``wait`` is kept in the trace."""
+
+    def __init__(self, work: Work, ledger: TraceLedger, ref: int) -> None:
+        self._work, self._ledger, self._ref = work, ledger, ref
+        self._done = False
+
+    def wait(self) -> None:
+        self._work.wait()
+        if not self._done:
+            self._done = True
+            event = self._ledger.events[self._ref]
+            self._ledger._keep("wait", event.peer, event.tag, 0, self._ref)
+
+
+def _trace(transport: Transport) -> TraceLedger:
+    """Swap in a tracing ledger and make posted receives count at their wait."""
+    ledger = TraceLedger(transport.rank)
+    transport.ledger = ledger
+    post = transport.irecv
+
+    def irecv(tensor: torch.Tensor, src: int, tag: str) -> Work:
+        count = len(ledger.events)
+        work = post(tensor, src, tag)
+        if len(ledger.events) == count:
+            return work  # not traced (off, or empty)
+        ledger.events[-1].kind = "posted"
+        return _Waited(work, ledger, len(ledger.events) - 1)
+
+    transport.irecv = irecv  # type: ignore[method-assign]
+    return ledger
+
+
+@dataclass(slots=True)
+class RankTrace:
+    """What one rank did in the traced step.
+
+    Attributes:
+        rank: the rank (= part).
+        events: its transfers, in order.
+        cpu_s: its thread's CPU seconds over the whole step.
+        extra: the engine's end-of-epoch report (the switch's counters, ...).
+    """
+
+    rank: int
+    events: list[Event]
+    cpu_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def capture_epoch(
+    folder: str | Path,
+    num_parts: int,
+    config: TrainConfig,
+    exchange: Any,
+    options: dict[str, Any] | None = None,
+    *,
+    timeout: float = 600.0,
+) -> list[RankTrace]:
+    """Trace one training step of ``exchange`` on every part of ``folder``.
+
+    Args:
+        folder: a partitioned graph of ``num_parts`` parts.
+        config: the model (``--model``, ``--hidden``, ``--layers``, ``--seed``).
+        exchange: the engine's name or config (as :func:`build_engine`).
+        options: the engine's own keywords (as :func:`build_engine`).
+
+    Returns:
+        One :class:`RankTrace` per rank, by rank.
+    """
+
+    def step(transport: Transport) -> RankTrace:
+        ledger = _trace(transport)
+        part = load_part(folder, transport.rank)
+        assert part.x is not None
+        engine = build_engine(part, transport, config, exchange, options)
+        model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
+        model.train()
+        engine.prepare(model)
+        num_train = split_sizes(part, transport)["train"]
+        try:
+            for epoch in (0, 1):  # epoch 0 warms up
+                transport.barrier()
+                if epoch == 1:
+                    ledger.start()
+                engine.begin_epoch(epoch)
+                _, loss = forward_loss(engine, model, num_train, _DROPOUT_SEED)
+                model.zero_grad(set_to_none=True)
+                loss.backward()
+                engine.sync_gradients(model)
+                extra = engine.end_epoch()
+            cpu_s = ledger.cpu()
+            ledger.on = False
+        finally:
+            engine.close()
+        return RankTrace(transport.rank, list(ledger.events), cpu_s, extra)
+
+    return run_local(step, num_parts, timeout=timeout)

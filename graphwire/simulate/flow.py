@@ -1,0 +1,150 @@
+"""`simulate_flows`: a :class:`Workload` on a topology, with max-min fair links.
+
+The flow-level model for sweeps too large for packets. Every send is a flow
+of :func:`~graphwire.simulate.wire.wire_bytes` over its pinned route
+(:meth:`Topology.path_links`); at every moment the active flows share the
+links max-min fairly (the allocation DCQCN-like rate control converges to),
+recomputed whenever a flow starts or ends. A flow's last byte arrives one
+route latency after it leaves the first link: the links' propagation delays
+plus, per further hop, one packet's store-and-forward. Compute tasks take
+their time. There are no queues: the packet simulator (ns-3) has them, and
+the two are checked against each other where both run.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from graphwire.simulate.topology import Topology
+from graphwire.simulate.wire import HEADER_BYTES, PAYLOAD_BYTES, wire_bytes
+from graphwire.simulate.workload import LinkStats, SimResult, Workload
+
+__all__ = ["max_min_rates", "simulate_flows"]
+
+# A flow with fewer bytes left than this is done (float rounding).
+_EPS_BYTES = 1e-6
+
+
+def max_min_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Max-min fair rates of flows over links.
+
+    Args:
+        paths: int64 [F, K] each flow's link indices, padded with -1.
+        capacity: float64 [L] each link's capacity.
+
+    Returns:
+        float64 [F] rates (same unit as ``capacity``).
+    """
+    num_flows = paths.shape[0]
+    rates = np.zeros(num_flows)
+    left = capacity.astype(np.float64).copy()
+    free = np.ones(num_flows, dtype=bool)
+    on = paths >= 0
+    while free.any():
+        mask = on & free[:, None]
+        count = np.bincount(paths[mask], minlength=capacity.size)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(count > 0, left / np.maximum(count, 1), np.inf)
+        bottleneck = int(np.argmin(share))
+        level = max(float(share[bottleneck]), 0.0)
+        fixed = free & (paths == bottleneck).any(axis=1)
+        rates[fixed] = level
+        free &= ~fixed
+        used = paths[fixed][on[fixed]]
+        left -= np.bincount(used, minlength=capacity.size) * level
+    return rates
+
+
+def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
+    """Run ``workload`` on ``topology`` (see the module docstring)."""
+    tasks = workload.tasks
+    n = len(tasks)
+    links: dict[tuple[int, int], int] = {}
+    route: list[list[int]] = []
+    latency = np.zeros(n)
+    packet_s = (PAYLOAD_BYTES + HEADER_BYTES) * 8 / topology.rate_bps
+    for t in tasks:
+        if not t.is_send:
+            route.append([])
+            continue
+        hops = topology.path_links(t.node, t.dst)
+        route.append([links.setdefault(h, len(links)) for h in hops])
+        hops_nodes = len(topology.path(t.node, t.dst)) - 1
+        latency[len(route) - 1] = hops_nodes * topology.delay_s + (
+            hops_nodes - 1
+        ) * min(packet_s, wire_bytes(t.nbytes) * 8 / topology.rate_bps)
+    capacity = np.full(max(len(links), 1), topology.rate_bps / 8)  # bytes/s
+    width = max((len(r) for r in route), default=1) or 1
+
+    users: list[list[int]] = [[] for _ in range(n)]
+    waiting = np.zeros(n, dtype=np.int64)
+    for i, t in enumerate(tasks):
+        waiting[i] = len(t.deps)
+        for d in t.deps:
+            users[d].append(i)
+    start = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    timers: list[tuple[float, int]] = []  # (time, task): computes and arrivals
+    active: list[int] = []
+    left: dict[int, float] = {}
+    now = 0.0
+
+    def begin(i: int) -> None:
+        start[i] = now
+        t = tasks[i]
+        if not t.is_send:
+            heapq.heappush(timers, (now + t.seconds, i))
+        elif t.nbytes == 0:
+            heapq.heappush(timers, (now, i))
+        else:
+            active.append(i)
+            left[i] = float(wire_bytes(t.nbytes))
+
+    for first in np.flatnonzero(waiting == 0).tolist():
+        begin(first)
+    rates = np.zeros(0)
+    changed = True
+    while active or timers:
+        if changed and active:
+            paths = np.full((len(active), width), -1, dtype=np.int64)
+            for row, i in enumerate(active):
+                paths[row, : len(route[i])] = route[i]
+            rates = max_min_rates(paths, capacity)
+        changed = False
+        remaining = np.array([left[i] for i in active])
+        with np.errstate(divide="ignore"):
+            drain = remaining / rates if active else np.zeros(0)
+        next_drain = float(drain.min()) if active else np.inf
+        next_timer = timers[0][0] - now if timers else np.inf
+        step = min(next_drain, next_timer)
+        now += step
+        if active:
+            after = remaining - rates * step
+            keep = []
+            for row, i in enumerate(active):
+                if after[row] <= _EPS_BYTES or drain[row] <= step * (1 + 1e-12):
+                    heapq.heappush(timers, (now + latency[i], i))
+                    del left[i]
+                    changed = True
+                else:
+                    left[i] = float(after[row])
+                    keep.append(i)
+            active = keep
+        while timers and timers[0][0] <= now + 1e-15:
+            when, i = heapq.heappop(timers)
+            finish[i] = when
+            for user in users[i]:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    begin(user)
+                    changed = True
+    if np.isnan(finish).any():
+        raise RuntimeError("the flow model left tasks unfinished (a dependency cycle?)")
+    carried: dict[tuple[int, int], int] = {}
+    for t in tasks:
+        if t.is_send and t.nbytes:
+            for hop in topology.path_links(t.node, t.dst):
+                carried[hop] = carried.get(hop, 0) + wire_bytes(t.nbytes)
+    return SimResult("flow", start, finish, LinkStats(carried))
