@@ -1,4 +1,4 @@
-"""The ``graphwire`` command: data, partition, train, bench, report.
+"""The ``graphwire`` command: data, partition, train, switch, simulate, bench, report.
 
 Each subcommand parses its flags (or a YAML config standing in for them), builds
 what it needs, runs, prints a table, and writes its outputs atomically.
@@ -123,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     _quiet_flag(switch)  # (it prints only its address and errors anyway)
     switch.set_defaults(handler=_handler("graphwire.commands.switch", "run"))
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="simulate strategies on a cluster bigger than this machine (ns-3)",
+    )
+    _dataset_flag(simulate)
+    from graphwire.commands.simulate import add_flags as simulate_flags
+
+    simulate_flags(simulate)
+    _quiet_flag(simulate)
+    simulate.set_defaults(handler=_handler("graphwire.commands.simulate", "run"))
 
     bench = commands.add_parser(
         "bench", help="run a benchmark: its figures beside their targets or references"

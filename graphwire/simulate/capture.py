@@ -9,27 +9,34 @@ every message it sent or received, with the CPU time the rank's thread had
 used by then, so the CPU between two transfers is that rank's compute there,
 measured one part at a time on this machine's cores.
 
-A receive posted ahead (``irecv``, G3's pipelined bins) counts where the rank
-waits for it, not where it was posted, so overlap is kept. The switch of
+The CPU a rank spends inside the engine's communication calls (framing,
+polling, copying rows: what ``Engine.timed`` wraps) is not compute: the
+simulated network stands for it. A receive posted ahead (``irecv``, G3's
+pipelined bins) counts where the rank waits for it, not where it was
+posted, so overlap is kept. The switch of
 ``--exchange switch`` is a real process here too (peer ``world_size`` in
 the ledger); what it sends is seen as each rank receives it.
 
 A warm-up step runs first and is not traced (first-call allocations are not
-an epoch's cost).
+an epoch's cost); then ``repeats`` traced steps, of which the last is kept,
+with each rank's least compute over the repeats (CPU time on a shared machine
+only ever grows with interference).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from graphwire.comm.base import Transport, Work
 from graphwire.comm.ledger import Ledger
 from graphwire.comm.local import run_local
+from graphwire.fullgraph.base import Engine
 from graphwire.fullgraph.distributed import build_engine, forward_loss
 from graphwire.partition import load_part
 from graphwire.run.collective import seeded_model, split_sizes
@@ -40,6 +47,7 @@ __all__ = ["Event", "RankTrace", "TraceLedger", "capture_epoch"]
 # The hashed dropout's seed of the traced step (any fixed value: same masks
 # on every run, so the same rows cross the wire).
 _DROPOUT_SEED = 0
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -75,15 +83,32 @@ class TraceLedger(Ledger):
         self.events: list[Event] = []
         self.on = False
         self._cpu0 = 0.0
+        self._paused = 0.0  # CPU spent in communication calls
+        self._depth = 0
+        self._entered = 0.0
 
     def start(self) -> None:
         self.events.clear()
         self._cpu0 = time.thread_time()
+        self._paused = 0.0
         self.on = True
 
     def cpu(self) -> float:
-        """Thread CPU seconds since :meth:`start` (call on the rank's thread)."""
-        return time.thread_time() - self._cpu0
+        """Thread CPU seconds since :meth:`start` outside communication calls
+        (call on the rank's thread)."""
+        now = self._entered if self._depth else time.thread_time()
+        return now - self._cpu0 - self._paused
+
+    def enter_comm(self) -> None:
+        """A communication call begins: its CPU is not compute."""
+        if self._depth == 0:
+            self._entered = time.thread_time()
+        self._depth += 1
+
+    def exit_comm(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._paused += time.thread_time() - self._entered
 
     def record_send(self, dst: int, tag: str, num_bytes: int) -> None:
         super().record_send(dst, tag, num_bytes)
@@ -134,6 +159,20 @@ def _trace(transport: Transport) -> TraceLedger:
     return ledger
 
 
+def _uncount_comm(engine: Engine, ledger: TraceLedger) -> None:
+    """Keep the CPU of ``engine``'s communication calls out of its compute."""
+    timed = engine.timed
+
+    def uncounted(fn: Callable[[], T]) -> T:
+        ledger.enter_comm()
+        try:
+            return timed(fn)
+        finally:
+            ledger.exit_comm()
+
+    engine.timed = uncounted  # type: ignore[method-assign]
+
+
 @dataclass(slots=True)
 class RankTrace:
     """What one rank did in the traced step.
@@ -141,13 +180,16 @@ class RankTrace:
     Attributes:
         rank: the rank (= part).
         events: its transfers, in order.
-        cpu_s: its thread's CPU seconds over the whole step.
+        cpu_s: its compute seconds in the kept step (CPU outside
+            communication calls).
+        least_cpu_s: the least of that over the repeated steps.
         extra: the engine's end-of-epoch report (the switch's counters, ...).
     """
 
     rank: int
     events: list[Event]
     cpu_s: float
+    least_cpu_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -158,6 +200,7 @@ def capture_epoch(
     exchange: Any,
     options: dict[str, Any] | None = None,
     *,
+    repeats: int = 3,
     timeout: float = 600.0,
 ) -> list[RankTrace]:
     """Trace one training step of ``exchange`` on every part of ``folder``.
@@ -167,24 +210,29 @@ def capture_epoch(
         config: the model (``--model``, ``--hidden``, ``--layers``, ``--seed``).
         exchange: the engine's name or config (as :func:`build_engine`).
         options: the engine's own keywords (as :func:`build_engine`).
+        repeats: traced steps (see the module docstring).
 
     Returns:
         One :class:`RankTrace` per rank, by rank.
     """
+    if repeats < 1:
+        raise ValueError(f"repeats: expected >= 1, got {repeats}")
 
     def step(transport: Transport) -> RankTrace:
         ledger = _trace(transport)
         part = load_part(folder, transport.rank)
         assert part.x is not None
         engine = build_engine(part, transport, config, exchange, options)
+        _uncount_comm(engine, ledger)
         model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
         model.train()
         engine.prepare(model)
         num_train = split_sizes(part, transport)["train"]
+        spent = []
         try:
-            for epoch in (0, 1):  # epoch 0 warms up
+            for epoch in range(1 + repeats):  # epoch 0 warms up
                 transport.barrier()
-                if epoch == 1:
+                if epoch > 0:
                     ledger.start()
                 engine.begin_epoch(epoch)
                 _, loss = forward_loss(engine, model, num_train, _DROPOUT_SEED)
@@ -192,10 +240,12 @@ def capture_epoch(
                 loss.backward()
                 engine.sync_gradients(model)
                 extra = engine.end_epoch()
-            cpu_s = ledger.cpu()
-            ledger.on = False
+                spent.append(ledger.cpu())
+                ledger.on = False
         finally:
             engine.close()
-        return RankTrace(transport.rank, list(ledger.events), cpu_s, extra)
+        return RankTrace(
+            transport.rank, list(ledger.events), spent[-1], min(spent[1:]), extra
+        )
 
     return run_local(step, num_parts, timeout=timeout)

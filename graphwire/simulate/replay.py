@@ -1,8 +1,9 @@
 """`workload_from_traces`: the traced ranks' epoch as a :class:`Workload`.
 
 Each rank is a chain in program order. The CPU its thread used between two
-transfers becomes a compute task (times ``compute_scale``, or stretched so
-the rank's compute adds up to a calibrated figure). A send depends on
+transfers becomes a compute task, scaled so that the rank's compute adds up
+to its least over the traced repeats (times ``compute_scale``), or to a
+calibrated figure. A send depends on
 everything the rank did before it and does not hold the rank up (the engines'
 sends are asynchronous or buffered); a receive holds up whatever the rank does
 after it, so the rank's next task depends on the matching send, matched in
@@ -96,7 +97,8 @@ def workload_from_traces(
     world = len(traces)
     b = _Builder(world, aggregator)
     for trace in traces:
-        scale = compute_scale
+        # The kept step's compute, brought down to the rank's least.
+        scale = compute_scale * trace.least_cpu_s / trace.cpu_s if trace.cpu_s else 0.0
         if compute_s is not None and trace.cpu_s > 0:
             scale = compute_s[trace.rank] / trace.cpu_s
         _rank_chain(b, trace, scale)

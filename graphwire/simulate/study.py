@@ -15,6 +15,7 @@ memory); ``switch`` and ``straw`` run once per ``--switch-mb``.
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,8 +90,9 @@ class Outcome:
     Attributes:
         epoch_s: the simulated training step (makespan).
         compute_s: the slowest rank's compute.
-        comm_s: per layer, the span of that layer's sends (first start to last
-            arrival), forward and backward added; ``sync`` the gradient sum's.
+        comm_s: per layer, the time at least one of that layer's messages
+            (forward or backward) was on its way; ``sync`` the gradient
+            sum's, ``other`` the rest (the switch's counters).
         bytes: payload bytes sent in the epoch (all tags).
         link_max, link_mean: wire bytes per directed link.
         peak_queue: the largest switch queue in bytes (ns-3; 0 in the flow
@@ -174,7 +176,7 @@ def summarise(
     label: str, traces: list[RankTrace], workload: Workload, result: SimResult
 ) -> Outcome:
     """An :class:`Outcome` of one simulated workload."""
-    spans: dict[str, tuple[float, float]] = {}
+    intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
     compute = np.zeros(workload.num_hosts)
     sent = 0
     for i, t in enumerate(workload.tasks):
@@ -188,8 +190,7 @@ def summarise(
             key = "sync"
         else:
             key = f"L{layer}" if layer >= 0 else "other"
-        lo, hi = spans.get(key, (np.inf, -np.inf))
-        spans[key] = (min(lo, result.start[i]), max(hi, result.finish[i]))
+        intervals[key].append((float(result.start[i]), float(result.finish[i])))
     switch: dict[str, Any] = {}
     core = traces[0].extra.get("switch", {}).get("core") if traces else None
     if core:
@@ -207,7 +208,7 @@ def summarise(
         simulator=result.simulator,
         epoch_s=result.makespan,
         compute_s=float(compute.max()) if compute.size else 0.0,
-        comm_s={k: hi - lo for k, (lo, hi) in sorted(spans.items())},
+        comm_s={k: _covered(v) for k, v in sorted(intervals.items())},
         bytes=sent,
         link_max=result.links.max,
         link_mean=result.links.mean,
@@ -216,3 +217,13 @@ def summarise(
         switch=switch,
         queue_trace=result.queue_trace,
     )
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``(start, end)`` intervals."""
+    total, reach = 0.0, -np.inf
+    for lo, hi in sorted(spans):
+        if hi > reach:
+            total += hi - max(lo, reach)
+            reach = hi
+    return total
