@@ -47,6 +47,9 @@ class _Node:
     task: Task
     wants: list[tuple[int, int, str, int]] = field(default_factory=list)  # sends
     after: list[int] = field(default_factory=list)  # node ids
+    # a switch message: it waits for what every rank had sent the switch by
+    # then (resolved once every rank's chain is built)
+    wall: float | None = None
 
 
 @dataclass(slots=True)
@@ -143,7 +146,7 @@ def _rank_chain(b: _Builder, trace: RankTrace, scale: float) -> None:
             if ev.peer == world:
                 if ev.kind == "posted":
                     raise ValueError("a receive from the switch posted ahead")
-                last_switch = _from_switch(b, rank, ev, last_switch, ready, wants)
+                last_switch = _from_switch(b, rank, ev, last_switch, ready)
                 continue
             last_switch = None
             key = (ev.peer, rank, ev.tag)
@@ -158,17 +161,18 @@ def _rank_chain(b: _Builder, trace: RankTrace, scale: float) -> None:
 
 
 def _from_switch(
-    b: _Builder, rank: int, ev: Event, extend: int | None, ready: list[int], wants: list
+    b: _Builder, rank: int, ev: Event, extend: int | None, ready: list[int]
 ) -> int:
     """The aggregator's message to ``rank`` that ``ev`` received (see module)."""
     if extend is not None and b.nodes[extend].task.tag == ev.tag:
         _grow(b.nodes[extend], ev.nbytes)
-        b.nodes[extend].after = _watermark(b, ev.wall)
+        b.nodes[extend].wall = ev.wall
         return extend
     task = Task(
         _aggregator(b), dst=rank, nbytes=ev.nbytes, layer=layer_of(ev.tag), tag=ev.tag
     )
-    node = b.add(task, _watermark(b, ev.wall))
+    node = b.add(task)
+    b.nodes[node].wall = ev.wall
     ready.append(node)
     return node
 
@@ -202,6 +206,8 @@ def _ordered(b: _Builder, world: int) -> Workload:
     deps: list[set[int]] = []
     for node in b.nodes:
         need = set(node.after)
+        if node.wall is not None:
+            need.update(_watermark(b, node.wall))
         for src, dst, tag, k in node.wants:
             sends = b.sent.get((src, dst, tag), [])
             if k >= len(sends):
