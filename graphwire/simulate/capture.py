@@ -15,7 +15,9 @@ simulated network stands for it. A receive posted ahead (``irecv``, G3's
 pipelined bins) counts where the rank waits for it, not where it was
 posted, so overlap is kept. The switch of
 ``--exchange switch`` is a real process here too (peer ``world_size`` in
-the ledger); what it sends is seen as each rank receives it.
+the ledger), which writes down for every frame it sent the frames it needed
+(:mod:`graphwire.comm.switch.server`); each rank numbers the frames on its
+link the same way.
 
 A warm-up step runs first and is not traced (first-call allocations are not
 an epoch's cost); then ``repeats`` traced steps, of which the last is kept,
@@ -25,24 +27,30 @@ only ever grows with interference).
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from graphwire.comm.base import Transport, Work
 from graphwire.comm.ledger import Ledger
 from graphwire.comm.local import run_local
+from graphwire.comm.switch.frames import Frame
+from graphwire.comm.switch.link import SwitchLink
+from graphwire.comm.switch.server import TRACE_ENV
 from graphwire.fullgraph.base import Engine
 from graphwire.fullgraph.distributed import build_engine, forward_loss
 from graphwire.partition import load_part
 from graphwire.run.collective import seeded_model, split_sizes
 from graphwire.run.config import TrainConfig
 
-__all__ = ["Event", "RankTrace", "TraceLedger", "capture_epoch"]
+__all__ = ["Capture", "Event", "RankTrace", "TraceLedger", "capture_epoch"]
 
 # The hashed dropout's seed of the traced step (any fixed value: same masks
 # on every run, so the same rows cross the wire).
@@ -64,6 +72,7 @@ class Event:
         cpu: the rank's thread CPU seconds since the trace began.
         wall: ``time.perf_counter()`` at the event (comparable across ranks).
         ref: for ``wait``, the index of its ``posted`` event.
+        frame: a switch frame's number on the rank's link (-1: not one).
     """
 
     kind: str
@@ -73,6 +82,7 @@ class Event:
     cpu: float
     wall: float
     ref: int = -1
+    frame: int = -1
 
 
 class TraceLedger(Ledger):
@@ -86,6 +96,7 @@ class TraceLedger(Ledger):
         self._paused = 0.0  # CPU spent in communication calls
         self._depth = 0
         self._entered = 0.0
+        self.frame = -1  # the switch frame being counted, if any
 
     def start(self) -> None:
         self.events.clear()
@@ -123,7 +134,8 @@ class TraceLedger(Ledger):
     ) -> None:
         if self.on and (num_bytes > 0 or kind == "wait"):
             now = time.perf_counter()
-            self.events.append(Event(kind, peer, tag, num_bytes, self.cpu(), now, ref))
+            event = Event(kind, peer, tag, num_bytes, self.cpu(), now, ref, self.frame)
+            self.events.append(event)
 
 
 class _Waited:
@@ -157,6 +169,18 @@ def _trace(transport: Transport) -> TraceLedger:
 
     transport.irecv = irecv  # type: ignore[method-assign]
     return ledger
+
+
+def _number_frames(engine: Engine, ledger: TraceLedger) -> None:
+    """Give the ledger each switch frame's number as the link counts it."""
+    link: SwitchLink | None = getattr(engine, "link", None)
+    if link is None:
+        return
+
+    def numbered(frame: Frame) -> None:
+        ledger.frame = frame.number
+
+    link.on_count = numbered
 
 
 def _uncount_comm(engine: Engine, ledger: TraceLedger) -> None:
@@ -193,6 +217,20 @@ class RankTrace:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class Capture:
+    """A traced step: every rank's trace, and the switch's causality.
+
+    Attributes:
+        ranks: by rank.
+        switch: int64 [frames, 2 + world] the switch's trace (see
+            :mod:`graphwire.comm.switch.server`), or None without a switch.
+    """
+
+    ranks: list[RankTrace]
+    switch: np.ndarray | None = None
+
+
 def capture_epoch(
     folder: str | Path,
     num_parts: int,
@@ -202,7 +240,7 @@ def capture_epoch(
     *,
     repeats: int = 3,
     timeout: float = 600.0,
-) -> list[RankTrace]:
+) -> Capture:
     """Trace one training step of ``exchange`` on every part of ``folder``.
 
     Args:
@@ -213,7 +251,7 @@ def capture_epoch(
         repeats: traced steps (see the module docstring).
 
     Returns:
-        One :class:`RankTrace` per rank, by rank.
+        Every rank's trace, and the switch's (with ``--exchange switch``).
     """
     if repeats < 1:
         raise ValueError(f"repeats: expected >= 1, got {repeats}")
@@ -224,6 +262,7 @@ def capture_epoch(
         assert part.x is not None
         engine = build_engine(part, transport, config, exchange, options)
         _uncount_comm(engine, ledger)
+        _number_frames(engine, ledger)
         model = seeded_model(part.x.shape[1], int(part.meta["num_classes"]), config)
         model.train()
         engine.prepare(model)
@@ -248,4 +287,16 @@ def capture_epoch(
             transport.rank, list(ledger.events), spent[-1], min(spent[1:]), extra
         )
 
-    return run_local(step, num_parts, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="graphwire-capture-") as scratch:
+        trace_file = os.path.join(scratch, "switch.npy")
+        before = os.environ.get(TRACE_ENV)
+        os.environ[TRACE_ENV] = trace_file  # read by a switch rank 0 starts
+        try:
+            ranks = run_local(step, num_parts, timeout=timeout)
+        finally:
+            if before is None:
+                del os.environ[TRACE_ENV]
+            else:
+                os.environ[TRACE_ENV] = before
+        switch = np.load(trace_file) if os.path.exists(trace_file) else None
+    return Capture(ranks, switch)

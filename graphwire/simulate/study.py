@@ -157,16 +157,19 @@ def simulate_strategy(
 ) -> list[Outcome]:
     """Trace ``strategy`` on ``folder`` and simulate it (one outcome per
     simulator ``simulator`` means: two for ``both``)."""
-    traces = capture_epoch(folder, topology.num_hosts, config, strategy.exchange)
+    capture = capture_epoch(folder, topology.num_hosts, config, strategy.exchange)
     workload = workload_from_traces(
-        traces,
+        capture,
         aggregator=topology.aggregator,
         compute_scale=compute_scale,
         compute_s=compute_s,
     )
     return [
         summarise(
-            strategy.label, traces, workload, run_workload(sim, workload, topology)
+            strategy.label,
+            capture.ranks,
+            workload,
+            run_workload(sim, workload, topology),
         )
         for sim in pick_simulator(simulator, workload)
     ]

@@ -33,7 +33,9 @@ class Task:
         nbytes: payload bytes of a send; 0 for compute.
         deps: indices of the tasks that must finish first (all smaller).
         layer: the layer it belongs to (-1: none), for per-layer times.
-        tag: what it is, as the ledger names it (``fwd.L1``, ``compute.L1``).
+        tag: what it is, as the ledger names it (``fwd.L1``, ``compute``).
+        split: for a send that carries several tags (a switch frame's rows
+            and header), its bytes per tag; empty: all under ``tag``.
     """
 
     node: int
@@ -43,6 +45,7 @@ class Task:
     deps: tuple[int, ...] = ()
     layer: int = -1
     tag: str = ""
+    split: tuple[tuple[str, int], ...] = ()
 
     @property
     def is_send(self) -> bool:
@@ -83,8 +86,9 @@ class Workload:
         out: dict[tuple[int, int, str], int] = {}
         for t in self.tasks:
             if t.is_send and t.nbytes:
-                key = (t.node, t.dst, t.tag)
-                out[key] = out.get(key, 0) + t.nbytes
+                for tag, nbytes in t.split or ((t.tag, t.nbytes),):
+                    key = (t.node, t.dst, tag)
+                    out[key] = out.get(key, 0) + nbytes
         return out
 
 

@@ -68,8 +68,8 @@ def test_simulated_bytes_equal_the_emulated_ledger(
     folder: Path, emulated: dict[str, dict[tuple[int, int, str], int]], name: str
 ) -> None:
     topology = Topology("star", PARTS, 1e9, 1e-6)
-    traces = capture_epoch(folder, PARTS, CONFIG, EXCHANGES[name])
-    workload = workload_from_traces(traces, aggregator=topology.aggregator)
+    capture = capture_epoch(folder, PARTS, CONFIG, EXCHANGES[name], repeats=1)
+    workload = workload_from_traces(capture, aggregator=topology.aggregator)
     switch = topology.aggregator
     expected = {
         (switch if s == PARTS else s, switch if d == PARTS else d, tag): n
@@ -88,7 +88,15 @@ def test_simulated_bytes_equal_the_emulated_ledger(
     assert any(tag.startswith("fwd.L2") for _, _, tag in expected)  # layers 1, 2
     if name == "switch":
         assert any(s == switch for s, _, _ in expected)  # the switch's results
-        assert traces[0].extra["switch"]["core"]["aggregated"] > 0
+        assert capture.ranks[0].extra["switch"]["core"]["aggregated"] > 0
+        # The switch's causality: each result waits for some rank's upload,
+        # and some for several ranks' (rows summed from several parts).
+        waits = [
+            {workload.tasks[d].node for d in t.deps}
+            for t in workload.tasks
+            if t.node == switch and "fwd.L1" in dict(t.split)
+        ]
+        assert waits and all(waits) and max(map(len, waits)) >= 2
 
     result = simulate_flows(workload, topology)
     carried: dict[tuple[int, int], int] = {}

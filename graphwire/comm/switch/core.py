@@ -104,6 +104,8 @@ class _Block:
     free: list[int]
     done_workers: set[int] = field(default_factory=set)
     sent_workers: set[int] = field(default_factory=set)
+    # tracing: per aggregator and worker, the last frame that fed it
+    deps: np.ndarray | None = None  # int64 [A, world]
 
 
 class SwitchCore:
@@ -137,6 +139,11 @@ class SwitchCore:
         self._finished: dict[int, int] = {}  # seq -> blocks completed
         self._by_seq: dict[int, dict[str, Any]] = {}
         self.stats = zero_stats()  # the counters of the frame in hand
+        # Causality for the simulator (the server's trace): the frame in hand
+        # is number `number` of its sender's.
+        self.causal = False
+        self.number = -1
+        self.seen = np.full(world_size, -1, dtype=np.int64)  # last frame each
 
     # ------------------------------------------------------------ accounting
     def stats_for(self, seq: int) -> dict[str, Any]:
@@ -239,6 +246,8 @@ class SwitchCore:
             np.zeros(n, dtype=bool),
             list(range(slots - 1, -1, -1)),
         )
+        if self.causal:
+            block.deps = np.full((n, self.world_size), -1, dtype=np.int64)
         self._active[key] = block
         return block
 
@@ -299,6 +308,8 @@ class SwitchCore:
         pair_row, pair_agg = pair_row[has], pair_agg[has]
         np.add.at(block.pool, block.slot[pair_agg], rows[pair_row])
         np.add.at(block.count, pair_agg, 1)
+        if block.deps is not None:
+            block.deps[pair_agg, frame.sender] = self.number
         self.stats["aggregated"] += int(pair_agg.size)
         self._occupancy(block)
         touched = np.unique(np.concatenate([pair_agg, spill_agg]))
@@ -336,6 +347,8 @@ class SwitchCore:
                 ids2=block.count[done[pick]],
                 rows=rows[pick],
             )
+            if block.deps is not None:  # every row summed into it
+                result.deps = block.deps[done[pick]].max(axis=0)
             out.append((rank, result))
         return out
 
@@ -441,6 +454,7 @@ class SwitchCore:
         if len(block.sent_workers) < self.world_size:
             return []
         sent = frame.reply(Kind.SENT)
+        sent.deps = self.seen.copy() if self.causal else None
         return [(rank, sent) for rank in range(self.world_size)]
 
     def _done(self, frame: Frame, block: _Block) -> list[tuple[int, Frame]]:
@@ -452,4 +466,5 @@ class SwitchCore:
         blocks = self.stats["blocks"]
         blocks[str(frame.plan)] = blocks.get(str(frame.plan), 0) + 1
         complete = frame.reply(Kind.COMPLETE)
+        complete.deps = self.seen.copy() if self.causal else None
         return [(rank, complete) for rank in range(self.world_size)]

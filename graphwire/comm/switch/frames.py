@@ -107,6 +107,12 @@ class Frame:
     ids2: np.ndarray = field(default_factory=lambda: _EMPTY_IDS)
     rows: np.ndarray = field(default_factory=lambda: _EMPTY_ROWS)
     body: Any = None  # JSON payload (CONFIG-like kinds)
+    # Never on the wire: the frame's number on its link (each end counts the
+    # frames it sent and received), and, in the switch when it traces
+    # causality for the simulator, per worker the last frame of that
+    # worker's this frame needed (int64 [world], -1: none).
+    number: int = -1
+    deps: np.ndarray | None = None
 
     @property
     def name(self) -> str:

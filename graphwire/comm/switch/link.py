@@ -19,6 +19,7 @@ from __future__ import annotations
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from graphwire.comm.ledger import Ledger
@@ -76,6 +77,11 @@ class SwitchLink:
         self._tags = ("switch", "switch")
         self._pass_tags: dict[int, tuple[str, str]] = {}
         self._uncounted: list[tuple[Frame, int]] = []
+        self.frames_out = 0  # frames sent and received: each one's number
+        self.frames_in = 0
+        # Called with each frame just before the ledger counts it (the
+        # simulator's capture keeps the frame numbers).
+        self.on_count: Callable[[Frame], None] | None = None
         host, port = parse_address(address)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -115,6 +121,8 @@ class SwitchLink:
     def send(self, frame: Frame) -> None:
         """Queue ``frame`` (sent by :meth:`poll` and :meth:`flush`)."""
         frame.sender = self.rank
+        frame.number = self.frames_out
+        self.frames_out += 1
         data = encode(frame)
         self._count(frame, len(data), sent=True)
         self._out += data
@@ -130,6 +138,8 @@ class SwitchLink:
                 self._uncounted.append((frame, size))
                 return
             data_tag, control_tag = tags
+        if self.on_count is not None:
+            self.on_count(frame)
         record = self.ledger.record_send if sent else self.ledger.record_recv
         record(self.peer, data_tag, rows)
         record(self.peer, control_tag, size - rows)
@@ -167,6 +177,8 @@ class SwitchLink:
             raise self._gone(None)
         frames = []
         for frame, size in self._reader.feed(data):
+            frame.number = self.frames_in
+            self.frames_in += 1
             self._count(frame, size, sent=False)
             if frame.flags & 1:
                 self.ecn += 1

@@ -19,6 +19,14 @@ threshold); the senders halve their window on it.
 
 A worker that disconnects without BYE ends the run: every other worker gets
 ABORT naming it, and the switch exits with status 1.
+
+For ``graphwire simulate``: with ``GRAPHWIRE_SWITCH_TRACE=FILE`` in its
+environment (set by the simulator's capture, read here only), the switch
+writes ``FILE`` (``.npy``, int64) as it exits: a row per frame it sent,
+``[worker, frame number on that link, then per worker the last of its frames
+this one needed, -1: none]``. A frame needs the frame that made the switch
+send it; a result also every frame whose rows were summed into it; a
+multicast that waited for every worker, every frame seen so far.
 """
 
 from __future__ import annotations
@@ -33,10 +41,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from graphwire.comm.switch.core import SwitchCore, SwitchProtocolError
 from graphwire.comm.switch.frames import ECN, Frame, FrameReader, Kind, encode
+from graphwire.fsutil import atomic_file
 
-__all__ = ["die_with", "parse_address", "serve", "start_switch"]
+__all__ = ["TRACE_ENV", "die_with", "parse_address", "serve", "start_switch"]
+
+TRACE_ENV = "GRAPHWIRE_SWITCH_TRACE"
 
 DEFAULT_ECN_BYTES = 256 * 1024
 _READY_LINE = "graphwire switch: listening on "
@@ -61,6 +74,8 @@ class _Conn:
     out: bytearray = field(default_factory=bytearray)
     rank: int = -1
     bye: bool = False
+    frames_in: int = 0  # frames received on this link (numbers, as the worker's)
+    frames_out: int = 0
 
 
 class _Server:
@@ -73,9 +88,14 @@ class _Server:
         self.world = 0
         self.ecn_bytes = DEFAULT_ECN_BYTES
         self.failed: str | None = None
+        self.trace: list[np.ndarray] | None = None  # rows of the causality trace
+        self._cause: tuple[int, int] | None = None  # (worker, frame) in hand
 
     # ------------------------------------------------------------- sending
     def send(self, conn: _Conn, frame: Frame) -> None:
+        if self.trace is not None:
+            self._trace(conn, frame)
+        conn.frames_out += 1
         data = bytearray(encode(frame))
         if len(conn.out) > self.ecn_bytes:
             data[5] |= ECN  # the flags byte, after the length and the kind
@@ -83,6 +103,16 @@ class _Server:
                 self.core.stats_for(frame.seq)["ecn_marks"] += 1
         conn.out += data
         self._watch(conn)
+
+    def _trace(self, conn: _Conn, frame: Frame) -> None:
+        deps = np.full(self.world, -1, dtype=np.int64)
+        if frame.deps is not None:
+            deps[: frame.deps.size] = frame.deps
+        if self._cause is not None and 0 <= self._cause[0] < self.world:
+            rank, number = self._cause
+            deps[rank] = max(deps[rank], number)
+        assert self.trace is not None
+        self.trace.append(np.concatenate([[conn.rank, conn.frames_out], deps]))
 
     def _watch(self, conn: _Conn) -> None:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
@@ -108,7 +138,17 @@ class _Server:
 
     # ------------------------------------------------------------- frames
     def on_frame(self, conn: _Conn, frame: Frame) -> None:
+        number = conn.frames_in
+        conn.frames_in += 1
+        self._cause = (conn.rank, number)
+        try:
+            self._on_frame(conn, frame, number)
+        finally:
+            self._cause = None
+
+    def _on_frame(self, conn: _Conn, frame: Frame, number: int) -> None:
         if frame.kind == Kind.HELLO:
+            self._cause = None  # (the worker's rank is not known yet)
             self.hello(conn, frame.body)
             return
         if self.core is None:
@@ -122,6 +162,8 @@ class _Server:
             stats = self.core.take_stats(frame.seq, frame.block)
             self.send(conn, Frame(Kind.STATS, body=stats))
             return
+        self.core.number = number
+        self.core.seen[conn.rank] = number
         for rank, out in self.core.handle(frame):
             target = self.conns.get(rank)
             if target is not None and not target.bye:
@@ -147,6 +189,7 @@ class _Server:
                 float(config.get("loss", 0.0)),
                 int(config.get("seed", 0)),
             )
+            self.core.causal = self.trace is not None
         if self.core is not None and len(self.conns) == world:
             for other in self.conns.values():
                 self.send(other, Frame(Kind.READY))
@@ -214,15 +257,26 @@ def serve(host: str, port: int, *, announce: bool = True) -> int:
     if announce:
         print(f"{_READY_LINE}{bound[0]}:{bound[1]}", flush=True)
     server = _Server(listener)
+    trace_file = os.environ.get(TRACE_ENV)
+    if trace_file:
+        server.trace = []
     try:
         status = server.run()
     finally:
         for conn in list(server.conns.values()):
             conn.sock.close()
         listener.close()
+    if trace_file and server.trace is not None:
+        _write_trace(trace_file, server.trace, server.world)
     if server.failed:
         print(f"graphwire switch: {server.failed}", file=sys.stderr, flush=True)
     return status
+
+
+def _write_trace(path: str, rows: list[np.ndarray], world: int) -> None:
+    table = np.stack(rows) if rows else np.zeros((0, world + 2), dtype=np.int64)
+    with atomic_file(path, "wb") as out:
+        np.save(out, table)
 
 
 def start_switch(
