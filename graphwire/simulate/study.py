@@ -24,6 +24,7 @@ import numpy as np
 from graphwire.fullgraph.engines import EXCHANGES
 from graphwire.fullgraph.switch import SwitchConfig
 from graphwire.run.config import TrainConfig
+from graphwire.simulate.background import BACKGROUND
 from graphwire.simulate.capture import RankTrace, capture_epoch
 from graphwire.simulate.flow import simulate_flows
 from graphwire.simulate.replay import layer_of, workload_from_traces
@@ -88,7 +89,8 @@ class Outcome:
     """One strategy at one worker count, simulated.
 
     Attributes:
-        epoch_s: the simulated training step (makespan).
+        epoch_s: the simulated training step (its last task's end;
+            background flows left out).
         compute_s: the slowest rank's compute.
         comm_s: per layer, the time at least one of that layer's messages
             (forward or backward) was on its way; ``sync`` the gradient
@@ -182,7 +184,11 @@ def summarise(
     intervals: dict[str, list[tuple[float, float]]] = defaultdict(list)
     compute = np.zeros(workload.num_hosts)
     sent = 0
+    epoch = 0.0
     for i, t in enumerate(workload.tasks):
+        if t.tag == BACKGROUND:
+            continue
+        epoch = max(epoch, float(result.finish[i]))
         if not t.is_send:
             if t.node < workload.num_hosts:
                 compute[t.node] += t.seconds
@@ -209,7 +215,7 @@ def summarise(
         label=label,
         workers=workload.num_hosts,
         simulator=result.simulator,
-        epoch_s=result.makespan,
+        epoch_s=epoch,
         compute_s=float(compute.max()) if compute.size else 0.0,
         comm_s={k: _covered(v) for k, v in sorted(intervals.items())},
         bytes=sent,
