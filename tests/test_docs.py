@@ -58,6 +58,7 @@ def test_the_guide_has_its_pages() -> None:
         "reliability",
         "data-formats",
         "benchmarks",
+        "simulate",
     ):
         assert (REPO_ROOT / "docs" / f"{name}.md").is_file(), name
 
