@@ -16,7 +16,7 @@ $(BIN)/python:
 # while an unpinned torch would pull several GB of CUDA packages.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev]'
+	$(PIP) install -e '.[dev,sim]'
 	touch $(STAMP)
 
 install: $(STAMP)
