@@ -177,6 +177,7 @@ void Run(Plan& p)
             p.queue_side.push_back(int32_t(k % 2));
             auto watch = MakeBoundCallback(&WatchQueue, nq);
             qd->TraceConnectWithoutContext("BytesInQueue", watch);
+            devq->TraceConnectWithoutContext("BytesInQueue", watch);
             nq++;
         }
     }
