@@ -126,7 +126,6 @@ struct Plan
     std::vector<double> start, finish;
     std::vector<int64_t> dev_bytes;  // [2 * links] bytes sent by the a-side, b-side
     std::vector<uint64_t> queue_peak; // per monitored queue
-    std::vector<int32_t> queue_link, queue_side;
     std::vector<double> trace_t;
     std::vector<double> trace_b; // [samples x queues] row-major
     uint64_t ecn_marks = 0; // data packets that arrived CE-marked

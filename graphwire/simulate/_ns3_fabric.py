@@ -115,8 +115,6 @@ void Run(Plan& p)
     uint32_t nq = 0;
     c.qdiscs.clear();
     c.devqueues.clear();
-    p.queue_link.clear();
-    p.queue_side.clear();
     for (size_t k = 0; k < 2 * nl; k++)
     {
         if (!dev[k])
@@ -173,8 +171,6 @@ void Run(Plan& p)
         {
             c.qdiscs.push_back(qd);
             c.devqueues.push_back(devq);
-            p.queue_link.push_back(int32_t(k / 2));
-            p.queue_side.push_back(int32_t(k % 2));
             auto watch = MakeBoundCallback(&WatchQueue, nq);
             qd->TraceConnectWithoutContext("BytesInQueue", watch);
             devq->TraceConnectWithoutContext("BytesInQueue", watch);

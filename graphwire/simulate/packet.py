@@ -3,32 +3,42 @@
 Each send moves ``ceil(nbytes / PAYLOAD_BYTES)`` UDP packets (the last one short)
 from its node to its ``dst`` over the topology's one route, pinned with static
 host routes; every packet carries graphwire's 16-byte header (task, sequence).
-Star and leaf-spine links are full-duplex point-to-point links; ``shared`` is one
-half-duplex CSMA medium. Every node with a link runs an ns-3 application written
+Star and leaf-spine links are full-duplex point-to-point links. ``shared`` is
+one half-duplex CSMA medium with no propagation delay, so that a frame holds it
+only while serialised (as on the rate-shaped loopback it stands for); receivers
+add ``delay_s`` instead. Every node with a link runs an ns-3 application written
 in C++ (:mod:`graphwire.simulate._ns3_apps`); a C++ controller starts each task
 when its deps have finished, so nothing runs in Python during the event loop.
 
 The fabric is lossless, as RDMA fabrics are (and as DCQCN assumes): queues hold
 every byte of the workload, and a drop raises. Switch egress queues are ns-3's
 ``RedQueueDisc`` set to step marking: a packet is marked CE when the queue holds
-``ecn_threshold_bytes`` or more (instantaneous length, MinTh = MaxTh).
+``ecn_threshold_bytes`` or more at its arrival (instantaneous length, MinTh =
+MaxTh). ``ecn_marks`` counts the data packets that arrived marked.
 
 Rate control is DCQCN-like, constants chosen: every send (a flow) starts at line
 rate; a receiver answers CE-marked packets with a CNP to the sender, at most one
-per flow per 50 us; a CNP halves the flow's rate (floor: line rate / 1000); every
-55 us without a CNP adds line rate / 20 (cap: line rate). Senders pace packets at
-their flow's rate; several flows from one host share its NIC queue.
+per flow per 50 us; a CNP sets the flow's target rate to its rate and cuts the
+rate by alpha / 2 (floor: line rate / 1000), with DCQCN's alpha (starts at 1, so
+the first CNP halves the rate; EWMA gain 1/16, raised by each CNP, decayed every
+55 us); every 55 us without a CNP the target grows by line rate / 8 (cap: line
+rate) and the rate moves halfway to it. Senders pace packets at their flow's
+rate; several flows from one host share its NIC queue. The 50-55 us control
+loop is slow next to the links: in a 3-to-1 incast of 1-20 MB per sender the
+port idles 4-9% of the time after rates were cut too far.
 
 Addresses come only from 198.18.0.0/15 (the benchmarking range) and exist only
 inside the simulator: link subnets from 198.18.0.0/16, and each node's
 destination addresses (one per set of routes that agree, so that plain
 destination routing follows ``Topology.path`` exactly) from 198.19.0.0/16.
 
-Link bytes count data packets as they start on each device, headers included
-(``wire_bytes(nbytes)`` per link crossed on point-to-point links); CNPs are
-counted apart (``cnps`` packets). On ``shared`` the frames are Ethernet frames
-(see :data:`graphwire.simulate.wire.CSMA_EXTRA_BYTES`) and all bytes are
-reported under the medium's key ``(num_hosts, num_hosts)``.
+Link bytes count data packets as they start on each device, headers included:
+``wire_bytes(nbytes)`` per link crossed on point-to-point links. CNPs (and, on
+``shared``, ARP) are not counted. On ``shared`` the frames are Ethernet frames
+(:data:`graphwire.simulate.wire.CSMA_EXTRA_BYTES` more per packet), all reported
+under the medium's key ``(num_hosts, num_hosts)``; it has no switch, so no
+queue figures either. Queues are measured in the queue disc plus the device
+queue (IP packets plus framed packets), not the packet being serialised.
 """
 
 from __future__ import annotations
@@ -347,7 +357,7 @@ def _result(apps: Any, plan: Any, workload: Workload, topology: Topology) -> Sim
             f"(first: {stuck}): a send whose packets never arrived"
         )
     dev_bytes = _take(apps, plan.dev_bytes, np.int64).reshape(-1, 2)
-    links = _link_bytes(dev_bytes, plan, topology)
+    links = _link_bytes(apps, dev_bytes, plan, topology)
     peaks = _take(apps, plan.queue_peak, np.uint64)
     trace = np.zeros((0, 2))
     if peaks.size:
@@ -367,22 +377,18 @@ def _result(apps: Any, plan: Any, workload: Workload, topology: Topology) -> Sim
 
 
 def _link_bytes(
-    dev_bytes: np.ndarray, plan: Any, topology: Topology
+    apps: Any, dev_bytes: np.ndarray, plan: Any, topology: Topology
 ) -> dict[tuple[int, int], int]:
     """Bytes per directed link from bytes per device ([links, 2]: a-side, b-side)."""
     if _shared(topology):
         hub = topology.num_hosts
         total = int(dev_bytes[:, 0].sum())
         return {(hub, hub): total} if total else {}
-    a = _take_i32(plan.link_a)
-    b = _take_i32(plan.link_b)
+    a = _take(apps, plan.link_a, np.int32)
+    b = _take(apps, plan.link_b, np.int32)
     out: dict[tuple[int, int], int] = {}
     for i in np.flatnonzero(dev_bytes.any(1)).tolist():
         for side, (src, dst) in enumerate(((a[i], b[i]), (b[i], a[i]))):
             if dev_bytes[i, side]:
                 out[int(src), int(dst)] = int(dev_bytes[i, side])
     return out
-
-
-def _take_i32(vector: Any) -> np.ndarray:
-    return _take(_state["apps"], vector, np.int32)

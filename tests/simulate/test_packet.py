@@ -6,9 +6,11 @@ each simulation then takes milliseconds.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,8 +185,14 @@ def test_missing_ns3_names_the_extra() -> None:
         "except SimulatorMissing as e:\n"
         "    print('missing:', e)\n"
     )
+    root = str(Path(__file__).resolve().parents[2])  # this checkout's graphwire
+    env = {**os.environ, "PYTHONPATH": root}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
     assert out.returncode == 0, out.stderr
     assert "missing: ns-3 is not installed: pip install 'graphwire[sim]'" in out.stdout
