@@ -7,12 +7,16 @@ headers on every link, and the flow model charges :func:`wire_bytes`.
 
 from __future__ import annotations
 
-__all__ = ["HEADER_BYTES", "PAYLOAD_BYTES", "packets", "wire_bytes"]
+__all__ = ["CSMA_EXTRA_BYTES", "HEADER_BYTES", "PAYLOAD_BYTES", "packets", "wire_bytes"]
 
 # Jumbo frames (MTU 9000), as on the emulation's loopback.
 PAYLOAD_BYTES = 8192
-# Point-to-point 2 + IPv4 20 + UDP 8 + graphwire's message header 16.
+# What each ns-3 packet carries on a point-to-point link (star, leaf-spine):
+# PPP 2 + IPv4 20 + UDP 8 + graphwire's message header 16 (task, sequence).
 HEADER_BYTES = 46
+# On ``shared`` (an ns-3 CSMA medium) each frame carries an Ethernet header 14 and
+# FCS 4 instead of PPP's 2: 16 bytes more per packet than `wire_bytes` counts.
+CSMA_EXTRA_BYTES = 16
 
 
 def packets(nbytes: int) -> int:
