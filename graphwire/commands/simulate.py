@@ -164,9 +164,12 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_out(args.out, args.dataset, args.overwrite)
     if args.simulator in ("ns3", "both"):
-        from graphwire.simulate.packet import import_ns3
+        from graphwire.simulate import packet
 
-        import_ns3()  # before any work: a missing ns-3 says how to get it
+        try:
+            packet.import_ns3()  # before any work: a missing ns-3 says how
+        except packet.SimulatorMissing as error:
+            raise ValueError(f"--simulator {args.simulator}: {error}") from None
 
     def show(o: Outcome) -> None:
         if not args.quiet:

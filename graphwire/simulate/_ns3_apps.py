@@ -119,6 +119,7 @@ struct Plan
     double cnp_interval_s = 50e-6, increase_period_s = 55e-6;
     double increase_step_bps = 0, min_rate_bps = 0;
     double alpha_g = 0;
+    bool rate_control = true; // false: marks are counted, no CNP is sent
     double sample_s = 1e-6;
     bool sample_adaptive = true;
     uint32_t max_samples = 10000;
@@ -313,7 +314,7 @@ class GwApp : public Application
         }
         double now = Simulator::Now().GetSeconds();
         p.ecn_marks += ce;
-        if (ce && now - g_ctl.last_cnp[t] >= p.cnp_interval_s)
+        if (ce && p.rate_control && now - g_ctl.last_cnp[t] >= p.cnp_interval_s)
         {
             g_ctl.last_cnp[t] = now;
             SendCnp(t);

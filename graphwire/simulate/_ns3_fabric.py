@@ -89,9 +89,13 @@ void Run(Plan& p)
         for (size_t i = 0; i < nl; i++)
         {
             Ptr<CsmaNetDevice> d = DynamicCast<CsmaNetDevice>(devs.Get(i));
-            // Ethernet's slot of 512 bit times; never give up on a busy medium.
-            // The definition takes (ceiling, maxRetries), whatever the header says.
-            d->SetBackoffParams(Seconds(512.0 / p.rate_bps), 1, 1023, 10, 1000000000);
+            // A slot of 8 bit times, at least 1 ns (ns-3's resolution: a
+            // zero slot retries forever at one instant): the medium stands
+            // for a rate-shaped queue (tbf), which idles no slot between
+            // frames. Never give up on a busy medium. The definition takes
+            // (ceiling, maxRetries), whatever the header says.
+            double slot = std::max(1e-9, 8.0 / p.rate_bps);
+            d->SetBackoffParams(Seconds(slot), 1, 1023, 10, 1000000000);
             dev[2 * i] = d;
         }
     }

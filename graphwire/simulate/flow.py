@@ -2,11 +2,15 @@
 
 The flow-level model for sweeps too large for packets. Every send is a flow
 of :func:`~graphwire.simulate.wire.wire_bytes` over its pinned route
-(:meth:`Topology.path_links`); at every moment the active flows share the
-links max-min fairly (the allocation DCQCN-like rate control converges to),
-recomputed whenever a flow starts or ends. A flow's last byte arrives one
+(:meth:`Topology.path_links`). Its first packet leaves in the order sends
+start, one after another on their first link, as a NIC's queue sends them
+(a one-packet message is done then: fair sharing would stretch it over every
+flow on the link); the rest of every flow shares the links max-min fairly
+(the allocation DCQCN-like rate control converges to), recomputed whenever a
+flow starts or ends. A flow's last byte arrives one
 route latency after it leaves the first link: the links' propagation delays
-plus, per further hop, one packet's store-and-forward. Compute tasks take
+plus, per further hop, one packet's store-and-forward (on ``shared``, one
+hop of Ethernet frames, as ns-3's CSMA medium carries them). Compute tasks take
 their time. There are no queues: the packet simulator (ns-3) has them, and
 the two are checked against each other where both run.
 """
@@ -18,13 +22,19 @@ import heapq
 import numpy as np
 
 from graphwire.simulate.topology import Topology
-from graphwire.simulate.wire import HEADER_BYTES, PAYLOAD_BYTES, wire_bytes
+from graphwire.simulate.wire import (
+    CSMA_EXTRA_BYTES,
+    HEADER_BYTES,
+    PAYLOAD_BYTES,
+    wire_bytes,
+)
 from graphwire.simulate.workload import LinkStats, SimResult, Workload
 
 __all__ = ["max_min_rates", "simulate_flows"]
 
 # A flow with fewer bytes left than this is done (float rounding).
 _EPS_BYTES = 1e-6
+_HEAD, _DONE = 0, 1  # kinds of timer
 
 
 def max_min_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
@@ -64,17 +74,22 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
     links: dict[tuple[int, int], int] = {}
     route: list[list[int]] = []
     latency = np.zeros(n)
-    packet_s = (PAYLOAD_BYTES + HEADER_BYTES) * 8 / topology.rate_bps
+    # The packet simulator's frames: Ethernet on the shared medium.
+    header = HEADER_BYTES + (CSMA_EXTRA_BYTES if topology.kind == "shared" else 0)
+    packet_s = (PAYLOAD_BYTES + header) * 8 / topology.rate_bps
     for t in tasks:
         if not t.is_send:
             route.append([])
             continue
         hops = topology.path_links(t.node, t.dst)
         route.append([links.setdefault(h, len(links)) for h in hops])
-        hops_nodes = len(topology.path(t.node, t.dst)) - 1
+        # The shared medium is one hop: the frame goes straight to its host.
+        hops_nodes = (
+            1 if topology.kind == "shared" else len(topology.path(t.node, t.dst)) - 1
+        )
         latency[len(route) - 1] = hops_nodes * topology.delay_s + (
             hops_nodes - 1
-        ) * min(packet_s, wire_bytes(t.nbytes) * 8 / topology.rate_bps)
+        ) * min(packet_s, wire_bytes(t.nbytes, header) * 8 / topology.rate_bps)
     capacity = np.full(max(len(links), 1), topology.rate_bps / 8)  # bytes/s
     width = max((len(r) for r in route), default=1) or 1
 
@@ -86,7 +101,10 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
             users[d].append(i)
     start = np.full(n, np.nan)
     finish = np.full(n, np.nan)
-    timers: list[tuple[float, int]] = []  # (time, task): computes and arrivals
+    # (time, kind, task): a compute's end or a send's arrival (_DONE), or the
+    # end of a send's first packet on its first link (_HEAD)
+    timers: list[tuple[float, int, int]] = []
+    busy = np.zeros(capacity.size)  # per link: when its queued first packets end
     active: list[int] = []
     left: dict[int, float] = {}
     now = 0.0
@@ -95,12 +113,18 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
         start[i] = now
         t = tasks[i]
         if not t.is_send:
-            heapq.heappush(timers, (now + t.seconds, i))
+            heapq.heappush(timers, (now + t.seconds, _DONE, i))
         elif t.nbytes == 0:
-            heapq.heappush(timers, (now, i))
+            heapq.heappush(timers, (now, _DONE, i))
         else:
-            active.append(i)
-            left[i] = float(wire_bytes(t.nbytes))
+            # The first packet goes out in the order sends start (a NIC's
+            # FIFO), ahead of the packets of flows already sharing the link.
+            wire = wire_bytes(t.nbytes, header)
+            head = min(wire, PAYLOAD_BYTES + header)
+            first_link = route[i][0]
+            busy[first_link] = max(now, busy[first_link]) + head / capacity[first_link]
+            left[i] = float(wire - head)
+            heapq.heappush(timers, (float(busy[first_link]), _HEAD, i))
 
     for first in np.flatnonzero(waiting == 0).tolist():
         begin(first)
@@ -111,7 +135,8 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
             paths = np.full((len(active), width), -1, dtype=np.int64)
             for row, i in enumerate(active):
                 paths[row, : len(route[i])] = route[i]
-            rates = max_min_rates(paths, capacity)
+            # A link busy with first packets carries no flow's rest meanwhile.
+            rates = max_min_rates(paths, np.where(busy > now, 0.0, capacity))
         changed = False
         remaining = np.array([left[i] for i in active])
         with np.errstate(divide="ignore"):
@@ -125,7 +150,7 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
             keep = []
             for row, i in enumerate(active):
                 if after[row] <= _EPS_BYTES or drain[row] <= step * (1 + 1e-12):
-                    heapq.heappush(timers, (now + latency[i], i))
+                    heapq.heappush(timers, (now + latency[i], _DONE, i))
                     del left[i]
                     changed = True
                 else:
@@ -133,7 +158,15 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
                     keep.append(i)
             active = keep
         while timers and timers[0][0] <= now + 1e-15:
-            when, i = heapq.heappop(timers)
+            when, kind, i = heapq.heappop(timers)
+            if kind == _HEAD:
+                changed = True
+                if left[i] <= _EPS_BYTES:
+                    del left[i]
+                    heapq.heappush(timers, (when + latency[i], _DONE, i))
+                else:
+                    active.append(i)
+                continue
             finish[i] = when
             for user in users[i]:
                 waiting[user] -= 1
@@ -146,5 +179,5 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
     for t in tasks:
         if t.is_send and t.nbytes:
             for hop in topology.path_links(t.node, t.dst):
-                carried[hop] = carried.get(hop, 0) + wire_bytes(t.nbytes)
+                carried[hop] = carried.get(hop, 0) + wire_bytes(t.nbytes, header)
     return SimResult("flow", start, finish, LinkStats(carried))

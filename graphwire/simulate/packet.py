@@ -61,6 +61,7 @@ __all__ = [
     "ECN_THRESHOLD_BYTES",
     "SimulatorMissing",
     "import_ns3",
+    "ns3_available",
     "simulate_packets",
 ]
 
@@ -125,6 +126,15 @@ def import_ns3() -> Any:
     return _state["ns"]
 
 
+def ns3_available() -> bool:
+    """Whether ns-3 imports (importing it, once, if so)."""
+    try:
+        import_ns3()
+    except SimulatorMissing:
+        return False
+    return True
+
+
 def _apps() -> Any:
     """The C++ namespace of graphwire's ns-3 applications, compiled once."""
     if "apps" not in _state:
@@ -148,6 +158,7 @@ def simulate_packets(
     *,
     ecn_threshold_bytes: int = ECN_THRESHOLD_BYTES,
     queue_sample_s: float | None = None,
+    rate_control: bool = True,
 ) -> SimResult:
     """Run ``workload`` on ``topology`` in ns-3, packet by packet.
 
@@ -159,6 +170,8 @@ def simulate_packets(
         queue_sample_s: sample the busiest switch queue this often; None: every
             1 us, the interval doubling whenever the trace would pass
             ``MAX_SAMPLES`` samples.
+        rate_control: False: senders keep line rate (marks are still
+            counted; no CNP is sent).
 
     Returns:
         ``SimResult`` with simulator ``ns-3`` (times in seconds).
@@ -186,6 +199,7 @@ def simulate_packets(
     plan.increase_step_bps = line * INCREASE_STEP
     plan.min_rate_bps = line * MIN_RATE
     plan.alpha_g = ALPHA_G
+    plan.rate_control = rate_control
     plan.sample_s = queue_sample_s or 1e-6
     plan.sample_adaptive = queue_sample_s is None
     plan.max_samples = MAX_SAMPLES

@@ -24,6 +24,8 @@ def packets(nbytes: int) -> int:
     return -(-nbytes // PAYLOAD_BYTES)
 
 
-def wire_bytes(nbytes: int) -> int:
-    """Bytes a message of ``nbytes`` payload puts on each link it crosses."""
-    return nbytes + packets(nbytes) * HEADER_BYTES
+def wire_bytes(nbytes: int, header: int = HEADER_BYTES) -> int:
+    """Bytes a message of ``nbytes`` payload puts on each link it crosses
+    (``header``: per packet; ``HEADER_BYTES + CSMA_EXTRA_BYTES`` on
+    ``shared``)."""
+    return nbytes + packets(nbytes) * header

@@ -66,3 +66,21 @@ def test_bad_input_is_refused_in_a_line(
     assert main(base + flags) == 2
     err = capsys.readouterr().err
     assert why in err and err.count("\n") == 1
+
+
+def test_a_missing_ns3_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from graphwire.simulate import packet
+
+    def missing() -> None:
+        raise packet.SimulatorMissing(
+            "ns-3 is not installed: pip install 'graphwire[sim]'"
+        )
+
+    monkeypatch.setattr(packet, "import_ns3", missing)
+    argv = ["simulate", "--dataset", TINY, "--simulator", "ns3", "--quiet"]
+    assert main(argv) == 2
+    assert "--simulator ns3: ns-3 is not installed: pip install 'graphwire[sim]'" in (
+        capsys.readouterr().err
+    )
