@@ -97,8 +97,10 @@ class TraceLedger(Ledger):
         self._depth = 0
         self._entered = 0.0
         self.frame = -1  # the switch frame being counted, if any
+        self.traced = 0  # steps traced so far
 
     def start(self) -> None:
+        self.traced += 1
         self.events.clear()
         self._cpu0 = time.thread_time()
         self._paused = 0.0
@@ -123,15 +125,16 @@ class TraceLedger(Ledger):
 
     def record_send(self, dst: int, tag: str, num_bytes: int) -> None:
         super().record_send(dst, tag, num_bytes)
-        self._keep("send", dst, tag, num_bytes)
+        self.keep("send", dst, tag, num_bytes)
 
     def record_recv(self, src: int, tag: str, num_bytes: int) -> None:
         super().record_recv(src, tag, num_bytes)
-        self._keep("recv", src, tag, num_bytes)
+        self.keep("recv", src, tag, num_bytes)
 
-    def _keep(
+    def keep(
         self, kind: str, peer: int, tag: str, num_bytes: int, ref: int = -1
     ) -> None:
+        """Append an event while tracing (an empty transfer is none)."""
         if self.on and (num_bytes > 0 or kind == "wait"):
             now = time.perf_counter()
             event = Event(kind, peer, tag, num_bytes, self.cpu(), now, ref, self.frame)
@@ -143,14 +146,15 @@ class _Waited:
 
     def __init__(self, work: Work, ledger: TraceLedger, ref: int) -> None:
         self._work, self._ledger, self._ref = work, ledger, ref
+        self._traced = ledger.traced  # the step it was posted in
         self._done = False
 
     def wait(self) -> None:
         self._work.wait()
-        if not self._done:
+        if not self._done and self._ledger.traced == self._traced:
             self._done = True
             event = self._ledger.events[self._ref]
-            self._ledger._keep("wait", event.peer, event.tag, 0, self._ref)
+            self._ledger.keep("wait", event.peer, event.tag, 0, self._ref)
 
 
 def _trace(transport: Transport) -> TraceLedger:

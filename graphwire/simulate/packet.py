@@ -44,9 +44,12 @@ queue (IP packets plus framed packets), not the packet being serialised.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import re
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -108,21 +111,52 @@ def _quiet_fds() -> Iterator[Any]:
                 os.close(old)
 
 
+# The ns-3 modules the applications use (their libraries load in this order,
+# each after those it links to).
+_MODULES = (
+    *("core", "network", "stats", "bridge", "traffic-control", "internet"),
+    *("point-to-point", "csma"),
+)
+_HEADERS = ("core", "network", "internet", "point-to-point", "csma", "traffic-control")
+
+
 def import_ns3() -> Any:
-    """Import ns-3 once per process, quietly; returns the ``ns`` namespace.
+    """Load ns-3 once per process, quietly; returns cppyy's ``ns3`` namespace.
+
+    Only the modules the applications use: ``from ns import ns`` would parse
+    every module's headers, several times as long.
 
     Raises:
         SimulatorMissing: the ``ns3`` package is not installed.
     """
     if "ns" not in _state:
+        missing = SimulatorMissing(
+            "ns-3 is not installed: pip install 'graphwire[sim]'"
+        )
+        try:
+            spec = importlib.util.find_spec("ns3")
+            import cppyy  # type: ignore[import-untyped]
+            import libcppyy  # type: ignore[import-not-found]
+        except (ImportError, ValueError) as err:
+            raise missing from err
+        if spec is None or not spec.submodule_search_locations:
+            raise missing
+        prefix = Path(next(iter(spec.submodule_search_locations)))
+        found = {
+            re.sub(r"^libns3[.0-9]*-|\.so$", "", lib.name): lib
+            for lib in (prefix / "lib64").glob("libns3*.so")
+        }
+        if any(module not in found for module in _MODULES):
+            raise missing
         with _quiet_fds():
-            try:
-                from ns import ns  # type: ignore[import-untyped]
-            except (ImportError, SystemExit) as err:  # its stub exits if ns3 is gone
-                raise SimulatorMissing(
-                    "ns-3 is not installed: pip install 'graphwire[sim]'"
-                ) from err
-        _state["ns"] = ns
+            libcppyy.AddSmartPtrType("Ptr")
+            cppyy.add_library_path(str(prefix / "lib64"))
+            cppyy.add_include_path(str(prefix / "include"))
+            for module in _HEADERS:
+                cppyy.include(f"ns3/{module}-module.h")
+            for module in _MODULES:
+                cppyy.load_library(str(found[module]))
+        _state["ns"] = cppyy.gbl.ns3
     return _state["ns"]
 
 

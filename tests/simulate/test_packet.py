@@ -178,7 +178,7 @@ def test_nodes_outside_the_topology_are_rejected() -> None:
 
 def test_missing_ns3_names_the_extra() -> None:
     code = (
-        "import sys; sys.modules['ns'] = None\n"
+        "import sys; sys.modules['ns3'] = None\n"
         "from graphwire.simulate.packet import SimulatorMissing, import_ns3\n"
         "try:\n"
         "    import_ns3()\n"
