@@ -156,13 +156,11 @@ class SwitchLink:
             if self._out:
                 self._write_some()
             return held
-        writing = [self.sock] if self._out else []
-        try:
-            readable, writable, _ = select.select([self.sock], writing, [], wait_s)
-        except ValueError as error:  # the socket is closed
+        if self.sock.fileno() < 0:
             raise SwitchError(
                 f"the connection to the switch at {self.address} is closed"
-            ) from error
+            )
+        readable, writable = _ready(self.sock, bool(self._out), wait_s)
         if writable:
             self._write()
         if not readable:
@@ -191,8 +189,7 @@ class SwitchLink:
         return frames
 
     def _write_some(self) -> None:
-        _, writable, _ = select.select([], [self.sock], [], 0.0)
-        if writable:
+        if _ready(self.sock, True, 0.0)[1]:
             self._write()
 
     def _write(self) -> None:
@@ -224,8 +221,7 @@ class SwitchLink:
                 raise SwitchError(
                     f"the switch at {self.address} took no data for {self.timeout_s:g}s"
                 )
-            _, writable, _ = select.select([], [self.sock], [], 0.5)
-            if writable:
+            if _ready(self.sock, True, 0.5)[1]:
                 self._write()
 
     def wait_for(self, kind: int) -> Frame:
@@ -254,3 +250,16 @@ class SwitchLink:
         except (SwitchError, OSError):
             pass
         self.sock.close()
+
+
+def _ready(sock: socket.socket, write: bool, wait_s: float) -> tuple[bool, bool]:
+    """Whether ``sock`` can be read, and written (asked only if ``write``),
+    within ``wait_s``. ``poll``, not ``select``: a process with many ranks
+    (the simulator's in-process ones) has descriptors past select's 1024."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | (select.POLLOUT if write else 0))
+    events = 0
+    for _, mask in poller.poll(wait_s * 1000):
+        events |= mask
+    readable = bool(events & (select.POLLIN | select.POLLHUP | select.POLLERR))
+    return readable, bool(events & select.POLLOUT)
