@@ -35,10 +35,12 @@ __all__ = ["max_min_rates", "simulate_flows"]
 # A flow with fewer bytes left than this is done (float rounding).
 _EPS_BYTES = 1e-6
 _HEAD, _DONE = 0, 1  # kinds of timer
+_EXACT_FLOWS = 256  # up to this many flows, rates follow every change
+_RECOMPUTE_SHARE = 0.02
 
 
 def max_min_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rates of flows over links.
+    """Max-min fair rates of flows over links (water-filling).
 
     Args:
         paths: int64 [F, K] each flow's link indices, padded with -1.
@@ -47,24 +49,42 @@ def max_min_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     Returns:
         float64 [F] rates (same unit as ``capacity``).
     """
-    num_flows = paths.shape[0]
+    num_flows, width = paths.shape
+    on = (paths >= 0).ravel()
+    flow_of = np.repeat(np.arange(num_flows), width)[on]
+    link_of = paths.ravel()[on]
     rates = np.zeros(num_flows)
-    left = capacity.astype(np.float64).copy()
     free = np.ones(num_flows, dtype=bool)
-    on = paths >= 0
+    left = capacity.astype(np.float64).copy()
+    count = np.bincount(link_of, minlength=capacity.size).astype(np.float64)
     while free.any():
-        mask = on & free[:, None]
-        count = np.bincount(paths[mask], minlength=capacity.size)
         with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(count > 0, left / np.maximum(count, 1), np.inf)
-        bottleneck = int(np.argmin(share))
-        level = max(float(share[bottleneck]), 0.0)
-        fixed = free & (paths == bottleneck).any(axis=1)
-        rates[fixed] = level
-        free &= ~fixed
-        used = paths[fixed][on[fixed]]
-        left -= np.bincount(used, minlength=capacity.size) * level
+            share = np.where(count > 0, left / count, np.inf)
+        level = float(share.min())
+        if not np.isfinite(level):
+            break
+        level = max(level, 0.0)
+        # Every link at the lowest share is a bottleneck at once (ties are
+        # common: a star's links often carry equal loads).
+        tight = share <= level * (1 + 1e-9) + 1e-300
+        hit = np.zeros(num_flows, dtype=bool)
+        hit[flow_of[tight[link_of]]] = True
+        hit &= free
+        rates[hit] = level
+        free &= ~hit
+        used = np.bincount(link_of[hit[flow_of]], minlength=capacity.size)
+        count -= used
+        left -= used * level
     return rates
+
+
+def _rates(
+    active: list[int], route: list[list[int]], width: int, capacity: np.ndarray
+) -> np.ndarray:
+    paths = np.full((len(active), width), -1, dtype=np.int64)
+    for row, i in enumerate(active):
+        paths[row, : len(route[i])] = route[i]
+    return max_min_rates(paths, capacity)
 
 
 def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
@@ -129,50 +149,60 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
     for first in np.flatnonzero(waiting == 0).tolist():
         begin(first)
     rates = np.zeros(0)
-    changed = True
+    changed = False  # since the rates were computed: a flow or a link changed
+    moved = 0  # flows that started or ended since then
+    flows_then = 0  # active flows then
     while active or timers:
-        if changed and active:
-            paths = np.full((len(active), width), -1, dtype=np.int64)
-            for row, i in enumerate(active):
-                paths[row, : len(route[i])] = route[i]
-            # A link busy with first packets carries no flow's rest meanwhile.
-            rates = max_min_rates(paths, np.where(busy > now, 0.0, capacity))
-        changed = False
+        # Exact after every change while few flows share the fabric; with
+        # many, once 2% of them have started or ended (rates stay where they
+        # were meanwhile, a new flow's at 0: the fabric a little less busy
+        # than fair sharing would keep it).
+        lazy = len(active) > _EXACT_FLOWS
+        due = moved > _RECOMPUTE_SHARE * max(flows_then, len(active))
+        if active and changed and (due or not lazy):
+            rates = _rates(active, route, width, np.where(busy > now, 0.0, capacity))
+            changed, moved, flows_then = False, 0, len(active)
+        if rates.size < len(active):  # started since: no rate yet
+            rates = np.concatenate([rates, np.zeros(len(active) - rates.size)])
         remaining = np.array([left[i] for i in active])
         with np.errstate(divide="ignore"):
             drain = remaining / rates if active else np.zeros(0)
         next_drain = float(drain.min()) if active else np.inf
         next_timer = timers[0][0] - now if timers else np.inf
         step = min(next_drain, next_timer)
+        if not np.isfinite(step):  # every flow waits for a rate: give them one
+            changed, moved = True, len(active) + 1
+            continue
         now += step
         if active:
             after = remaining - rates * step
-            keep = []
+            keep, kept = [], []
             for row, i in enumerate(active):
                 if after[row] <= _EPS_BYTES or drain[row] <= step * (1 + 1e-12):
                     heapq.heappush(timers, (now + latency[i], _DONE, i))
                     del left[i]
-                    changed = True
+                    changed, moved = True, moved + 1
                 else:
                     left[i] = float(after[row])
                     keep.append(i)
-            active = keep
+                    kept.append(row)
+            active, rates = keep, rates[kept]
         while timers and timers[0][0] <= now + 1e-15:
             when, kind, i = heapq.heappop(timers)
             if kind == _HEAD:
-                changed = True
+                changed = True  # its link may be free for the others' rest now
                 if left[i] <= _EPS_BYTES:
                     del left[i]
                     heapq.heappush(timers, (when + latency[i], _DONE, i))
                 else:
                     active.append(i)
+                    moved += 1
                 continue
             finish[i] = when
             for user in users[i]:
                 waiting[user] -= 1
                 if waiting[user] == 0:
                     begin(user)
-                    changed = True
     if np.isnan(finish).any():
         raise RuntimeError("the flow model left tasks unfinished (a dependency cycle?)")
     carried: dict[tuple[int, int], int] = {}
