@@ -20,7 +20,8 @@ Sections (all by default, in this order):
   leaf-spine and shared; halo, g3, switch): epoch times and their ratio (the
   issue asks within 10%).
 - ``switchgnn`` (at ``--parts``, star, 100 Gbit/s, 2 us): bytes of halo,
-  Straw-UL, Straw and SwitchGNN at 10 and 100 MiB; Straw-UL's cut against
+  Straw-UL, Straw and SwitchGNN at each of ``--memories`` (10 and 100 MiB);
+  Straw-UL's cut against
   halo beside the formula 1 - 1/mean|R(v)| (the paper: -94% on Reddit at 128);
   SwitchGNN's and Straw's cut at each memory (the paper: -23% and -81%); the
   switch's aggregator peak with GAMR and with a random order.
@@ -64,7 +65,7 @@ SECTIONS = ("validate", "agreement", "switchgnn", "sweep", "g3", "distdgl", "cc"
 FULL = {"nodes": 100_000, "parts": 128, "sweep": "32,64,96,128", "layers": 4}
 QUICK = {"nodes": 3000, "parts": 8, "sweep": "4,8", "layers": 2}
 RATE, DELAY = 100e9, 2e-6  # the paper's fabric
-MEMORIES = (10.0, 100.0)  # MiB: the paper's 10 and 100 MB
+MEMORIES = "10,100"  # MiB: the paper's 10 and 100 MB
 
 
 @dataclass
@@ -100,7 +101,7 @@ class Bench:
             start = time.perf_counter()
             self.captures[key] = capture_epoch(
                 self.folder(method, parts), parts, self.config, strategy.exchange,
-                repeats=2,
+                repeats=self.args.repeats,
             )  # fmt: skip
             took = time.perf_counter() - start
             print(f"  traced {strategy.label} on {parts} {method} parts in {took:.0f}s")
@@ -130,7 +131,8 @@ def switchgnn(bench: Bench) -> None:
     print(f"\n== SwitchGNN at {parts} METIS parts, star, 100 Gbit/s, 2 us ==")
     runs = {"halo": bench.flow("metis", parts, _one("halo"), _star(parts))}
     runs["Straw-UL"] = bench.flow("metis", parts, _one("straw-ul"), _star(parts))
-    for mb in MEMORIES:
+    memories = [float(m) for m in bench.args.memories.split(",")]
+    for mb in memories:
         for name, label in (("straw", "Straw"), ("switch", "SwitchGNN")):
             key = f"{label}-{mb:g}MiB"
             runs[key] = bench.flow("metis", parts, _one(name, mb), _star(parts))
@@ -149,18 +151,21 @@ def switchgnn(bench: Bench) -> None:
         f"= {1 - 1 / mean_r:.1%} (mean|R(v)| = {mean_r:.2f}); the paper: 94% on "
         "Reddit at 128 parts (its mean|R(v)| about 16)"
     )
-    for mb in MEMORIES:
+    for mb in memories:
         sw, st = runs[f"SwitchGNN-{mb:g}MiB"].bytes, runs[f"Straw-{mb:g}MiB"].bytes
         print(
             f"{mb:g} MiB: SwitchGNN {1 - sw / halo:.1%} below halo, Straw "
             f"{1 - st / halo:.1%}; SwitchGNN vs Straw {sw / st - 1:+.1%} (the "
             "paper's SwitchGNN at 10 and 100 MB: 23% and 81% below full-graph)"
         )
-    random_order = Strategy("switch random", _switch_config(10.0, "random"))
+    small = memories[0]
+    random_order = Strategy(
+        f"switch random {small:g}MiB", _switch_config(small, "random")
+    )
     rand = bench.flow("metis", parts, random_order, _star(parts))
-    gamr = runs["SwitchGNN-10MiB"]
+    gamr = runs[f"SwitchGNN-{small:g}MiB"]
     print(
-        f"aggregator peak at 10 MiB: GAMR {gamr.switch['peak_slots']:,}, random "
+        f"aggregator peak at {small:g} MiB: GAMR {gamr.switch['peak_slots']:,}, random "
         f"order {rand.switch['peak_slots']:,} (of {gamr.switch['pool_rows']:,} rows)"
     )
     bench.figures["switchgnn"] = {k: o.row() for k, o in runs.items()}
@@ -262,6 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-mbit", type=float, default=1000.0,
                         help="validate's shaped loopback (default 1000)")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=6, help="validate's epochs")
+    parser.add_argument(
+        "--memories",
+        default=MEMORIES,
+        help="switchgnn's aggregator memories in MiB (default 10,100)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="traced steps per trace (default 2)"
+    )
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="sections to run")
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -272,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, value)
     if args.nodes < 100 or args.parts < 2 or args.layers < 2 or args.epochs < 2:
         parser.error("--nodes >= 100, --parts >= 2, --layers >= 2, --epochs >= 2")
+    if args.repeats < 1:
+        parser.error("--repeats: expected >= 1")
+    for mb in comma_list(parser, "--memories", args.memories, float):
+        if not mb > 0:
+            parser.error(f"--memories: {mb} MiB")
     for count in comma_list(parser, "--sweep", args.sweep, int):
         if count < 2 or count > args.nodes:
             parser.error(f"--sweep: {count} workers for {args.nodes} nodes")
