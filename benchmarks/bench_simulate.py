@@ -3,6 +3,7 @@ the papers' scale figures reproduced in shape.
 
 python benchmarks/bench_simulate.py [--nodes 100000] [--parts 128]
                                     [--sweep 32,64,96,128] [--layers 4]
+                                    [--memories 10,100] [--repeats 2]
                                     [--rate-mbit 1000] [--epochs 6]
                                     [--only SECTION [SECTION ...]] [--quick]
                                     [--json PATH]
@@ -20,11 +21,11 @@ Sections (all by default, in this order):
   leaf-spine and shared; halo, g3, switch): epoch times and their ratio (the
   issue asks within 10%).
 - ``switchgnn`` (at ``--parts``, star, 100 Gbit/s, 2 us): bytes of halo,
-  Straw-UL, Straw and SwitchGNN at each of ``--memories`` (10 and 100 MiB);
-  Straw-UL's cut against
-  halo beside the formula 1 - 1/mean|R(v)| (the paper: -94% on Reddit at 128);
-  SwitchGNN's and Straw's cut at each memory (the paper: -23% and -81%); the
-  switch's aggregator peak with GAMR and with a random order.
+  Straw-UL, Straw and SwitchGNN at each of ``--memories`` (default 10 and
+  100 MiB); Straw-UL's cut against halo beside the formula 1 - 1/mean|R(v)|
+  (the paper: -94% on Reddit at 128); SwitchGNN's and Straw's cut at each
+  memory (the paper: -23% and -81%); the switch's aggregator peak with GAMR
+  and with a random order at the first memory.
 - ``sweep``: epoch time against workers (``--sweep``) for halo, g3, Straw
   and SwitchGNN on the star and on leaf-spine 8x8.
 - ``g3``: g3 on G3's locality-refined parts against METIS's, and
