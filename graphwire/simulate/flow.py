@@ -7,12 +7,14 @@ start, one after another on their first link, as a NIC's queue sends them
 (a one-packet message is done then: fair sharing would stretch it over every
 flow on the link); the rest of every flow shares the links max-min fairly
 (the allocation DCQCN-like rate control converges to), recomputed whenever a
-flow starts or ends. A flow's last byte arrives one
-route latency after it leaves the first link: the links' propagation delays
-plus, per further hop, one packet's store-and-forward (on ``shared``, one
-hop of Ethernet frames, as ns-3's CSMA medium carries them). Compute tasks take
-their time. There are no queues: the packet simulator (ns-3) has them, and
-the two are checked against each other where both run.
+flow starts or ends, or, past 256 concurrent flows, once 2% of them have
+(a new flow taking a fair share of its links meanwhile). A flow's last
+byte arrives one route latency after it leaves the first link: the links'
+propagation delays plus, per further hop, one packet's store-and-forward
+(on ``shared``, one hop of Ethernet frames, as ns-3's CSMA medium carries
+them). Compute tasks take their time. There are no queues: the packet
+simulator (ns-3) has them, and the two are checked against each other where
+both run.
 """
 
 from __future__ import annotations
@@ -149,21 +151,23 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
     for first in np.flatnonzero(waiting == 0).tolist():
         begin(first)
     rates = np.zeros(0)
+    crossing = np.zeros(capacity.size, dtype=np.int64)  # active flows per link
+    share: dict[int, float] = {}
     changed = False  # since the rates were computed: a flow or a link changed
     moved = 0  # flows that started or ended since then
     flows_then = 0  # active flows then
     while active or timers:
         # Exact after every change while few flows share the fabric; with
-        # many, once 2% of them have started or ended (rates stay where they
-        # were meanwhile, a new flow's at 0: the fabric a little less busy
-        # than fair sharing would keep it).
+        # many, once 2% of them have started or ended (meanwhile rates stay
+        # where they were, and a new flow takes a fair share of its links as
+        # if the others made room: a little off fair sharing either way).
         lazy = len(active) > _EXACT_FLOWS
         due = moved > _RECOMPUTE_SHARE * max(flows_then, len(active))
         if active and changed and (due or not lazy):
             rates = _rates(active, route, width, np.where(busy > now, 0.0, capacity))
             changed, moved, flows_then = False, 0, len(active)
-        if rates.size < len(active):  # started since: no rate yet
-            rates = np.concatenate([rates, np.zeros(len(active) - rates.size)])
+        if rates.size < len(active):  # started since: a provisional rate
+            rates = np.concatenate([rates, [share[i] for i in active[rates.size :]]])
         remaining = np.array([left[i] for i in active])
         with np.errstate(divide="ignore"):
             drain = remaining / rates if active else np.zeros(0)
@@ -181,6 +185,7 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
                 if after[row] <= _EPS_BYTES or drain[row] <= step * (1 + 1e-12):
                     heapq.heappush(timers, (now + latency[i], _DONE, i))
                     del left[i]
+                    crossing[route[i]] -= 1
                     changed, moved = True, moved + 1
                 else:
                     left[i] = float(after[row])
@@ -197,6 +202,10 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
                 else:
                     active.append(i)
                     moved += 1
+                    crossing[route[i]] += 1
+                    # Until the rates are computed again: a fair share of
+                    # each link, as if the others made room for it.
+                    share[i] = float((capacity[route[i]] / crossing[route[i]]).min())
                 continue
             finish[i] = when
             for user in users[i]:

@@ -37,7 +37,7 @@ def test_a_sweep_prints_its_tables_and_writes_outcomes_and_plots(
     )
     for o in outcomes:
         assert o["epoch_s"] > 0 and o["bytes"] > 0
-        assert o["epoch_s"] >= o["compute_s"]
+        assert o["epoch_s"] >= o["compute_s"] * (1 - 1e-9)  # (float sums)
     # ns-3 has queues: the switch's egress queue held packets at some point.
     assert any(o["peak_queue"] > 0 for o in outcomes if o["simulator"] == "ns-3")
     flow = [o for o in outcomes if o["simulator"] == "flow"]
