@@ -56,7 +56,14 @@ def graphwire_lines() -> list[str]:
 def test_the_readme_has_a_tour_of_every_command() -> None:
     """The tour shows every subcommand (the brief of the README)."""
     lines = graphwire_lines()
-    for command in ("data generate", "data info", "partition", "train", "report"):
+    for command in (
+        "data generate",
+        "data info",
+        "partition",
+        "train",
+        "report",
+        "simulate",
+    ):
         assert any(line.startswith(f"graphwire {command} ") for line in lines)
     assert "graphwire bench list" in lines
     train = [line for line in lines if line.startswith("graphwire train ")]

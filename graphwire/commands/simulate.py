@@ -181,9 +181,9 @@ def run(args: argparse.Namespace) -> int:
     outcomes = run_sweep(spec, show)
     title = f"{args.topology}, {args.link}, {args.delay} per link"
     print_table(
-        f"simulated epoch: {title}",
-        ["strategy", "sim", "workers", "epoch ms", "compute ms", "sent MiB"]
-        + ["link max MiB", "link mean MiB", "peak queue KiB"],
+        f"simulated epoch: {title} (ms; sent and per link: MiB; queue: KiB)",
+        ["strategy", "sim", "workers", "epoch", "compute", "sent"]
+        + ["link max", "link mean", "queue"],
         [_row(o) for o in outcomes],
         text_columns=2,
     )
