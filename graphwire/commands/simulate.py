@@ -90,6 +90,13 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="multiply the compute measured here (default 1)",
     )
+    add(
+        "--repeats",
+        type=int,
+        default=2,
+        help="traced steps per strategy, after a warm-up one; each rank's "
+        "least compute is kept (default 2)",
+    )
     add("--seed", type=int, default=0, help="partitioning and weights (default 0)")
     add("--out", help="folder for outcomes.json and the PNG plots")
     add("--overwrite", action="store_true", help="replace --out if it exists")
@@ -127,6 +134,8 @@ def spec_of(args: argparse.Namespace) -> SweepSpec:
         raise ValueError(f"--topology/--link/--delay: {error}") from None
     if args.hosts is not None and args.hosts < 1:
         raise ValueError(f"--hosts: expected >= 1, got {args.hosts}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: expected >= 1, got {args.repeats}")
     if not args.compute_scale >= 0:
         raise ValueError(f"--compute-scale: expected >= 0, got {args.compute_scale}")
     memories = _numbers(args.switch_mb, "--switch-mb", float)
@@ -156,6 +165,7 @@ def spec_of(args: argparse.Namespace) -> SweepSpec:
         calibrate=args.calibrate,
         hosts=args.hosts,
         seed=args.seed,
+        repeats=args.repeats,
     )
 
 

@@ -156,10 +156,14 @@ def simulate_strategy(
     simulator: str = "auto",
     compute_scale: float = 1.0,
     compute_s: list[float] | None = None,
+    repeats: int = 2,
 ) -> list[Outcome]:
-    """Trace ``strategy`` on ``folder`` and simulate it (one outcome per
-    simulator ``simulator`` means: two for ``both``)."""
-    capture = capture_epoch(folder, topology.num_hosts, config, strategy.exchange)
+    """Trace ``strategy`` on ``folder`` (``repeats`` steps after a warm-up)
+    and simulate it (one outcome per simulator ``simulator`` means: two for
+    ``both``)."""
+    capture = capture_epoch(
+        folder, topology.num_hosts, config, strategy.exchange, repeats=repeats
+    )
     workload = workload_from_traces(
         capture,
         aggregator=topology.aggregator,

@@ -46,6 +46,7 @@ class SweepSpec:
     calibrate: str | None = None
     hosts: int | None = None
     seed: int = 0
+    repeats: int = 2
 
 
 def run_sweep(
@@ -83,6 +84,7 @@ def run_sweep(
                     simulator=spec.simulator,
                     compute_scale=spec.compute_scale,
                     compute_s=compute,
+                    repeats=spec.repeats,
                 ):
                     outcomes.append(outcome)
                     if on_outcome is not None:

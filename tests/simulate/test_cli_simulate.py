@@ -21,7 +21,7 @@ def test_a_sweep_prints_its_tables_and_writes_outcomes_and_plots(
             "simulate", "--dataset", TINY, "--workers-sweep", "2,4",
             "--exchange", "halo,straw", "--switch-mb", "0.001,1",
             "--simulator", "both", "--link", "1Gbps", "--hidden", "8",
-            "--out", str(out), "--quiet",
+            "--repeats", "1", "--out", str(out), "--quiet",
         ]
     )  # fmt: skip
     assert code == 0
@@ -79,6 +79,7 @@ def test_calibration_reads_each_ranks_median_compute(tmp_path: Path) -> None:
         (["--parts", "8", "--hosts", "4"], "more parts than the topology's 4 hosts"),
         (["--exchange", "halo,teleport"], "--exchange: exchange: unknown 'teleport'"),
         (["--switch-mb", "0"], "--switch-mb 0: each must be above 0"),
+        (["--repeats", "0"], "--repeats: expected >= 1, got 0"),
         (["--calibrate", "nowhere"], "--calibrate nowhere: no metrics.jsonl"),
         (["--model", "gat", "--exchange", "switch"], "only with --model gcn or sage"),
     ],
