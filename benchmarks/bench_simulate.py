@@ -45,15 +45,15 @@ everything but ``agreement`` and ``cc``, which need ns-3 (``pip install
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from graphwire.graph.datasets import load_dataset
+from graphwire.graph.graph import Graph
 from graphwire.partition import get_partitioner, write_partitioned
 from graphwire.run.config import TrainConfig
 from graphwire.simulate.capture import Capture, capture_epoch
@@ -63,6 +63,7 @@ from graphwire.simulate.study import Outcome, Strategy, strategies, summarise
 from graphwire.simulate.topology import Topology, parse_topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_switch import parts_rows  # noqa: E402
 from shaped_bench import comma_list, in_work_folder, write_figures  # noqa: E402
 
 SECTIONS = ("validate", "agreement", "switchgnn", "sweep", "g3", "distdgl", "cc")
@@ -90,13 +91,17 @@ class Bench:
             f"&features={self.args.features}&classes=47&seed=0"
         )
 
+    @functools.cached_property
+    def graph(self) -> Graph:
+        """The synthetic graph, generated once for every partitioning."""
+        return load_dataset(self.spec)
+
     def folder(self, method: str, parts: int) -> str:
         key = (method, parts)
         if key not in self.folders:
-            graph = load_dataset(self.spec)
-            partition = get_partitioner(method).partition(graph, parts, seed=0)
+            partition = get_partitioner(method).partition(self.graph, parts, seed=0)
             out = self.work / f"{method}{parts}"
-            self.folders[key] = str(write_partitioned(graph, partition, out))
+            self.folders[key] = str(write_partitioned(self.graph, partition, out))
         return self.folders[key]
 
     def capture(self, method: str, parts: int, strategy: Strategy) -> Capture:
@@ -157,7 +162,8 @@ def switchgnn(bench: Bench) -> None:
         raw = o.switch.get("raw", "-")
         print(f"{key:<18} {o.bytes / 2**20:>10.2f} {o.bytes / halo - 1:>+8.1%} "
               f"{o.epoch_s * 1e3:>9.3f} {peak!s:>9} {raw!s:>9}")  # fmt: skip
-    mean_r = _mean_remote_parts(Path(bench.folder("metis", parts)))
+    halo_rows, boundary_rows = parts_rows(Path(bench.folder("metis", parts)))
+    mean_r = halo_rows / boundary_rows  # mean|R(v)|, as bench_switch reads it
     cut = 1 - runs["Straw-UL"].bytes / halo
     print(
         f"Straw-UL vs halo: {cut:.1%} of halo's bytes cut; formula 1 - 1/mean|R(v)| "
@@ -235,13 +241,6 @@ def _switch_config(mb: float, order: str) -> Any:
     from graphwire.fullgraph.switch import SwitchConfig
 
     return SwitchConfig(switch_mb=mb, switch_order=order)
-
-
-def _mean_remote_parts(folder: Path) -> float:
-    """mean|R(v)|: the parts' halo rows over the boundary rows they hold."""
-    halos = [np.load(f) for f in sorted(folder.glob("part_*/halo_nid.npy"))]
-    boundary = np.unique(np.concatenate(halos)).size
-    return sum(h.size for h in halos) / max(boundary, 1)
 
 
 def _run(args: argparse.Namespace, work: Path, started: float) -> int:

@@ -214,9 +214,11 @@ def simulate_flows(workload: Workload, topology: Topology) -> SimResult:
                     begin(user)
     if np.isnan(finish).any():
         raise RuntimeError("the flow model left tasks unfinished (a dependency cycle?)")
+    hop_of = list(links)  # link index -> (a, b), as the routes number them
     carried: dict[tuple[int, int], int] = {}
-    for t in tasks:
-        if t.is_send and t.nbytes:
-            for hop in topology.path_links(t.node, t.dst):
+    for t, indices in zip(tasks, route, strict=True):
+        if t.nbytes:  # (compute tasks have no route)
+            for k in indices:
+                hop = hop_of[k]
                 carried[hop] = carried.get(hop, 0) + wire_bytes(t.nbytes, header)
     return SimResult("flow", start, finish, LinkStats(carried))
