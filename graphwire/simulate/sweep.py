@@ -11,6 +11,7 @@ time, as its ``metrics.jsonl`` records them.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import tempfile
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphwire.graph.datasets import load_dataset
+from graphwire.graph.graph import Graph
 from graphwire.partition import get_partitioner, write_partitioned
 from graphwire.partition.format import is_partitioned_folder, load_partition_meta
 from graphwire.run.config import TrainConfig
@@ -63,6 +65,9 @@ def run_sweep(
     compute = None
     if spec.calibrate is not None:
         compute = calibrated_compute(spec.calibrate)
+    # A graph (not a partitioned folder) is read or generated once for every
+    # worker count.
+    graph = functools.cache(functools.partial(load_dataset, spec.dataset))
     with tempfile.TemporaryDirectory(prefix="graphwire-simulate-") as scratch:
         for workers in spec.workers:
             _check_hosts(spec, workers)
@@ -74,7 +79,7 @@ def run_sweep(
             topology = parse_topology(
                 spec.topology, workers, spec.rate_bps, spec.delay_s
             )
-            folder = _parts(spec, workers, Path(scratch))
+            folder = _parts(spec, workers, Path(scratch), graph)
             for strategy in spec.strategies:
                 for outcome in simulate_strategy(
                     folder,
@@ -102,7 +107,9 @@ def _check_hosts(spec: SweepSpec, workers: int) -> None:
         )
 
 
-def _parts(spec: SweepSpec, workers: int, scratch: Path) -> str:
+def _parts(
+    spec: SweepSpec, workers: int, scratch: Path, source: Callable[[], Graph]
+) -> str:
     """The partitioned folder of ``workers`` parts (written to ``scratch``)."""
     if is_partitioned_folder(spec.dataset):
         have = int(load_partition_meta(spec.dataset)["num_parts"])
@@ -112,7 +119,7 @@ def _parts(spec: SweepSpec, workers: int, scratch: Path) -> str:
                 f"not {workers} (--parts / --workers-sweep)"
             )
         return spec.dataset
-    graph = load_dataset(spec.dataset)
+    graph = source()
     if workers > graph.num_nodes:
         raise ValueError(
             f"--parts {workers}: more parts than the {graph.num_nodes} nodes of "
