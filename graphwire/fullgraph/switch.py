@@ -141,7 +141,8 @@ class SwitchEngine(Engine):
     """In-network aggregation through an emulated switch (module docstring).
 
     Attributes:
-        plans: the plan of each exchanged row width.
+        plans: the plan of each exchanged row width (rank 0's only: the
+            other ranks keep their views of the blocks).
         link: this worker's connection to the switch.
     """
 
@@ -258,6 +259,18 @@ class SwitchEngine(Engine):
         destination's gradient can be nonzero (:meth:`_gradient_edges`),
         one plan per layer unless that is every edge. Rank 0 builds them
         and sends the switch their tables."""
+        plans = self.transport.all_gather_object(
+            self._build_plans(widths), "setup.switch"
+        )[0]
+        assert plans is not None
+        self._keep_views(plans)
+        del plans  # (see _keep_views)
+        self.transport.barrier()  # the switch has every table before any row
+
+    def _build_plans(self, widths: dict[int, int]) -> list[SwitchPlan] | None:
+        """Rank 0: the plans (their tables sent to the switch); others: None.
+
+        Collective: every rank's inter-worker edges are gathered."""
         transport, config = self.transport, self.config
         edges = transport.all_gather_object(
             (self._edge_src, self._edge_dst), "setup.switch"
@@ -295,11 +308,18 @@ class SwitchEngine(Engine):
             self.link.tags("setup.switch", "setup.switch")
             for plan_id, plan in enumerate(plans):
                 self._send_tables(plan_id, plan)
-        plans = transport.all_gather_object(plans, "setup.switch")[0]
-        assert plans is not None
-        transport.barrier()  # the switch has every table before any row
+        return plans
+
+    def _keep_views(self, plans: list[SwitchPlan]) -> None:
+        """This rank's views of every plan's blocks; rank 0 keeps the plans.
+
+        The other ranks keep only their views: a plan holds every
+        inter-worker edge, and a hundred in-process ranks (the simulator's)
+        each keeping their copy would not fit in memory."""
+        rank = self.transport.rank
         for plan_id, plan in enumerate(plans):
-            self.plans[plan_id] = plan
+            if rank == 0:
+                self.plans[plan_id] = plan
             self.counters[f"blocks.plan{plan_id}"] = len(plan.blocks)
             for backward in (False, True):
                 self._views[(plan_id, backward)] = block_views(
@@ -308,7 +328,7 @@ class SwitchEngine(Engine):
                     plan.blocks,
                     plan.orders,
                     self.offsets,
-                    transport.rank,
+                    rank,
                     backward=backward,
                 )
 
@@ -347,7 +367,7 @@ class SwitchEngine(Engine):
         return keeps
 
     def plan_of(self, index: int, *, backward: bool) -> SwitchPlan:
-        """The plan of layer ``index``'s forward or backward passes."""
+        """The plan of layer ``index``'s forward or backward passes (rank 0)."""
         return self.plans[(self._bwd_plan if backward else self._fwd_plan)[index]]
 
     def _send_tables(self, plan_id: int, plan: SwitchPlan) -> None:

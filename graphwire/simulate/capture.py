@@ -296,7 +296,9 @@ def capture_epoch(
         before = os.environ.get(TRACE_ENV)
         os.environ[TRACE_ENV] = trace_file  # read by a switch rank 0 starts
         try:
-            ranks = run_local(step, num_parts, timeout=timeout)
+            ranks = run_local(
+                step, num_parts, timeout=timeout, running=os.cpu_count() or 1
+            )
         finally:
             if before is None:
                 del os.environ[TRACE_ENV]

@@ -10,6 +10,8 @@ under NCCL).
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -36,7 +38,7 @@ from tests.comm.probes import (
     rows_between,
 )
 
-CASES = [("local", 1), ("local", 2), ("local", 3), ("local", 4)]
+CASES = [("local", 1), ("local", 2), ("local-1-turn", 3), ("local", 4)]
 CASES += [("torch", 2), ("torch", 3), ("torch", 4)]
 # Point-to-point over a group of its own, as under NCCL (p2p_backend).
 CASES += [("torch-p2p-aside", 3)]
@@ -47,6 +49,8 @@ def suite(request: pytest.FixtureRequest) -> tuple[str, int, list[dict[str, Any]
     kind, world = request.param
     if kind == "local":
         outcomes = run_local(exchange_suite, world, timeout=30)
+    elif kind == "local-1-turn":  # one rank runs at a time; a wait must yield
+        outcomes = run_local(exchange_suite, world, timeout=30, running=1)
     elif kind == "torch-p2p-aside":
         outcomes = launch_local(
             exchange_suite_p2p_aside, world, timeout_s=90, run_timeout_s=90
@@ -164,6 +168,27 @@ def test_split_mismatch_raises_on_every_rank(suite: Any) -> None:
         assert out["mismatch"] is not None, f"rank {rank} did not raise"
         assert f"rank {rank} (a2a.bad)" in out["mismatch"]
         assert wrong in out["mismatch"]
+
+
+def test_turns_let_no_more_ranks_run_at_once() -> None:
+    """``run_local(running=2)``: a rank's work between two waits never
+    overlaps more than one other's (a sleep does not give the turn up)."""
+    lock = threading.Lock()
+    active, most = [0], [0]
+
+    def body(transport: Any) -> int:
+        for _ in range(3):
+            with lock:
+                active[0] += 1
+                most[0] = max(most[0], active[0])
+            time.sleep(0.01)
+            with lock:
+                active[0] -= 1
+            transport.barrier()  # waits: gives the turn up
+        return int(transport.rank)
+
+    assert run_local(body, 6, timeout=30, running=2) == list(range(6))
+    assert most[0] == 2
 
 
 def test_point_to_point_goes_over_gloo_under_nccl() -> None:

@@ -20,6 +20,7 @@ import select
 import socket
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from graphwire.comm.ledger import Ledger
@@ -30,6 +31,7 @@ from graphwire.comm.switch.frames import (
     encode,
     payload_bytes,
 )
+from graphwire.comm.turns import waiting
 
 __all__ = ["SwitchError", "SwitchLink"]
 
@@ -83,17 +85,8 @@ class SwitchLink:
         # simulator's capture keeps the frame numbers).
         self.on_count: Callable[[Frame], None] | None = None
         host, port = parse_address(address)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.sock = socket.create_connection((host, port), timeout=5.0)
-                break
-            except OSError as error:
-                if time.monotonic() > deadline:
-                    raise SwitchError(
-                        f"cannot reach the switch at {address}: {error}"
-                    ) from error
-                time.sleep(0.1)
+        with waiting():
+            self.sock = _connect(address, host, port, timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setblocking(False)
         hello: dict[str, Any] = {"rank": rank, "world": world_size}
@@ -252,6 +245,19 @@ class SwitchLink:
         self.sock.close()
 
 
+def _connect(address: str, host: str, port: int, timeout_s: float) -> socket.socket:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=5.0)
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise SwitchError(
+                    f"cannot reach the switch at {address}: {error}"
+                ) from error
+            time.sleep(0.1)
+
+
 def _ready(sock: socket.socket, write: bool, wait_s: float) -> tuple[bool, bool]:
     """Whether ``sock`` can be read, and written (asked only if ``write``),
     within ``wait_s``. ``poll``, not ``select``: a process with many ranks
@@ -259,7 +265,9 @@ def _ready(sock: socket.socket, write: bool, wait_s: float) -> tuple[bool, bool]
     poller = select.poll()
     poller.register(sock, select.POLLIN | (select.POLLOUT if write else 0))
     events = 0
-    for _, mask in poller.poll(wait_s * 1000):
+    with waiting() if wait_s > 0 else nullcontext():  # graphwire.comm.turns
+        ready = poller.poll(wait_s * 1000)
+    for _, mask in ready:
         events |= mask
     readable = bool(events & (select.POLLIN | select.POLLHUP | select.POLLERR))
     return readable, bool(events & select.POLLOUT)
