@@ -156,12 +156,14 @@ def switchgnn(bench: Bench) -> None:
             runs[key] = bench.flow("metis", parts, _one(name, mb), _star(parts))
     halo = runs["halo"].bytes
     print(f"{'strategy':<18} {'sent MiB':>10} {'vs halo':>8} {'epoch ms':>9} "
-          f"{'agg peak':>9} {'raw rows':>9}")  # fmt: skip
+          f"{'agg peak':>9} {'raw rows':>9} {'resent':>7}")  # fmt: skip
     for key, o in runs.items():
         peak = o.switch.get("peak_slots", "-")
         raw = o.switch.get("raw", "-")
+        resent = o.switch.get("resent", "-")
         print(f"{key:<18} {o.bytes / 2**20:>10.2f} {o.bytes / halo - 1:>+8.1%} "
-              f"{o.epoch_s * 1e3:>9.3f} {peak!s:>9} {raw!s:>9}")  # fmt: skip
+              f"{o.epoch_s * 1e3:>9.3f} {peak!s:>9} {raw!s:>9} "
+              f"{resent!s:>7}")  # fmt: skip
     halo_rows, boundary_rows = parts_rows(Path(bench.folder("metis", parts)))
     mean_r = halo_rows / boundary_rows  # mean|R(v)|, as bench_switch reads it
     cut = 1 - runs["Straw-UL"].bytes / halo

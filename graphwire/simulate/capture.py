@@ -17,7 +17,8 @@ posted, so overlap is kept. The switch of
 ``--exchange switch`` is a real process here too (peer ``world_size`` in
 the ledger), which writes down for every frame it sent the frames it needed
 (:mod:`graphwire.comm.switch.server`); each rank numbers the frames on its
-link the same way.
+link the same way. A lossless switch's recovery timer is set to the
+capture's timeout: ranks that take turns on a few cores are slow, not lost.
 
 A warm-up step runs first and is not traced (first-call allocations are not
 an epoch's cost); then ``repeats`` traced steps, of which the last is kept,
@@ -31,7 +32,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,6 +47,8 @@ from graphwire.comm.switch.link import SwitchLink
 from graphwire.comm.switch.server import TRACE_ENV
 from graphwire.fullgraph.base import Engine
 from graphwire.fullgraph.distributed import build_engine, forward_loss
+from graphwire.fullgraph.engines import EXCHANGES
+from graphwire.fullgraph.switch import SwitchConfig
 from graphwire.partition import load_part
 from graphwire.run.collective import seeded_model, split_sizes
 from graphwire.run.config import TrainConfig
@@ -235,6 +238,20 @@ class Capture:
     switch: np.ndarray | None = None
 
 
+def _patient(exchange: Any, timeout: float) -> Any:
+    """``exchange``, with a lossless switch's recovery timer at ``timeout``.
+
+    A hundred ranks taking turns on two cores can leave one unscheduled for
+    longer than the switch's timeout (1 s): it would then fetch and resend
+    rows nothing lost, which a run on a machine per worker never does. A
+    lossless switch (``switch_loss`` 0) loses nothing, so its timer never
+    needs to fire here."""
+    _, config = EXCHANGES.resolve(exchange or EXCHANGES.default)
+    if isinstance(config, SwitchConfig) and config.switch_loss == 0:
+        return replace(config, switch_timeout=timeout)
+    return exchange
+
+
 def capture_epoch(
     folder: str | Path,
     num_parts: int,
@@ -259,6 +276,7 @@ def capture_epoch(
     """
     if repeats < 1:
         raise ValueError(f"repeats: expected >= 1, got {repeats}")
+    exchange = _patient(exchange, timeout)
 
     def step(transport: Transport) -> RankTrace:
         ledger = _trace(transport)

@@ -214,6 +214,11 @@ def summarise(
             "pool_rows": max(pools) if pools else 0,
             "aggregated": core.get("aggregated", 0),
             "raw": core.get("raw", 0),
+            # rows sent again or fetched after a timeout (none when lossless)
+            "resent": sum(
+                w.get("retransmitted", 0) + w.get("fetched", 0)
+                for w in traces[0].extra["switch"].get("workers", [])
+            ),
         }
     return Outcome(
         label=label,

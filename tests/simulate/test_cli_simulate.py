@@ -45,6 +45,7 @@ def test_a_sweep_prints_its_tables_and_writes_outcomes_and_plots(
     big = {o["workers"]: o for o in flow if o["label"] == "straw 1MiB"}
     # Too little memory: rows overflow raw, one copy per destination.
     assert small[4]["switch"]["raw"] > 0 == big[4]["switch"]["raw"]
+    assert small[4]["switch"]["resent"] == 0  # lossless: nothing sent twice
     assert small[4]["bytes"] > big[4]["bytes"]
     assert sorted(p.name for p in out.glob("*.png")) == [
         "epoch_vs_workers.png",
