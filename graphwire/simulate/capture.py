@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from graphwire.comm.base import Transport, Work
-from graphwire.comm.ledger import Ledger
+from graphwire.comm.ledger import Ledger, recv_between, sent_between
 from graphwire.comm.local import run_local
 from graphwire.comm.switch.frames import Frame
 from graphwire.comm.switch.link import SwitchLink
@@ -216,6 +216,9 @@ class RankTrace:
             communication calls).
         least_cpu_s: the least of that over the repeated steps.
         extra: the engine's end-of-epoch report (the switch's counters, ...).
+        counted: ``(src, dst, tag) -> bytes`` the rank's ledger counted in
+            the kept step: what it sent, and what it received from the
+            switch (peer ``world_size``).
     """
 
     rank: int
@@ -223,6 +226,7 @@ class RankTrace:
     cpu_s: float
     least_cpu_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    counted: dict[tuple[int, int, str], int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -296,6 +300,7 @@ def capture_epoch(
                 transport.barrier()
                 if epoch > 0:
                     ledger.start()
+                before = ledger.snapshot()
                 engine.begin_epoch(epoch)
                 _, loss = forward_loss(engine, model, num_train, _DROPOUT_SEED)
                 model.zero_grad(set_to_none=True)
@@ -304,10 +309,16 @@ def capture_epoch(
                 extra = engine.end_epoch()
                 spent.append(ledger.cpu())
                 ledger.on = False
+                after = ledger.snapshot()
         finally:
             engine.close()
+        rank, world = transport.rank, transport.world_size
+        counted = {(rank, dst, tag): n for dst, tag, n in sent_between(before, after)}
+        for src, tag, n in recv_between(before, after):
+            if src == world:  # the switch's frames to this rank
+                counted[(src, rank, tag)] = n
         return RankTrace(
-            transport.rank, list(ledger.events), spent[-1], min(spent[1:]), extra
+            rank, list(ledger.events), spent[-1], min(spent[1:]), extra, counted
         )
 
     with tempfile.TemporaryDirectory(prefix="graphwire-capture-") as scratch:

@@ -3,9 +3,11 @@
 Four gloo worker processes run each engine's training step (halo; G3 with
 small bins, so many pipelined messages; the switch, with a real switch process
 and memory small enough for several blocks) and keep the second step's ledger.
-The same engines traced on in-process ranks (:func:`capture_epoch`) and turned
-into a workload must send exactly those bytes per (src, dst, tag) (the
-switch's control frames, which follow each run's timing, within 5%), and the
+The same engines traced on in-process ranks (:func:`capture_epoch`, itself an
+emulated run, with a real switch process) and turned into a workload must
+send exactly the bytes the traced run's ledgers counted per (src, dst, tag),
+every frame included; against the gloo run, exactly its bytes (the switch's
+control frames, whose count follows each run's timing, within 5%); and the
 flow model must carry them: every send's bytes on every link of its route.
 """
 
@@ -82,6 +84,13 @@ def test_simulated_bytes_equal_the_emulated_ledger(
         for (s, d, tag), n in emulated[name].items()
     }
     simulated = workload.bytes_between()
+    # Exactly what the traced run's own ledgers counted, every frame
+    # included (the capture is itself an emulated run, real switch and all).
+    counted = {key: n for rank in capture.ranks for key, n in rank.counted.items()}
+    assert simulated == {
+        (switch if s == PARTS else s, switch if d == PARTS else d, tag): n
+        for (s, d, tag), n in counted.items()
+    }
     assert simulated.keys() == expected.keys()
     for key, n in expected.items():
         if key[2].startswith("switch."):
