@@ -179,6 +179,9 @@ class SwitchEngine(Engine):
         else:
             self._pre = torch.ones(part.num_local, dtype=torch.float32)
         self._process: subprocess.Popen[str] | None = None
+        # How long rank 0's close waits for the switch it started to end
+        # (the simulator's capture waits longer: its switch writes a trace).
+        self.close_timeout_s = 10.0
         address = config.switch_addr
         if address is None and transport.rank == 0:
             self._process, address = start_switch()
@@ -489,7 +492,7 @@ class SwitchEngine(Engine):
         self.link.close()
         if self._process is not None:
             try:
-                self._process.wait(timeout=10)
+                self._process.wait(timeout=self.close_timeout_s)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
