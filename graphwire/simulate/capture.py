@@ -302,7 +302,7 @@ def capture_epoch(
                 transport.barrier()
                 if epoch > 0:
                     ledger.start()
-                before = ledger.snapshot()
+                counted_from = ledger.snapshot()
                 engine.begin_epoch(epoch)
                 _, loss = forward_loss(engine, model, num_train, _DROPOUT_SEED)
                 model.zero_grad(set_to_none=True)
@@ -311,12 +311,13 @@ def capture_epoch(
                 extra = engine.end_epoch()
                 spent.append(ledger.cpu())
                 ledger.on = False
-                after = ledger.snapshot()
+                counted_to = ledger.snapshot()
         finally:
             engine.close()
         rank, world = transport.rank, transport.world_size
-        counted = {(rank, dst, tag): n for dst, tag, n in sent_between(before, after)}
-        for src, tag, n in recv_between(before, after):
+        window = (counted_from, counted_to)
+        counted = {(rank, dst, tag): n for dst, tag, n in sent_between(*window)}
+        for src, tag, n in recv_between(*window):
             if src == world:  # the switch's frames to this rank
                 counted[(src, rank, tag)] = n
         return RankTrace(
