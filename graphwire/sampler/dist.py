@@ -31,12 +31,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from graphwire.comm.base import Transport
 from graphwire.partition.book import PartitionBook
 from graphwire.sampler.base import Block, SampledBatch
+from graphwire.sampler.importance import NodeBias, biased_rows
 from graphwire.sampler.uniform import (
     check_batch_seed,
     check_fanouts,
@@ -74,9 +76,14 @@ class OwnedCSR:
         return self.indptr.numel() - 1
 
     def sample(
-        self, dst_nid: torch.Tensor, fanout: int, seed: int
+        self,
+        dst_nid: torch.Tensor,
+        fanout: int,
+        seed: int,
+        bias: NodeBias | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The sampled in-edges of owned ``dst_nid``, edges in node order.
+        """The sampled in-edges of owned ``dst_nid``, edges in node order:
+        uniformly, or as DGS samples them for the trainer ``bias`` names.
 
         Returns ``(counts [n], sources [E], eid [E], weight [E] | None)``."""
         rows = dst_nid - self.start
@@ -85,7 +92,12 @@ class OwnedCSR:
                 f"sample: nodes outside the owned range [{self.start}, "
                 f"{self.start + self.num_owned})"
             )
-        indptr, pos = sample_rows(self.indptr, rows, fanout, seed, keys=dst_nid)
+        if bias is None:
+            indptr, pos = sample_rows(self.indptr, rows, fanout, seed, keys=dst_nid)
+        else:
+            indptr, pos = biased_rows(
+                self.indptr, self.indices, rows, dst_nid, fanout, seed, bias
+            )
         weight = None
         if self.weight is not None:
             weight = sampled_weights(self.weight, self.indptr, rows, indptr, pos)
@@ -103,10 +115,17 @@ class DistNeighborSampler:
     Args:
         csr: this rank's owned in-edges.
         book: the partition book (owner of any global ID).
-        transport: the run's transport (the constructor opens the ``sample``
+        transport: the run's transport (the constructor opens the sampling
             service on it, a collective call).
         fanouts: per layer, input layer first (as
             :class:`~graphwire.sampler.uniform.UniformNeighborSampler`).
+        service: the service's name (its ledger tags: ``<service>.hop``).
+        biased: sample as DGS does (:mod:`~graphwire.sampler.importance`):
+            each rank :meth:`publish` es its numbered biases to every owner
+            (``<service>.bias``), and :meth:`sample` names the one a batch
+            uses. The biases live at the owners, who sample with them, as the
+            requests could not carry them: a requester does not know which
+            of its remote nodes an owner's rows reach.
 
     Attributes:
         counters: ``local_rows`` / ``remote_rows`` (frontier nodes sampled here
@@ -121,17 +140,28 @@ class DistNeighborSampler:
         book: PartitionBook,
         transport: Transport,
         fanouts: Sequence[int],
+        *,
+        service: str = "sample",
+        biased: bool = False,
     ) -> None:
         self.fanouts = check_fanouts(fanouts)
         self.csr = csr
         self.book = book
         self.rank = transport.rank
+        self.world = transport.world_size
         self.num_nodes = book.num_nodes
         self._slot = slot_table(book.num_nodes, 2**31)
         self.counters: dict[str, float] = {}
         self._counting = threading.Lock()  # a loader thread samples too
         self.reset_counters()
-        self.service = transport.open_service("sample", {"hop": self._answer})
+        handlers: dict[str, Any] = {"hop": self._answer}
+        if biased:
+            handlers["bias"] = self._store_bias
+        # Per requester, its biases by number (a few kept: a loader samples
+        # ahead of the trainer's fallback batches).
+        self._biases: dict[int, dict[int, NodeBias]] = {}
+        self._bias_changed = threading.Condition()
+        self.service = transport.open_service(service, handlers)
 
     def reset_counters(self) -> None:
         self.counters = dict.fromkeys(
@@ -139,7 +169,9 @@ class DistNeighborSampler:
             0,
         )
 
-    def sample(self, seeds: torch.Tensor, batch_seed: int) -> SampledBatch:
+    def sample(
+        self, seeds: torch.Tensor, batch_seed: int, bias: int | None = None
+    ) -> SampledBatch:
         """The blocks of one mini-batch (global IDs), input layer first.
 
         Args:
@@ -147,20 +179,37 @@ class DistNeighborSampler:
             batch_seed: the batch's seed (an integer, as
                 :func:`~graphwire.sampler.uniform.check_batch_seed` takes it);
                 layer ``l`` draws with ``derive_seed(batch_seed, l)``.
+            bias: the number of this rank's published bias to sample with
+                (a ``biased`` sampler), or None: uniformly.
         """
         began = time.perf_counter()
         seeds = check_seeds(seeds, self.num_nodes)
         batch_seed = check_batch_seed(batch_seed, "batch_seed")
+        extra = () if bias is None else (bias,)
         blocks: list[Block] = []
         dst_nid = seeds
         for layer in reversed(range(len(self.fanouts))):
             seed = layer_seed(batch_seed, layer)
-            block = self._sample_block(dst_nid, self.fanouts[layer], seed)
+            block = self._sample_block(dst_nid, self.fanouts[layer], seed, extra)
             blocks.append(block)
             dst_nid = block.src_nid
         blocks.reverse()
         self._count(batches=1, seconds=time.perf_counter() - began)
         return SampledBatch(seeds=seeds, blocks=blocks)
+
+    def publish(self, number: int, bias: NodeBias) -> None:
+        """Make ``bias`` this rank's bias ``number`` at every owner (one
+        message per peer, ``<service>.bias``; returns once all hold it)."""
+        if bias.local != self.book.part_range(self.rank):
+            raise ValueError(
+                f"publish: the bias's local range {bias.local} is not rank "
+                f"{self.rank}'s {self.book.part_range(self.rank)}"
+            )
+        self._store_bias(self.rank, _bias_message(number, bias))
+        peers = [p for p in range(self.world) if p != self.rank]
+        if peers:
+            message = _bias_message(number, bias)
+            self.service.call(dict.fromkeys(peers, message), "bias")
 
     def _count(self, **added: float) -> None:
         with self._counting:
@@ -172,18 +221,23 @@ class DistNeighborSampler:
         self.service.close()
 
     # ------------------------------------------------------------------ parts
-    def _sample_block(self, dst_nid: torch.Tensor, fanout: int, seed: int) -> Block:
+    def _sample_block(
+        self, dst_nid: torch.Tensor, fanout: int, seed: int, extra: tuple[int, ...]
+    ) -> Block:
         owner = self.book.owner(dst_nid)
         # Weighted (GCN) or not is the graph's, not the frontier's: an empty
         # one has no group to tell, yet its block gets an empty weight.
         weighted = self.csr.weight is not None
         groups = []
         requests = {}
-        params = torch.tensor([fanout, seed], dtype=torch.int64)
+        params = torch.tensor([fanout, seed, *extra], dtype=torch.int64)
         for peer in owner.unique().tolist():
             where = (owner == peer).nonzero().view(-1)
             if peer == self.rank:
-                groups.append((where, *self.csr.sample(dst_nid[where], fanout, seed)))
+                bias = self._bias_of(self.rank, extra)
+                groups.append(
+                    (where, *self.csr.sample(dst_nid[where], fanout, seed, bias))
+                )
                 self._count(local_rows=where.numel())
             else:
                 requests[peer] = (where, [dst_nid[where], params])
@@ -203,9 +257,47 @@ class DistNeighborSampler:
     def _answer(self, src: int, request: list[torch.Tensor]) -> list[torch.Tensor]:
         dst_nid, params = request
         fanout, seed = int(params[0]), int(params[1])
-        counts, sources, eid, weight = self.csr.sample(dst_nid, fanout, seed)
+        bias = self._bias_of(src, tuple(params[2:].tolist()))
+        counts, sources, eid, weight = self.csr.sample(dst_nid, fanout, seed, bias)
         empty = torch.empty(0, dtype=torch.float32)
         return [counts, sources, eid, empty if weight is None else weight]
+
+    def _bias_of(self, rank: int, extra: tuple[int, ...]) -> NodeBias | None:
+        """Rank ``rank``'s bias numbered ``extra[0]`` (none: uniform)."""
+        if not extra:
+            return None
+        number = extra[0]
+        with self._bias_changed:
+            held = self._biases.get(rank, {})
+            if number not in held:
+                raise ValueError(
+                    f"sample: rank {rank} asked with bias {number}, which it "
+                    f"has not published here (held: {sorted(held)})"
+                )
+            return held[number]
+
+    def _store_bias(self, src: int, message: list[torch.Tensor]) -> list[torch.Tensor]:
+        header, nid, weight = message
+        number, start, stop, eps_bits = header.tolist()
+        epsilon = float(torch.tensor([eps_bits]).view(torch.float64))
+        bias = NodeBias((start, stop), nid, weight, epsilon)
+        if bias.local != self.book.part_range(src):
+            raise ValueError(f"bias: rank {src} sent a bias for {bias.local}")
+        with self._bias_changed:
+            held = self._biases.setdefault(src, {})
+            held[number] = bias
+            for old in [n for n in held if n < number - _KEPT_BIASES]:
+                del held[old]
+        return []
+
+
+_KEPT_BIASES = 2  # a requester's biases kept besides its newest
+
+
+def _bias_message(number: int, bias: NodeBias) -> list[torch.Tensor]:
+    eps_bits = int(torch.tensor([bias.epsilon], dtype=torch.float64).view(torch.int64))
+    header = torch.tensor([number, *bias.local, eps_bits], dtype=torch.int64)
+    return [header, bias.nid, bias.weight.to(torch.float32)]
 
 
 Group = tuple[
