@@ -212,6 +212,25 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             + ["--cache-mb", "inf"],
             "--cache-mb: expected a finite value > 0, got inf",
         ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "dgs"]
+            + ["--feature-rate", "0"],
+            "--feature-rate: expected > 0 and <= 1, got 0.0",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "dgs"]
+            + ["--epsilon", "1"],
+            "--epsilon: expected a value in [0, 1), got 1.0",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "dgs"]
+            + ["--explain-every", "0"],
+            "--explain-every: expected >= 1, got 0",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--epsilon", "0.2"],
+            "--epsilon: only with --fetch dgs",
+        ),
         (["--fanouts", "10,25"], "--fanouts: only with --mode minibatch"),
         (["--fanouts", "10"], "--fanouts: only with --mode minibatch"),
         (["--batch-size", "0"], "--batch-size: only with --mode minibatch"),

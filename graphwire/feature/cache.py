@@ -311,10 +311,12 @@ def assemble_inputs(
     local: torch.Tensor,
     kind: str,
     epoch: int | None = None,
+    dims: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, int]]:
     """Input features of one batch: cache, then local rows, then pulls for the rest.
 
-    The rest is pulled with one request per owner.
+    The rest is pulled with one request per owner; with ``dims`` (DGS), only
+    those columns of it, the others zero.
 
     Returns:
         ``(x float32 [len(nid), F], counts)`` with ``cache_hits``,
@@ -331,8 +333,12 @@ def assemble_inputs(
         remote_pos = remote_pos[~hit]
     local_pos = local.nonzero().view(-1)
     x[local_pos] = store.pull(nid[local_pos], kind=kind)
-    if remote_pos.numel():
+    if remote_pos.numel() and dims is None:
         x[remote_pos] = store.pull(nid[remote_pos], kind=kind)
+    elif remote_pos.numel():
+        rows = torch.zeros(remote_pos.numel(), store.dim)
+        rows[:, dims] = store.pull(nid[remote_pos], dims, kind=kind)
+        x[remote_pos] = rows
     counts = {
         "cache_hits": hits,
         "local_rows": local_pos.numel(),

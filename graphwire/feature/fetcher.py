@@ -14,6 +14,7 @@ The loop's calls, in order::
     begin_epoch(epoch)              at each epoch's start
     get(batch, stats)               each batch, in schedule order
     release(batch)                  after the batch's step
+    epoch_counters()                after each epoch's steps: its figures
     state(epoch)                    what a checkpoint after ``epoch`` keeps
     finish()                        after the last epoch's steps, before its
                                     evaluation; again after the last epoch
@@ -39,6 +40,7 @@ import torch
 from graphwire.allocator import return_freed_memory
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.prefetch import Prefetcher
+from graphwire.nn.models import GNN, LayerKind
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
 
@@ -101,6 +103,16 @@ class Schedule(Protocol):
         """This rank's batches of ``epoch``, in order."""
         ...
 
+    @property
+    def model(self) -> GNN:
+        """The model in training (DGS's explainer takes snapshots of it)."""
+        ...
+
+    @property
+    def layer_kind(self) -> LayerKind:
+        """The model's layer kind."""
+        ...
+
 
 class Fetcher(ABC):
     """One rank's source of batches (see the module docstring).
@@ -160,6 +172,11 @@ class Fetcher(ABC):
 
     def counters(self) -> dict[str, Any]:
         """The fetcher's own counters for the run's report (default none)."""
+        return {}
+
+    def epoch_counters(self) -> dict[str, Any]:
+        """Figures of the epoch just trained, added to its record's ``extra``
+        (JSON-ready; default none)."""
         return {}
 
     def close(self, collective: bool = True) -> None:  # noqa: B027 - optional hook

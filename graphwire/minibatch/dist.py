@@ -226,6 +226,7 @@ def _epoch(
             total += loss * batch.seeds.numel()
         seen.append((batch.epoch, batch.index, int(batch.seeds.sum())))
     train_s = time.perf_counter() - began
+    fetched = loop.fetcher.epoch_counters()
     if epoch == loop.epochs[-1]:
         loop.fetcher.finish()  # its memory goes before the last evaluation
     metrics: dict[str, float] = {}
@@ -261,6 +262,7 @@ def _epoch(
         "sync_busy_s": stats["sync_busy_s"],
         "train_s": train_s,
         "resources": reading.as_dict(),
+        **fetched,
     }
     record = EpochRecord(
         epoch=epoch,

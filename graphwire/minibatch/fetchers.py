@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from graphwire.feature.dgs import DGSConfig, DGSFetcher
 from graphwire.feature.fetcher import Fetcher
 from graphwire.feature.ondemand import OnDemand, OnDemandConfig
 from graphwire.feature.rapid import RapidConfig, RapidStore
@@ -21,4 +22,10 @@ FETCHERS.register(
     RapidStore,
     RapidConfig,
     about="RapidGNN: presampled schedule, hot-row cache and prefetcher",
+)
+FETCHERS.register(
+    "dgs",
+    DGSFetcher,
+    DGSConfig,
+    about="DGS: explanation-guided local and important picks, top-N_f dimensions",
 )

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from graphwire.comm.base import Transport
+from graphwire.feature.base import DEFAULT_KINDS
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.fetcher import Fetcher
 from graphwire.minibatch.fetchers import FETCHERS
@@ -70,11 +71,12 @@ class RankLoop:
         self.rank, self.world = transport.rank, transport.world_size
         # First, before any service starts: it checks no split is empty.
         self.sizes = split_sizes(part, transport)
-        kind = LAYER_KINDS[config.model]
+        kind = self.layer_kind = LAYER_KINDS[config.model]
         self.sampler = DistNeighborSampler(
             owned_csr(part, transport, kind), part.book, transport, config.fanouts
         )
-        self.store = DistFeatureStore(part, transport)
+        kinds = getattr(strategy.cls, "KINDS", DEFAULT_KINDS)
+        self.store = DistFeatureStore(part, transport, kinds=kinds)
         self.fetcher: Fetcher = strategy.cls(self.store, self.sampler, fetch_config)
         start = part.global_range[0]
         mine = part.train_local.to(torch.int64) + start

@@ -26,6 +26,20 @@ def print_epoch(record: EpochRecord) -> None:
         f"({extra['remote_messages']} messages, "
         f"{extra['remote_bytes'] / 2**20:.2f} MiB)  hit rate {rate:.3f}  "
         f"cpu {res['cpu_s']:.2f}s  peak rss {res['peak_rss_mb']:.0f} MiB  "
-        f"energy {energy}",
+        f"energy {energy}{_dgs(extra)}",
         flush=True,
+    )
+
+
+def _dgs(extra: dict) -> str:
+    """DGS's figures (``--fetch dgs``): the share of dimensions pulled per
+    remote row, the explainer's CPU and last loss this epoch."""
+    dgs = extra.get("dgs")
+    if dgs is None:
+        return ""
+    loss = dgs["explain_loss"]
+    shown = "-" if loss is None else f"{loss:.3f}"
+    return (
+        f"  dims {dgs['dims_share']:.2f}  explain {dgs['explain_rounds']} rounds "
+        f"{dgs['explain_cpu_s']:.2f}s cpu loss {shown}"
     )
