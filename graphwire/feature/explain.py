@@ -22,7 +22,12 @@ plus PyG's regularisers for node and feature masks: ``size`` times the
 masks' mean and ``ent`` times the mean binary entropy of their entries
 (PyG's defaults, ``node_feat_size = 1.0``, ``node_feat_ent = 0.1``).
 Training stops after ``epochs`` steps of Adam, or as soon as the loss is at
-most ``loss_threshold``. Each round starts from the last one's masks.
+most ``loss_threshold``. A star of more than ``nodes`` remote nodes is
+explained a random subset of that many at a time (drawn anew each step,
+seeded), each step's target the model's prediction on that subset: a step
+then costs ``nodes`` rows, not the whole halo's, which on a large part is as
+many rows as several training batches read. Only the subset's node masks
+take that step's penalties and gradient. Each round starts from the last one's masks.
 The masks are PyG's initial ones in the first round: ``N(0, 0.1²)`` logits
 (seeded).
 """
@@ -40,7 +45,7 @@ from graphwire.graph.graph import Graph
 from graphwire.nn.base import MessageGraph
 from graphwire.nn.models import GNN, LayerKind
 
-__all__ = ["Explained", "Explainer", "ExplainSettings", "star_graph"]
+__all__ = ["Explained", "Explainer", "ExplainSettings", "star_graph", "star_layers"]
 
 EPS = 1e-15  # PyG's, inside the entropy's logs
 
@@ -55,6 +60,8 @@ class ExplainSettings:
         lr: Adam's learning rate.
         size: weight of the masks' mean (``node_feat_size``).
         entropy: weight of their mean entropy (``node_feat_ent``).
+        nodes: the most remote nodes one step reads (a seeded random subset
+            of the star's, drawn anew each step); None: all.
     """
 
     epochs: int = 50
@@ -62,6 +69,7 @@ class ExplainSettings:
     lr: float = 0.01
     size: float = 1.0
     entropy: float = 0.1
+    nodes: int | None = 2048
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,17 @@ def star_graph(num_remote: int, kind: LayerKind) -> MessageGraph:
     graph = Graph.from_edge_index(src, torch.zeros_like(src), n)
     graph, weight = kind.prepare(graph)
     return MessageGraph(graph.indptr, graph.indices, n, n, weight)
+
+
+def star_layers(num_remote: int, kind: LayerKind, layers: int) -> list[MessageGraph]:
+    """One star per layer, the last one with ``v_G`` as its only
+    destination: only ``v_G``'s prediction is explained, so the last layer
+    computes no other row (the same prediction, a layer's work less)."""
+    star = star_graph(num_remote, kind)
+    stop = int(star.indptr[1])
+    weight = None if star.edge_weight is None else star.edge_weight[:stop]
+    last = MessageGraph(star.indptr[:2], star.indices[:stop], star.num_src, 1, weight)
+    return [star] * (layers - 1) + [last]
 
 
 class Explainer:
@@ -132,7 +151,13 @@ class Explainer:
             p.requires_grad_(False)
         self.settings = settings
         self.x = torch.cat([local_x.unsqueeze(0), remote_x]).to(torch.float32)
-        self.graphs = [star_graph(remote_x.shape[0], kind)] * self.model.num_layers
+        layers = self.model.num_layers
+        self.graphs = star_layers(remote_x.shape[0], kind, layers)
+        cap = settings.nodes
+        self.sampled = self.graphs
+        if cap is not None and remote_x.shape[0] > cap:
+            self.sampled = star_layers(cap, kind, layers)
+        self.seed = seed
         gen = torch.Generator().manual_seed(seed)
         self.node_logit = torch.randn(remote_x.shape[0], generator=gen) * 0.1
         self.feature_logit = torch.randn(local_x.numel(), generator=gen) * 0.1
@@ -170,16 +195,16 @@ class Explainer:
         """One round on the model ``weights`` (a state dict snapshot)."""
         began = time.thread_time()
         self.model.load_state_dict(weights)
-        with torch.no_grad():
-            target = F.softmax(self._predict(self.x), dim=-1)
         node = self.node_logit.clone().requires_grad_(True)
         feature = self.feature_logit.clone().requires_grad_(True)
         optimizer = torch.optim.Adam([node, feature], lr=self.settings.lr)
+        gen = torch.Generator().manual_seed(self.seed + self.rounds)
         loss = torch.tensor(float("inf"))
         steps = 0
         for _ in range(self.settings.epochs):
+            rows = self._rows(gen)
             optimizer.zero_grad()
-            loss = self._loss(node, feature, target)
+            loss = self._loss(node, feature, rows)
             if float(loss.detach()) <= self.settings.loss_threshold:
                 break
             loss.backward()
@@ -196,16 +221,30 @@ class Explainer:
             cpu_s=time.thread_time() - began,
         )
 
+    def _rows(self, gen: torch.Generator) -> torch.Tensor | None:
+        """The remote nodes of one step (indices into the mask), or None:
+        all of them."""
+        cap = self.settings.nodes
+        if cap is None or self.num_remote <= cap:
+            return None
+        return torch.randperm(self.num_remote, generator=gen)[:cap]
+
     def _predict(self, x: torch.Tensor) -> torch.Tensor:
-        """The model's logits at ``v_G``."""
-        return self.model(self.graphs, x)[0]
+        """The model's logits at ``v_G`` (``x``: its row, then the star's)."""
+        graphs = self.graphs if x.shape[0] == self.x.shape[0] else self.sampled
+        return self.model(graphs, x)[0]
 
     def _loss(
-        self, node: torch.Tensor, feature: torch.Tensor, target: torch.Tensor
+        self, node: torch.Tensor, feature: torch.Tensor, rows: torch.Tensor | None
     ) -> torch.Tensor:
+        x = self.x if rows is None else torch.cat([self.x[:1], self.x[1:][rows]])
+        with torch.no_grad():
+            target = F.softmax(self._predict(x), dim=-1)
         node_mask, feature_mask = node.sigmoid(), feature.sigmoid()
+        if rows is not None:
+            node_mask = node_mask[rows]
         row_mask = torch.cat([node_mask.new_ones(1), node_mask]).unsqueeze(1)
-        logits = self._predict(self.x * row_mask * feature_mask.unsqueeze(0))
+        logits = self._predict(x * row_mask * feature_mask.unsqueeze(0))
         loss = -(target * F.log_softmax(logits, dim=-1)).sum()
         for mask in (node_mask, feature_mask):
             if mask.numel():

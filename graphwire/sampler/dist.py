@@ -161,6 +161,7 @@ class DistNeighborSampler:
         # ahead of the trainer's fallback batches).
         self._biases: dict[int, dict[int, NodeBias]] = {}
         self._bias_changed = threading.Condition()
+        self._sent_nid: torch.Tensor | None = None  # the IDs the peers hold
         self.service = transport.open_service(service, handlers)
 
     def reset_counters(self) -> None:
@@ -205,11 +206,14 @@ class DistNeighborSampler:
                 f"publish: the bias's local range {bias.local} is not rank "
                 f"{self.rank}'s {self.book.part_range(self.rank)}"
             )
-        self._store_bias(self.rank, _bias_message(number, bias))
+        self._store_bias(self.rank, _bias_message(number, bias, True))
         peers = [p for p in range(self.world) if p != self.rank]
+        # The IDs travel with the first bias, and again only when they change.
+        same = self._sent_nid is not None and torch.equal(self._sent_nid, bias.nid)
         if peers:
-            message = _bias_message(number, bias)
+            message = _bias_message(number, bias, not same)
             self.service.call(dict.fromkeys(peers, message), "bias")
+        self._sent_nid = bias.nid
 
     def _count(self, **added: float) -> None:
         with self._counting:
@@ -278,13 +282,17 @@ class DistNeighborSampler:
 
     def _store_bias(self, src: int, message: list[torch.Tensor]) -> list[torch.Tensor]:
         header, nid, weight = message
-        number, start, stop, eps_bits = header.tolist()
+        number, start, stop, eps_bits, with_ids = header.tolist()
         epsilon = float(torch.tensor([eps_bits]).view(torch.float64))
-        bias = NodeBias((start, stop), nid, weight, epsilon)
-        if bias.local != self.book.part_range(src):
-            raise ValueError(f"bias: rank {src} sent a bias for {bias.local}")
         with self._bias_changed:
             held = self._biases.setdefault(src, {})
+            if not with_ids:
+                if not held:
+                    raise ValueError(f"bias: rank {src} sent weights before IDs")
+                nid = held[max(held)].nid
+            bias = NodeBias((start, stop), nid, weight, epsilon)
+            if bias.local != self.book.part_range(src):
+                raise ValueError(f"bias: rank {src} sent a bias for {bias.local}")
             held[number] = bias
             for old in [n for n in held if n < number - _KEPT_BIASES]:
                 del held[old]
@@ -294,10 +302,15 @@ class DistNeighborSampler:
 _KEPT_BIASES = 2  # a requester's biases kept besides its newest
 
 
-def _bias_message(number: int, bias: NodeBias) -> list[torch.Tensor]:
+def _bias_message(number: int, bias: NodeBias, with_ids: bool) -> list[torch.Tensor]:
+    """A bias on the wire: a header, the IDs (or none: the last ones sent),
+    the weights."""
     eps_bits = int(torch.tensor([bias.epsilon], dtype=torch.float64).view(torch.int64))
-    header = torch.tensor([number, *bias.local, eps_bits], dtype=torch.int64)
-    return [header, bias.nid, bias.weight.to(torch.float32)]
+    header = torch.tensor(
+        [number, *bias.local, eps_bits, int(with_ids)], dtype=torch.int64
+    )
+    nid = bias.nid if with_ids else bias.nid[:0]
+    return [header, nid, bias.weight.to(torch.float32)]
 
 
 Group = tuple[

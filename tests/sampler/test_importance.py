@@ -204,8 +204,21 @@ def _sample_biased(
         csr, part.book, transport, FANOUTS, service="dgs", biased=True
     )
     bias = _biases(part.book, transport.world_size)[transport.rank]
+    # Bias 6 first: bias 7 sends its weights only (its IDs are 6's).
+    flat = NodeBias(bias.local, bias.nid, torch.full_like(bias.weight, 0.5), 0.3)
+    sampler.publish(6, flat)
     sampler.publish(7, bias)
     transport.barrier()
+    m = bias.nid.numel()
+    # Per message: 32-byte header, 3 tensors' preamble, header, IDs, weights.
+    want = 2 * (32 + 8 * 19 + 40 + 4 * m) + 8 * m
+    for peer in range(transport.world_size):
+        sent = [
+            r[3]
+            for r in transport.ledger.snapshot()["sent"]
+            if r[1] == peer and r[2] == "dgs.bias.req"
+        ]
+        assert sum(sent) == (0 if peer == transport.rank else want)
     out = []
     for i, (seeds, batch_seed) in enumerate(batches):
         if i % transport.world_size == transport.rank:
