@@ -42,7 +42,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -59,7 +59,7 @@ from graphwire.sampler.importance import NodeBias
 
 __all__ = ["DGSConfig", "DGSFetcher", "top_dims"]
 
-PARTS = ("both", "node", "feature")
+PARTS = ("both", "node", "feature", "rf")
 _SEED = 0xD65  # the explainers' mask seeds: derive_seed(_SEED, rank)
 
 
@@ -91,10 +91,17 @@ class DGSConfig:
     explain_loss: float = option(
         0.01, least=0.0, help="ℒ: a round stops once its loss is at most this"
     )
+    explain_nodes: int = option(
+        2048,
+        least=1,
+        help="the most remote nodes one explainer step reads (a random subset "
+        "of the halo, drawn each step)",
+    )
     dgs_parts: str = option(
         "both",
         choices=PARTS,
-        help="what DGS changes: node sampling, feature pulls, or both",
+        help="what DGS changes: node sampling, feature pulls, or both; rf: "
+        "uniform sampling and random dimensions at N_f (the paper's +RF)",
     )
 
     def __post_init__(self) -> None:
@@ -114,7 +121,9 @@ class DGSConfig:
     @property
     def settings(self) -> ExplainSettings:
         return ExplainSettings(
-            epochs=self.explain_epochs, loss_threshold=self.explain_loss
+            epochs=self.explain_epochs,
+            loss_threshold=self.explain_loss,
+            nodes=self.explain_nodes,
         )
 
 
@@ -133,7 +142,7 @@ def top_dims(feature_mask: torch.Tensor, rate: float) -> torch.Tensor | None:
 class _Round:
     """What one finished round gives the batches that use it."""
 
-    explained: Explained
+    explained: Explained | None  # None: random dimensions (rf)
     bias: NodeBias | None  # None: sample uniformly
     dims: torch.Tensor | None  # None: every dimension
 
@@ -171,6 +180,8 @@ class DGSFetcher(OnDemand):
         super().start(schedule, first, saved)
         self._model = schedule.model
         self._steps = schedule.steps
+        if self.config.dgs_parts == "rf":
+            return  # nothing to explain
         part = self.store.part
         halo = part.halo_nid.to(torch.int64)
         remote_x = self.store.pull(halo, kind="explain")
@@ -183,7 +194,7 @@ class DGSFetcher(OnDemand):
             seed=derive_seed(_SEED, self.store.rank),
         )
         self._halo = halo
-        if saved is not None:
+        if saved:
             self.explainer.load_state(saved["explainer"])
             for number, explained in saved["rounds"].items():
                 self._rounds[number] = _done(self._round(Explained(**explained)))
@@ -193,7 +204,13 @@ class DGSFetcher(OnDemand):
         step = self._step(batch)
         every = self.config.explain_every
         number = step // every
-        if step % every == 0 and number >= 1 and number not in self._rounds:
+        explains = self.config.dgs_parts != "rf"
+        if (
+            explains
+            and step % every == 0
+            and number >= 1
+            and number not in self._rounds
+        ):
             self._launch(number)
         return super().get(batch, stats)
 
@@ -236,6 +253,9 @@ class DGSFetcher(OnDemand):
         """Sample ``batch`` with its round's masks and read its rows."""
         number = self._step(batch) // self.config.explain_every - 1
         applied = self._ready(number) if number >= 1 else None
+        if self.config.dgs_parts == "rf":  # uniform, random dimensions
+            mask = torch.rand(self.store.dim, generator=_generator(batch.seed))
+            applied = _Round(None, None, top_dims(mask, self.config.feature_rate))
         began = time.perf_counter()
         if applied is not None and applied.bias is not None:
             self._publish(number, applied.bias)
@@ -270,7 +290,7 @@ class DGSFetcher(OnDemand):
         the share of dimensions pulled per remote row, and the rounds that
         finished since the last call: their count, CPU seconds and last loss."""
         finished = [
-            f.result().explained
+            cast(Explained, f.result().explained)
             for n, f in sorted(self._rounds.items())
             if f.done()
             and n not in self._epoch_stats.reported
@@ -294,12 +314,13 @@ class DGSFetcher(OnDemand):
     def state(self, epoch: int) -> Any | None:
         """The explainer's masks, and the rounds the next epochs' batches use
         (waited for: a resumed run must sample with the same masks)."""
-        assert self.explainer is not None
+        if self.explainer is None:
+            return None  # rf: the dimensions come from the batches' seeds
         after = (epoch + 1) * self._steps  # the next epoch's first step
         every = self.config.explain_every
         keep = range(max(1, after // every - 1), (after - 1) // every + 1)
         rounds = {
-            n: dataclasses.asdict(self._ready(n).explained)
+            n: dataclasses.asdict(cast(Explained, self._ready(n).explained))
             for n in keep
             if n in self._rounds
         }
@@ -342,6 +363,10 @@ class _EpochStats:
             rows, dims = self._rows, self._dims
             self._rows, self._dims = 0, 0.0
         return rows, dims / rows if rows else 1.0
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(_SEED, seed))
 
 
 def _done(value: _Round) -> Future[_Round]:

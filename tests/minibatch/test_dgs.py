@@ -93,6 +93,20 @@ def test_neutral_masks_take_on_demands_steps_and_bytes(
         assert _tag_bytes(got, "dgs.bias.req", "sent") == 0  # nothing published
 
 
+def test_rf_samples_uniformly_and_pulls_random_dimensions(folder: str) -> None:
+    """The paper's +RF: on-demand's batches, each remote row a random N_f
+    share of its dimensions from the first step, no explainer."""
+    rf = _run(folder, DGSConfig(dgs_parts="rf", feature_rate=0.5, prefetch=2))
+    plain = _run(folder, "on-demand")
+    for got, want in zip(rf, plain, strict=True):
+        assert got["batches"] == want["batches"]
+        assert got["counters"]["dgs_rounds"] == 0
+        assert _tag_bytes(got, "kv.explain") == 0
+        shares = {r["extra"]["dgs"]["dims_share"] for r in got["records"]}
+        assert shares == {0.5}
+        assert 0 < _tag_bytes(got, "kv.pull") < _tag_bytes(want, "kv.pull")
+
+
 def test_remote_rows_carry_exactly_the_top_dimensions(
     folder: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
