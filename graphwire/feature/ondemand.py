@@ -34,7 +34,7 @@ from graphwire.feature.fetcher import (
 )
 from graphwire.feature.prefetch import Prefetcher
 from graphwire.options import check_options, option
-from graphwire.sampler.base import Batch
+from graphwire.sampler.base import Batch, SampledBatch
 
 __all__ = ["DEFAULT_PREFETCH", "OnDemand", "OnDemandConfig"]
 
@@ -101,7 +101,7 @@ class OnDemand(Fetcher):
     def _make(self, batch: Batch) -> Made:
         """Sample ``batch`` and read its rows, on whichever thread asks."""
         began = time.perf_counter()
-        sampled = self.sampler.sample(batch.seeds, batch.seed)
+        sampled = self._sample(batch)
         sampled_at = time.perf_counter()
         local = self.store.is_local(sampled.input_nid)
         x, counts = assemble_inputs(self.store, None, sampled.input_nid, local, "pull")
@@ -111,6 +111,10 @@ class OnDemand(Fetcher):
             "fetch_busy_s": time.perf_counter() - sampled_at,
         }
         return sampled, x, y, {**counts, **busy}
+
+    def _sample(self, batch: Batch) -> SampledBatch:
+        """``batch``'s blocks (the owner-compute uniform sampler)."""
+        return self.sampler.sample(batch.seeds, batch.seed)
 
     def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
         if self.prefetcher is None:

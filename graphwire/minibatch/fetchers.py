@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from graphwire.feature.dgs import DGSConfig, DGSFetcher
 from graphwire.feature.fetcher import Fetcher
+from graphwire.feature.layerwise import (
+    FastGCNConfig,
+    FastGCNFetcher,
+    LadiesConfig,
+    LadiesFetcher,
+)
 from graphwire.feature.ondemand import OnDemand, OnDemandConfig
 from graphwire.feature.rapid import RapidConfig, RapidStore
 from graphwire.run.registry import Registry
@@ -28,4 +34,16 @@ FETCHERS.register(
     DGSFetcher,
     DGSConfig,
     about="DGS: explanation-guided local and important picks, top-N_f dimensions",
+)
+FETCHERS.register(
+    "fastgcn",
+    FastGCNFetcher,
+    FastGCNConfig,
+    about="FastGCN: layer-wise importance sampling from one synced distribution",
+)
+FETCHERS.register(
+    "ladies",
+    LadiesFetcher,
+    LadiesConfig,
+    about="LADIES: layer-wise sampling, probabilities synced every layer",
 )

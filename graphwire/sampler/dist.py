@@ -50,7 +50,7 @@ from graphwire.sampler.uniform import (
     stitch_block,
 )
 
-__all__ = ["DistNeighborSampler", "OwnedCSR"]
+__all__ = ["DistNeighborSampler", "Group", "OwnedCSR", "stitch_groups"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,7 +254,7 @@ class DistNeighborSampler:
             for peer, (where, _) in requests.items():
                 counts, src, ids, w = answers[peer]
                 groups.append((where, counts, src, ids, w if weighted else None))
-        indptr, sources, eid, weight = _stitch(dst_nid.numel(), groups, weighted)
+        indptr, sources, eid, weight = stitch_groups(dst_nid.numel(), groups, weighted)
         self._count(edges=eid.numel())
         return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
 
@@ -318,7 +318,7 @@ Group = tuple[
 ]
 
 
-def _stitch(
+def stitch_groups(
     n: int, groups: list[Group], weighted: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Edges of several owner groups back in frontier order.

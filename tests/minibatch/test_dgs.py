@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from graphwire.feature.dgs import DGSConfig, DGSFetcher, top_dims
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.explain import Explained, Explainer
 from graphwire.graph.synthetic import ProductsConfig, products_graph
+from graphwire.minibatch.fetchers import FETCHERS
 from graphwire.minibatch.loop import RankLoop
 from graphwire.options import OptionError
 from graphwire.partition import PartitionBook, get_partitioner, write_partitioned
@@ -204,3 +206,19 @@ def test_the_same_seed_gives_the_same_batches_and_a_resume_the_same_run(
 def test_bad_settings_are_refused_naming_the_field(fields: dict, message: str) -> None:
     with pytest.raises(OptionError, match=message):
         DGSConfig(**fields)
+
+
+@pytest.mark.parametrize("fetch", ["fastgcn", "ladies"])
+def test_layer_wise_baselines_train_and_count_their_syncs(
+    folder: str, fetch: str
+) -> None:
+    config = dataclasses.replace(CONFIG, epochs=2)
+    results = _run(folder, FETCHERS.resolve(fetch)[1].__class__(layer_nodes=40), config)
+    for result in results:
+        losses = [r["loss"] for r in result["records"]]
+        assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+        assert _tag_bytes(result, "layer.edges.req", "sent") > 0
+        assert _tag_bytes(result, "kv.pull") > 0
+        norms = _tag_bytes(result, "layer.norms.req", "sent")
+        synced = _tag_bytes(result, "setup.fastgcn", "sent")
+        assert (norms > 0, synced > 0) == (fetch == "ladies", fetch == "fastgcn")
