@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from graphwire.comm.local import run_local
-from graphwire.feature.dgs import DGSConfig, DGSFetcher, top_dims
+from graphwire.feature.dgs import DGSConfig, DGSFetcher
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.explain import Explained, Explainer
+from graphwire.feature.rounds import top_dims
 from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.minibatch.fetchers import FETCHERS
 from graphwire.minibatch.loop import RankLoop
@@ -127,7 +128,8 @@ def test_remote_rows_carry_exactly_the_top_dimensions(
         truth = nid.unsqueeze(1).float() * 10 + torch.arange(DIM, dtype=torch.float32)
         local = self.store.is_local(nid)
         assert torch.equal(x[local], truth[local])
-        step = batch.epoch * self._steps + batch.index
+        assert self.rounds is not None
+        step = self.rounds.step_of(batch)
         if step >= 2 * self.config.explain_every:  # masks in use
             remote = ~local
             assert torch.equal(x[remote][:, dims], truth[remote][:, dims])
