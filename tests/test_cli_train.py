@@ -231,6 +231,16 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             ["--workers", "2", "--mode", "minibatch", "--epsilon", "0.2"],
             "--epsilon: only with --fetch dgs",
         ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "dgs"]
+            + ["--explain-every", "3", "--prefetch", "4"],
+            "--prefetch: at most --explain-every (3), got 4",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--fetch", "rapid"]
+            + ["--explain-every", "3"],
+            "--explain-every: only with --dgs-dims",
+        ),
         (["--fanouts", "10,25"], "--fanouts: only with --mode minibatch"),
         (["--fanouts", "10"], "--fanouts: only with --mode minibatch"),
         (["--batch-size", "0"], "--batch-size: only with --mode minibatch"),

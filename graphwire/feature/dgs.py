@@ -66,7 +66,11 @@ class DGSConfig:
     """DGS's settings (the thesis's defaults: T_ex 30, ε 0.1, N_f 0.85,
     𝒯_E 50, ℒ 0.01)."""
 
-    prefetch: int = option(DEFAULT_PREFETCH, least=1, help=PREFETCH_HELP)
+    prefetch: int = option(
+        None,
+        least=1,
+        help=PREFETCH_HELP + f" (dgs: {DEFAULT_PREFETCH} or T_ex, the less)",
+    )
     explain_every: int = option(
         30, least=1, help="T_ex: batches between explanation rounds"
     )
@@ -103,6 +107,10 @@ class DGSConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.prefetch is None:  # (typed int: set here, before the checks)
+            object.__setattr__(
+                self, "prefetch", min(DEFAULT_PREFETCH, max(1, self.explain_every))
+            )
         check_options(self)
         if self.epsilon >= 1.0:
             raise OptionError(

@@ -38,12 +38,15 @@ import psutil
 import torch
 
 from graphwire.comm.scratch import Scratch
+from graphwire.feature.base import DEFAULT_KINDS
 from graphwire.feature.cache import HotCache, assemble_inputs
+from graphwire.feature.explain import ExplainSettings
 from graphwire.feature.fetcher import Fetched, Fetcher, Made, Schedule, take_batch
 from graphwire.feature.ondemand import DEFAULT_PREFETCH, PREFETCH_HELP
 from graphwire.feature.prefetch import Prefetcher
 from graphwire.feature.presampler import Presampler
-from graphwire.options import check_options, option
+from graphwire.feature.rounds import DimStats, ExplainRounds, top_dims
+from graphwire.options import OptionError, check_options, option
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.presample import lock_rank_folder
 
@@ -107,14 +110,57 @@ class RapidConfig:
         "folder removed at the end)",
     )
 
+    dgs_dims: bool = option(
+        False,
+        help="rapid: pull the cache's misses with DGS's top --feature-rate "
+        "dimensions, from an explainer run every --explain-every steps (no "
+        "paper has it)",
+    )
+    explain_every: int | None = option(
+        None,
+        least=1,
+        help="T_ex: batches between explanation rounds (dgs; "
+        "rapid with --dgs-dims, default 30)",
+    )
+    feature_rate: float | None = option(
+        None,
+        least=0.0,
+        strict=True,
+        most=1.0,
+        help="N_f: the share of dimensions pulled for remote rows, in (0, 1] "
+        "(dgs; rapid with --dgs-dims, default 0.85)",
+    )
+
     def __post_init__(self) -> None:
         check_options(self)
+        for name in ("explain_every", "feature_rate"):
+            if getattr(self, name) is not None and not self.dgs_dims:
+                raise OptionError(name, "only with dgs_dims", other="dgs_dims")
+        if self.dgs_dims and self.prefetch > self.every:
+            raise OptionError(
+                "prefetch",
+                f"at most explain_every ({self.every}) with dgs_dims, got "
+                f"{self.prefetch}: a batch made ahead may need the round "
+                "started T_ex steps before it",
+                other="explain_every",
+            )
+
+    @property
+    def every(self) -> int:
+        """T_ex (``dgs_dims``)."""
+        return 30 if self.explain_every is None else self.explain_every
+
+    @property
+    def rate(self) -> float:
+        """N_f (``dgs_dims``)."""
+        return 0.85 if self.feature_rate is None else self.feature_rate
 
 
 class RapidStore(Fetcher):
     """Batches from the presampled schedule, the hot cache and the prefetcher."""
 
     config: RapidConfig
+    KINDS = (*DEFAULT_KINDS, "explain")  # the store's pull kinds (dgs_dims)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -128,12 +174,24 @@ class RapidStore(Fetcher):
         self._scratch: Scratch | None = None  # the presample's, if temporary
         self._lock: IO[str] | None = None  # a given folder's, held
         self._counters: dict[str, Any] = {}
+        self.rounds: ExplainRounds[torch.Tensor | None] | None = None
+        self._dims = DimStats()
+        if self.config.dgs_dims:
+            rate = self.config.rate
+            self.rounds = ExplainRounds(
+                self.store,
+                self.config.every,
+                ExplainSettings(),
+                lambda explained: top_dims(explained.feature_mask, rate),
+            )
 
     # ------------------------------------------------------------- set-up
     def start(self, schedule: Schedule, first: int, saved: Any | None) -> None:
         if not schedule.epochs:
             return  # a resumed run that had stopped: nothing to presample
         self._schedule_epochs = schedule.epochs
+        if self.rounds is not None:
+            self.rounds.start(schedule, None if saved is None else saved.get("dgs"))
         self._presample(schedule)
         hot_ids = None if saved is None else saved["hot_ids"]
         self._start_cache(schedule, first, hot_ids)
@@ -238,15 +296,23 @@ class RapidStore(Fetcher):
         epoch, index = key
         assert self.presampler is not None
         sampled, local = self.presampler.epoch(epoch).batch(index)
+        dims = None
+        if self.rounds is not None:
+            applied = self.rounds.applied(Batch(epoch, index, sampled.seeds, 0, 0))
+            dims = None if applied is None else applied[1]
         x, counts = assemble_inputs(
-            self.store, self.cache, sampled.input_nid, local, kind, epoch
+            self.store, self.cache, sampled.input_nid, local, kind, epoch, dims
         )
+        share = 1.0 if dims is None else dims.numel() / self.store.dim
+        self._dims.add(counts["missed_rows"], share)
         y = self.store.labels(sampled.seeds)
         busy = {"fetch_busy_s": time.perf_counter() - began}
         return sampled, x, y, {**counts, **busy}
 
     def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
         assert self.prefetcher is not None
+        if self.rounds is not None:
+            self.rounds.on_step(batch)
         key = (batch.epoch, batch.index)
         return take_batch(
             self.prefetcher, batch, lambda: self.assemble(key, "pull"), stats
@@ -259,9 +325,17 @@ class RapidStore(Fetcher):
     def state(self, epoch: int) -> Any | None:
         """The hot set the next epoch starts with."""
         assert self.presampler is not None
+        dgs = None if self.rounds is None else self.rounds.state(epoch)
         if epoch + 1 not in self._schedule_epochs:
-            return {"hot_ids": None}
-        return {"hot_ids": self.presampler.epoch(epoch + 1).hot_ids}
+            return {"hot_ids": None, "dgs": dgs}
+        return {"hot_ids": self.presampler.epoch(epoch + 1).hot_ids, "dgs": dgs}
+
+    def epoch_counters(self) -> dict[str, Any]:
+        """With ``dgs_dims``: the epoch's ``extra["dgs"]`` (the misses'
+        share of dimensions, the explainer's rounds)."""
+        if self.rounds is None:
+            return {}
+        return {"dgs": self._dims.record(self.rounds.finished())}
 
     def finish(self) -> None:
         """Stop presampling (an early stop leaves epochs unsampled), close
@@ -304,6 +378,8 @@ class RapidStore(Fetcher):
         threads that a dead peer can hold up (the prefetcher's for up to
         30 s, the cache builder's until its pull times out) past torchrun's
         grace period, after which nothing would remove it."""
+        if self.rounds is not None:
+            self.rounds.close(collective)
         try:
             if self.presampler is not None:
                 # After an error, a few seconds for its last batch: it must

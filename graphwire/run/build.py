@@ -274,8 +274,8 @@ def _strategy(table: FlagTable, given: _Given, kind: str) -> StrategyChoice:
         flag = table.by_field(kind, error.field, strategy.name)
         named = given.named(flag) if flag else error.field
         why = error.why
-        if error.other is not None:
+        if error.other is not None:  # named by its flag
             other = table.by_field(kind, error.other, strategy.name)
-            why = f"only without {other.flag if other else error.other}"
+            why = why.replace(error.other, other.flag if other else error.other)
         raise ValueError(f"{named}: {why}") from None
     return StrategyChoice(strategy.name, config)

@@ -24,6 +24,7 @@ from graphwire.comm.local import run_local
 from graphwire.feature.dgs import DGSConfig, DGSFetcher
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.explain import Explained, Explainer
+from graphwire.feature.rapid import RapidConfig
 from graphwire.feature.rounds import top_dims
 from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.minibatch.fetchers import FETCHERS
@@ -224,3 +225,29 @@ def test_layer_wise_baselines_train_and_count_their_syncs(
         norms = _tag_bytes(result, "layer.norms.req", "sent")
         synced = _tag_bytes(result, "setup.fastgcn", "sent")
         assert (norms > 0, synced > 0) == (fetch == "ladies", fetch == "fastgcn")
+
+
+def test_rapid_with_dgs_dims_pulls_its_misses_top_dimensions(
+    folder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rapid's batches and cache, its misses pulled with the round's top
+    dimensions (the cache fills stay whole)."""
+    _fixed_masks(monkeypatch, None, [0.1, 0.9, 0.5, 0.3, 0.8, 0.2])
+    config = dataclasses.replace(CONFIG, epochs=4)
+    base = dict(n_hot=20, prefetch=2)
+    dims = _run(
+        folder,
+        RapidConfig(**base, dgs_dims=True, explain_every=2, feature_rate=0.5),
+        config,
+    )
+    plain = _run(folder, RapidConfig(**base), config)
+    for got, want in zip(dims, plain, strict=True):
+        assert got["batches"] == want["batches"]
+        shares = [r["extra"]["dgs"]["dims_share"] for r in got["records"]]
+        assert shares[0] == 1.0 and shares[-1] == 0.5
+        for tag in ("kv.prefetch", "kv.pull"):
+            assert _tag_bytes(got, tag) <= _tag_bytes(want, tag)
+        assert _tag_bytes(got, "kv.cache") == _tag_bytes(want, "kv.cache")
+        assert _tag_bytes(got, "kv.prefetch") + _tag_bytes(got, "kv.pull") < (
+            _tag_bytes(want, "kv.prefetch") + _tag_bytes(want, "kv.pull")
+        )
