@@ -370,3 +370,26 @@ def test_tensor_store_without_labels(graph: Graph) -> None:
         TensorStore(graph.x).pull(torch.arange(2), kind="nope")
     with pytest.raises(ValueError, match="x: expected a floating"):
         TensorStore(torch.arange(4))
+
+
+def test_ascending_dims_travel_as_a_bitmask() -> None:
+    """A pull of DGS's top dimensions sent 8 bytes per column in its
+    request; ascending columns now take ceil(F / 8) bytes."""
+    from graphwire.feature.dist import dims_from_wire, dims_on_wire
+
+    dims = torch.tensor([0, 3, 4, 99])
+    wire = dims_on_wire(dims, 100)
+    assert wire.dtype == torch.uint8 and wire.numel() == 13
+    assert torch.equal(dims_from_wire(wire, 100), dims)
+    shuffled = torch.tensor([4, 0, 3])
+    assert torch.equal(dims_on_wire(shuffled, 100), shuffled)
+    assert torch.equal(dims_from_wire(shuffled, 100), shuffled)
+    assert (
+        dims_on_wire(None, 100).numel() == 0 and dims_from_wire(wire[:0], 100) is None
+    )
+    with pytest.raises(ValueError, match="bitmask of 12 bytes, expected 13"):
+        dims_from_wire(wire[:12], 100)
+    with pytest.raises(ValueError, match="names columns at or past 100"):
+        dims_from_wire(dims_on_wire(torch.tensor([1, 102]), 104), 100)
+    with pytest.raises(ValueError, match="dims: empty"):
+        dims_from_wire(torch.zeros(13, dtype=torch.uint8), 100)

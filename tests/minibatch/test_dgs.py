@@ -244,7 +244,7 @@ def test_rapid_with_dgs_dims_pulls_its_misses_top_dimensions(
     for got, want in zip(dims, plain, strict=True):
         assert got["batches"] == want["batches"]
         shares = [r["extra"]["dgs"]["dims_share"] for r in got["records"]]
-        assert shares[0] == 1.0 and shares[-1] == 0.5
+        assert shares[0] == 1.0 and min(shares) == 0.5  # (1.0: no miss)
         for tag in ("kv.prefetch", "kv.pull"):
             assert _tag_bytes(got, tag) <= _tag_bytes(want, tag)
         assert _tag_bytes(got, "kv.cache") == _tag_bytes(want, "kv.cache")
