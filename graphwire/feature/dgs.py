@@ -27,7 +27,9 @@ and one weight for all), which is what a uniform sampler draws. Since a
 batch's round is fixed by its step, the batches do not depend on how fast the
 explainer runs: the trainer waits for a round only if it is not done ``T``
 steps after it started. ``--dgs-parts`` keeps the node part, the feature
-part or both (the paper's NS-only, FS-only and DGS).
+part or both (the paper's NS-only, FS-only and DGS); ``rf`` samples
+uniformly and pulls a random ``N_f`` share of dimensions per batch, seeded by
+the batch, with no explainer (the paper's +RF baseline).
 
 A loader thread samples and pulls ahead of the trainer as on-demand's does
 (at most ``prefetch`` batches alive, which must not exceed ``T``: a batch
