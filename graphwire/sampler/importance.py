@@ -33,6 +33,7 @@ exactly what :class:`ImportanceNeighborSampler` samples on the whole graph.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -87,14 +88,18 @@ class NodeBias:
         if not 0.0 <= self.epsilon < 1.0:
             raise ValueError(f"epsilon: expected a value in [0, 1), got {self.epsilon}")
 
+    @functools.cached_property
+    def _default(self) -> float:
+        """The weight of nodes the mask does not cover: its mean."""
+        return float(self.weight.mean()) if self.weight.numel() else 1.0
+
     def is_local(self, nid: torch.Tensor) -> torch.Tensor:
         return (nid >= self.local[0]) & (nid < self.local[1])
 
     def weigh(self, nid: torch.Tensor) -> torch.Tensor:
         """float64 [*]: each node's weight plus :data:`FLOOR` (the mask's mean
         for nodes it does not cover)."""
-        default = float(self.weight.mean()) if self.weight.numel() else 1.0
-        out = torch.full(nid.shape, default, dtype=torch.float64)
+        out = torch.full(nid.shape, self._default, dtype=torch.float64)
         if self.nid.numel():
             pos = torch.searchsorted(self.nid, nid).clamp(max=self.nid.numel() - 1)
             hit = self.nid.index_select(0, pos) == nid
@@ -159,30 +164,26 @@ def biased_rows(
     shifted = (share + round(bias.epsilon * fanout)).clamp(max=fanout)
     k_loc = torch.minimum(n_local, shifted)
     k_rem = fanout - k_loc
-    # 3. picks: uniform keys for local edges, Efraimidis-Spirakis for remote.
+    # 3. picks: uniform keys for local edges, Efraimidis-Spirakis for remote:
+    # one sort by (row, local before remote, -log(U) / weight), the key's
+    # fraction s / (1 + s) keeping the score's order within a group.
     u = _edge_uniforms(b_keys[row_of], offset, derive_seed(seed, _KEYS))
-    score = -torch.log(u)
-    remote = ~local
-    score[remote] /= bias.weigh(src[remote])
-    order = torch.sort(score, stable=True).indices
-    group = row_of * 2 + remote.to(torch.int64)
-    order = order[torch.sort(group[order], stable=True).indices]
-    # Rank of each sorted edge within its (row, class) group.
-    g = group[order]
-    g_first = torch.zeros_like(g)
-    change = torch.ones_like(g, dtype=torch.bool)
-    change[1:] = g[1:] != g[:-1]
-    g_first[change] = torch.arange(g.numel())[change]
-    g_first = torch.cummax(g_first, 0).values
-    rank = torch.arange(g.numel()) - g_first
-    limit = torch.where(remote[order], k_rem[row_of[order]], k_loc[row_of[order]])
-    chosen = cand[order][rank < limit]  # rows in order, locals before remotes
+    remote = (~local).to(torch.int64)
+    weight = torch.where(local, 1.0, bias.weigh(src))
+    score = -torch.log(u) / weight
+    group = row_of * 2 + remote
+    order = torch.sort(group.to(torch.float64) + score / (1.0 + score), stable=True)
+    order_ix = order.indices
+    sizes = torch.bincount(group, minlength=2 * big_rows.numel())
+    starts = torch.cumsum(sizes, 0) - sizes
+    sorted_group = group.index_select(0, order_ix)
+    rank = torch.arange(group.numel()) - starts.index_select(0, sorted_group)
+    limit = torch.stack([k_loc, k_rem], 1).view(-1).index_select(0, sorted_group)
+    chosen = cand.index_select(0, order_ix[rank < limit])  # rows, locals first
     pos = torch.empty(int(out_indptr[-1]), dtype=torch.int64)
-    mask = torch.zeros(rows.numel(), dtype=torch.bool)
-    mask[big_rows] = True
-    slot_row = torch.repeat_interleave(torch.arange(rows.numel()), count)
-    pos[mask.index_select(0, slot_row)] = chosen
-    pos[~mask.index_select(0, slot_row)] = small_pos
+    slot_big = torch.repeat_interleave(big, count)
+    pos[slot_big] = chosen
+    pos[~slot_big] = small_pos
     return out_indptr, pos
 
 
