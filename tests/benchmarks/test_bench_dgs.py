@@ -1,0 +1,60 @@
+"""bench_dgs's report: each sampler's bytes and accuracy against uniform
+sampling on the same parts, with the paper's figures; bad flags refused
+before any work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_dgs  # noqa: E402
+
+
+def _figures(feature: float, sync: float, best: float) -> dict[str, float]:
+    return {
+        "feature_mib": feature,
+        "sync_mib": sync,
+        "setup_mib": 1.0,
+        "fixed_acc": best - 0.1,
+        "best_acc": best,
+        "explain_share": 0.05,
+        "dims_share": 0.85,
+    }
+
+
+def test_the_report_compares_every_sampler_with_uniform_on_its_parts(capsys) -> None:
+    args = argparse.Namespace(
+        datasets=["products"], methods=["metis", "random"], fetches=["uniform", "dgs"]
+    )
+    results = {
+        "products metis uniform": _figures(100.0, 0.0, 0.80),
+        "products metis dgs": _figures(70.0, 2.0, 0.81),
+        "products random uniform": _figures(200.0, 0.0, 0.78),
+        "products random dgs": None,  # a failed run
+    }
+    ratios = bench_dgs._report(args, results)
+    assert ratios["products metis dgs"]["bytes_vs_uniform"] == pytest.approx(-0.28)
+    assert ratios["products metis dgs"]["acc_points"] == pytest.approx(1.0)
+    assert ratios["products random uniform"]["bytes_vs_uniform"] == 0.0
+    out = capsys.readouterr().out
+    assert "products random dgs                FAILED" in out
+    assert "-28.0%" in out and "-24.55% (products)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--fetches", "uniform,magic"], "--fetches: unknown ['magic']"),
+        (["--fetches", "dgs"], "--fetches: the ratios need uniform"),
+        (["--datasets", "reddit"], "--datasets: unknown ['reddit']"),
+        (["--epochs", "0"], "--epochs: expected >= 1"),
+    ],
+)
+def test_bad_flags_are_refused_before_any_work(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench_dgs.main(argv)
+    assert message in capsys.readouterr().err
