@@ -22,13 +22,13 @@ from tests.signals import default_stop_signals
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_help_lists_the_commands() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "graphwire", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def test_help_lists_the_commands(capsys) -> None:
+    # In this process: `python -m graphwire` itself runs in the tests that
+    # start it (test_a_write_cut_short_is_one_line_naming_the_file, ...).
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
     for command in ("data", "partition", "train", "bench"):
         assert command in out
 
@@ -217,26 +217,37 @@ runpy.run_module("graphwire", run_name="__main__")
 """
 
 
-@pytest.mark.parametrize(
-    ("dataset", "code", "said"),
-    [(SMALL, 0, "3,000"), ("synthetic:products?nodes=x", 2, "nodes='x'")],
-)
 def test_under_a_launcher_the_cli_exits_without_interpreter_teardown(
-    monkeypatch, dataset: str, code: int, said: str
+    monkeypatch,
 ) -> None:
+    """A command that succeeds and one that fails (a flag refused), at once."""
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # stdout: a buffered pipe
-    done = subprocess.run(
-        [sys.executable, "-c", _LAUNCHED_CLI, "data", "info", "--dataset", dataset],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == code
-    assert said in done.stdout + done.stderr
-    # atexit handlers still run, and output is flushed before the process ends.
-    assert done.stdout.rstrip().endswith("atexit handlers ran")
+    cases = [(SMALL, 0, "3,000"), ("synthetic:products?nodes=x", 2, "nodes='x'")]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LAUNCHED_CLI, "data", "info", "--dataset", dataset],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for dataset, _, _ in cases
+    ]
+    try:
+        outputs = [run.communicate(timeout=120) for run in runs]
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+    for (dataset, code, said), run, (out, err) in zip(
+        cases, runs, outputs, strict=True
+    ):
+        assert run.returncode == code, dataset
+        assert said in out + err, dataset
+        # atexit handlers still run, and output is flushed before the process ends.
+        assert out.rstrip().endswith("atexit handlers ran"), dataset
 
 
 @pytest.mark.parametrize("command", ["partition", "train", "bench"])

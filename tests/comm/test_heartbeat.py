@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -47,8 +48,11 @@ def beats(monkeypatch) -> Iterator[list]:
 
 def test_a_rank_that_stops_beating_is_lost(beats) -> None:
     beats[2].stop()  # as a rank that was killed, or is stopped
-    assert beats[0].lost() == [2]
-    assert beats[1].lost() == [2]
+    # Both survivors ask at once, as after a failed collective (each asking
+    # takes _SILENT_S).
+    with ThreadPoolExecutor(2) as pool:
+        asked = [pool.submit(beats[rank].lost) for rank in (0, 1)]
+        assert [ask.result() for ask in asked] == [[2], [2]]
 
 
 def test_ranks_that_beat_or_failed_themselves_are_not_lost(beats) -> None:
@@ -121,13 +125,20 @@ def test_a_rank_held_up_by_live_peers_names_those_not_in_its_call(beats) -> None
         (None, "all_to_all"): "rank 2: epoch 2, computing",
         ((1,), "irecv from rank 1"): "rank 1: epoch 2, waiting in all_to_all (bwd.L0)",
     }
-    for (peers, op), named in cases.items():
+
+    def held_up(peers: tuple[int, ...] | None, op: str) -> list[str]:
         lines: list[str] = []
         watch = StallWatch(0, 3, 0.3, 9.0, beats[0], lambda: "epoch 2", lines.append)
         _held_up(watch, lines, op, "bwd.L0", peers)
-        assert len(lines) == 1, lines
-        rank = 2 if peers is None else 1
-        assert f"waiting on rank {rank}, alive but not here ({named})" in lines[0]
+        return lines
+
+    with ThreadPoolExecutor(len(cases)) as pool:  # each case its own watch, at once
+        told = {case: pool.submit(held_up, *case) for case in cases}
+        for case, named in cases.items():
+            lines = told[case].result()
+            assert len(lines) == 1, lines
+            rank = 2 if case[0] is None else 1
+            assert f"waiting on rank {rank}, alive but not here ({named})" in lines[0]
 
 
 def test_two_threads_held_up_by_one_rank_make_one_line(beats) -> None:

@@ -49,9 +49,10 @@ def short_run(cora: Graph) -> Callable[[str], TrainResult]:
 
 
 def test_gcn_reaches_kipf_accuracy_on_cora(cora: Graph) -> None:
-    """Kipf & Welling report 81.5%; 5 seeds of ours average about 82%."""
-    result = train_fullgraph(cora, TrainConfig(model="gcn", seed=0))
-    assert result.epochs_run == 200
+    """Kipf & Welling report 81.5%; 5 seeds of ours average about 82% over
+    their 200 epochs, and over 125 reach 80.5-82.1% (seed 0: 80.5%)."""
+    result = train_fullgraph(cora, TrainConfig(model="gcn", seed=0, epochs=125))
+    assert result.epochs_run == 125  # no patience: every epoch runs
     assert result.test_acc >= 0.79
     best = result.records[result.best_epoch]
     assert (best.test_acc, best.val_acc) == (result.test_acc, result.val_acc)
@@ -60,8 +61,10 @@ def test_gcn_reaches_kipf_accuracy_on_cora(cora: Graph) -> None:
 
 @pytest.mark.slow
 def test_gat_reaches_paper_accuracy_on_cora(cora: Graph) -> None:
-    """The GAT paper reports 83.0%; seeds 0-4 of ours average 82.4%."""
-    result = train_fullgraph(cora, TrainConfig(model="gat", seed=0))
+    """The GAT paper reports 83.0%; seeds 0-4 of ours average 82.4% over the
+    default 200 epochs (80.1% at least). Their best epochs come early: over
+    100 epochs they reach 80.9-82.3% (seed 0: 81.5%)."""
+    result = train_fullgraph(cora, TrainConfig(model="gat", seed=0, epochs=100))
     assert result.test_acc >= 0.80
 
 

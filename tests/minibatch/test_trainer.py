@@ -24,8 +24,9 @@ def cora(cora_dir: Path) -> Graph:
 @pytest.mark.slow
 def test_sage_reaches_78_percent_on_cora(cora: Graph) -> None:
     """5 seeds of the defaults (fan-outs [10, 25], 64 seeds a batch) average
-    about 80.7%."""
-    result = train_minibatch(cora, TrainConfig(model="sage", seed=0))
+    about 80.7% over 200 epochs; the best epoch comes early: over 30, seeds
+    0-4 reach 80.2-82.2% (seed 0: 82.2%)."""
+    result = train_minibatch(cora, TrainConfig(model="sage", seed=0, epochs=30))
     assert result.test_acc >= 0.78
     assert result.records[result.best_epoch].test_acc == result.test_acc
 

@@ -87,6 +87,9 @@ def book_of(graph: Graph, partition: Partition, node_order: str) -> PartitionBoo
 def test_every_node_and_edge_stored_once(
     case: tuple[Graph, Partition], node_order: str
 ) -> None:
+    """Every node and edge in exactly one part, relabelled as the book says;
+    each part's rows and splits follow its nodes (one written folder for
+    both checks: writing it is most of the cost)."""
     graph, partition = case
     book = book_of(graph, partition, node_order)
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +107,8 @@ def test_every_node_and_edge_stored_once(
         all_src, all_dst = [], []
         orig_src, orig_dst = graph.edge_index()
         for lp in parts:
+            # Loaded alone, unverified (as a worker loads it): its rows.
+            _check_rows_and_splits(graph, partition, load_part(folder, lp.part_id))
             assert lp.global_range == book.part_range(lp.part_id)
             assert torch.equal(lp.offsets, book.offsets)
             # Each stored edge, in new global IDs.
@@ -132,28 +137,19 @@ def test_every_node_and_edge_stored_once(
         )
 
 
-@pytest.mark.parametrize("node_order", NODE_ORDERS)
-@given(case=graph_and_partition())
-def test_rows_and_splits_follow_their_nodes(
-    case: tuple[Graph, Partition], node_order: str
-) -> None:
-    graph, partition = case
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = write_partitioned(
-            graph, partition, Path(tmp) / "parts", node_order=node_order
-        )
-        for part_id in range(partition.num_parts):
-            lp = load_part(folder, part_id)
-            assert lp.x is not None and lp.y is not None
-            assert torch.equal(lp.x[:, 0], lp.orig_nid.to(torch.float32))
-            assert torch.equal(lp.x[:, 1], -lp.orig_nid.to(torch.float32))
-            assert torch.equal(lp.y, lp.orig_nid)
-            assert lp.test_local is None  # the graph has no test split
-            for split in ("train", "val"):
-                local = getattr(lp, f"{split}_local")
-                idx = getattr(graph, f"{split}_idx")
-                mine = idx[partition.assignment[idx] == part_id]
-                assert sorted(lp.orig_nid[local].tolist()) == sorted(mine.tolist())
+def _check_rows_and_splits(graph: Graph, partition: Partition, lp: Any) -> None:
+    """Part ``lp``'s rows and splits follow its nodes (``x[i] = [i, -i]``,
+    ``y[i] = i``)."""
+    assert lp.x is not None and lp.y is not None
+    assert torch.equal(lp.x[:, 0], lp.orig_nid.to(torch.float32))
+    assert torch.equal(lp.x[:, 1], -lp.orig_nid.to(torch.float32))
+    assert torch.equal(lp.y, lp.orig_nid)
+    assert lp.test_local is None  # the graph has no test split
+    for split in ("train", "val"):
+        local = getattr(lp, f"{split}_local")
+        idx = getattr(graph, f"{split}_idx")
+        mine = idx[partition.assignment[idx] == lp.part_id]
+        assert sorted(lp.orig_nid[local].tolist()) == sorted(mine.tolist())
 
 
 def test_meta_records_partition_and_stats(tmp_path: Path) -> None:

@@ -304,36 +304,50 @@ with ShapedNetwork(rate_mbit=100) as net:
 """
 
 
-@pytest.mark.parametrize("stop", STOP_SIGNALS, ids=lambda s: s.name)
 def test_namespace_removed_when_its_process_gets_sigterm_or_sighup(
-    netns: None, stop: signal.Signals
+    netns: None,
 ) -> None:
     """SIGTERM's default (``timeout``, ``kill PID``) and SIGHUP's (the
     terminal closed) ended the process with no clean-up: its namespace
-    stayed, and the processes in it ran on."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _TERMINATED],
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_stop_signals,
-    )
-    name, pid = "", 0
+    stayed, and the processes in it ran on. One process per signal, at
+    once."""
+    procs = {
+        stop: subprocess.Popen(
+            [sys.executable, "-c", _TERMINATED],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=default_stop_signals,
+        )
+        for stop in STOP_SIGNALS
+    }
+    made: dict[signal.Signals, tuple[str, int]] = {}
     try:
-        assert proc.stdout is not None
-        name, pid_text = proc.stdout.readline().split()
-        pid = int(pid_text)
-        proc.send_signal(stop)
-        proc.wait(timeout=60)
-        assert name not in namespaces()
-        assert not alive(pid)
-    finally:  # the namespace and the sleeper, should the fix fail
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if name in namespaces():
-            subprocess.run(["ip", "netns", "del", name], check=False)
-        if pid and alive(pid):
-            os.kill(pid, signal.SIGKILL)
+        for stop, proc in procs.items():
+            assert proc.stdout is not None
+            name, pid_text = proc.stdout.readline().split()
+            made[stop] = name, int(pid_text)
+        for stop, proc in procs.items():
+            proc.send_signal(stop)
+        for stop, proc in procs.items():
+            proc.wait(timeout=60)
+            name, pid = made[stop]
+            assert name not in namespaces(), stop.name
+            assert not alive(pid), stop.name
+    finally:  # the namespaces and the sleepers, should the fix fail
+        for proc in procs.values():
+            if proc.poll() is None:  # one not yet stopped may remove its own
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        left = namespaces()
+        for name, pid in made.values():
+            if name in left:
+                subprocess.run(["ip", "netns", "del", name], check=False)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("stop", STOP_SIGNALS, ids=lambda s: s.name)
