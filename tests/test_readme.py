@@ -158,6 +158,6 @@ def test_the_strategy_table_names_every_registered_strategy() -> None:
         assert len(cells) == 4, row
         flag, name = cells[0].strip("`").split()
         named[flag].add(name)
-        assert cells[3] in ("exact", "bounded-stale"), row
+        assert cells[3] in ("exact", "bounded-stale", "other batches"), row
     assert named["--exchange"] == set(EXCHANGES.names())
     assert named["--fetch"] == set(FETCHERS.names())

@@ -54,8 +54,9 @@ from graphwire.comm.base import Transport, TransportError
 from graphwire.feature.base import (
     DEFAULT_KINDS,
     FeatureStore,
-    check_dims,
     check_nid,
+    dims_from_wire,
+    dims_on_wire,
     select_columns,
 )
 from graphwire.partition.local import LocalPart
@@ -452,40 +453,6 @@ def _check_part(part: LocalPart, transport: Transport) -> None:
         raise ValueError(
             f"part {part.part_id}: expected features x float32 [n, F], found {found}"
         )
-
-
-def dims_on_wire(dims: torch.Tensor | None, dim: int) -> torch.Tensor:
-    """The columns a pull asks for, as its request carries them: none (all),
-    a bitmask of ``ceil(F / 8)`` bytes when they ascend (DGS's top
-    dimensions: 13 bytes for F = 100 rather than 8 per column), else int64."""
-    if dims is None:
-        return torch.empty(0, dtype=torch.int64)
-    if dims.numel() > 1 and not bool((dims[1:] > dims[:-1]).all()):
-        return dims
-    bits = np.zeros(dim, dtype=np.bool_)
-    bits[dims.numpy()] = True
-    return torch.from_numpy(np.packbits(bits))
-
-
-def dims_from_wire(wire: torch.Tensor, dim: int) -> torch.Tensor | None:
-    """:func:`dims_on_wire`'s columns, checked (None: all).
-
-    Raises:
-        ValueError: a bitmask of the wrong size or naming no column, or
-            columns outside ``[0, dim)`` or repeated.
-    """
-    if wire.numel() == 0:
-        return None
-    if wire.dtype != torch.uint8:
-        return check_dims(wire, dim)
-    if wire.numel() != (dim + 7) // 8:
-        raise ValueError(
-            f"dims: a bitmask of {wire.numel()} bytes, expected {(dim + 7) // 8}"
-        )
-    bits = np.unpackbits(wire.numpy())
-    if bits[dim:].any():
-        raise ValueError(f"dims: the bitmask names columns at or past {dim}")
-    return check_dims(torch.from_numpy(bits[:dim].nonzero()[0].astype(np.int64)), dim)
 
 
 def _unpack_request(

@@ -375,7 +375,7 @@ def test_tensor_store_without_labels(graph: Graph) -> None:
 def test_ascending_dims_travel_as_a_bitmask() -> None:
     """A pull of DGS's top dimensions sent 8 bytes per column in its
     request; ascending columns now take ceil(F / 8) bytes."""
-    from graphwire.feature.dist import dims_from_wire, dims_on_wire
+    from graphwire.feature.base import dims_from_wire, dims_on_wire
 
     dims = torch.tensor([0, 3, 4, 99])
     wire = dims_on_wire(dims, 100)
