@@ -160,7 +160,7 @@ class DistNeighborSampler:
         # Per requester, its biases by number (a few kept: a loader samples
         # ahead of the trainer's fallback batches).
         self._biases: dict[int, dict[int, NodeBias]] = {}
-        self._bias_changed = threading.Condition()
+        self._biases_lock = threading.Lock()  # the service's thread stores them
         self._sent_nid: torch.Tensor | None = None  # the IDs the peers hold
         self.service = transport.open_service(service, handlers)
 
@@ -271,7 +271,7 @@ class DistNeighborSampler:
         if not extra:
             return None
         number = extra[0]
-        with self._bias_changed:
+        with self._biases_lock:
             held = self._biases.get(rank, {})
             if number not in held:
                 raise ValueError(
@@ -284,7 +284,7 @@ class DistNeighborSampler:
         header, nid, weight = message
         number, start, stop, eps_bits, with_ids = header.tolist()
         epsilon = float(torch.tensor([eps_bits]).view(torch.float64))
-        with self._bias_changed:
+        with self._biases_lock:
             held = self._biases.setdefault(src, {})
             if not with_ids:
                 if not held:
