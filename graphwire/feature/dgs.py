@@ -39,21 +39,19 @@ ahead may need the round the trainer starts ``T`` steps before it).
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from graphwire.feature.base import DEFAULT_KINDS
-from graphwire.feature.cache import assemble_inputs
 from graphwire.feature.explain import Explained, ExplainSettings
-from graphwire.feature.fetcher import Fetched, Made, Schedule
+from graphwire.feature.fetcher import Fetched, Schedule
 from graphwire.feature.ondemand import DEFAULT_PREFETCH, PREFETCH_HELP, OnDemand
 from graphwire.feature.rounds import DimStats, ExplainRounds, top_dims
 from graphwire.graph.seeds import derive_seed
 from graphwire.options import OptionError, check_options, option
-from graphwire.sampler.base import Batch
+from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
 from graphwire.sampler.importance import NodeBias
 
@@ -171,7 +169,7 @@ class DGSFetcher(OnDemand):
             )
         self._published: set[int] = set()
         self._publishing = threading.Lock()
-        self._dims = DimStats()
+        self._dims_stats = DimStats()
 
     def start(self, schedule: Schedule, first: int, saved: Any | None) -> None:
         super().start(schedule, first, saved)
@@ -199,37 +197,29 @@ class DGSFetcher(OnDemand):
             dims = top_dims(explained.feature_mask, self.config.feature_rate)
         return _Round(bias, dims)
 
-    def _make(self, batch: Batch) -> Made:
-        """Sample ``batch`` with its round's masks and read its rows."""
+    def _sample(self, batch: Batch) -> SampledBatch:
+        """``batch``'s blocks, drawn with its round's node mask (none yet,
+        or a neutral one: uniformly)."""
         applied = None if self.rounds is None else self.rounds.applied(batch)
-        bias, dims = None, None
-        if applied is not None:
-            number, made = applied
-            dims = made.dims
-            if made.bias is not None:
-                self._publish(number, made.bias)
-                bias = number
-        elif self.rounds is None:  # rf: uniform, random dimensions
+        bias = None if applied is None else applied[1].bias
+        if applied is None or bias is None:
+            return super()._sample(batch)
+        number = applied[0]
+        self._publish(number, bias)
+        return self.biased.sample(batch.seeds, batch.seed, bias=number)
+
+    def _dims(self, batch: Batch, local: torch.Tensor) -> torch.Tensor | None:
+        """The top dimensions of ``batch``'s round's feature mask (rf: of a
+        random one, seeded by the batch), counted for the epoch's record."""
+        if self.rounds is None:
             mask = torch.rand(self.store.dim, generator=_generator(batch.seed))
             dims = top_dims(mask, self.config.feature_rate)
-        began = time.perf_counter()
-        if bias is not None:
-            sampled = self.biased.sample(batch.seeds, batch.seed, bias=bias)
         else:
-            sampled = self.sampler.sample(batch.seeds, batch.seed)
-        sampled_at = time.perf_counter()
-        local = self.store.is_local(sampled.input_nid)
-        x, counts = assemble_inputs(
-            self.store, None, sampled.input_nid, local, "pull", dims=dims
-        )
-        y = self.store.labels(sampled.seeds)
+            applied = self.rounds.applied(batch)
+            dims = None if applied is None else applied[1].dims
         share = 1.0 if dims is None else dims.numel() / self.store.dim
-        self._dims.add(counts["missed_rows"], share)
-        busy = {
-            "sample_busy_s": sampled_at - began,
-            "fetch_busy_s": time.perf_counter() - sampled_at,
-        }
-        return sampled, x, y, {**counts, **busy}
+        self._dims_stats.add(int(local.numel() - local.sum()), share)
+        return dims
 
     def _publish(self, number: int, bias: NodeBias) -> None:
         """Round ``number``'s node mask to every owner, once."""
@@ -241,7 +231,7 @@ class DGSFetcher(OnDemand):
     def epoch_counters(self) -> dict[str, Any]:
         """This epoch's ``extra["dgs"]`` (:meth:`DimStats.record`)."""
         finished = [] if self.rounds is None else self.rounds.finished()
-        return {"dgs": self._dims.record(finished)}
+        return {"dgs": self._dims_stats.record(finished)}
 
     def state(self, epoch: int) -> Any | None:
         """The explainer's masks and the rounds the next epochs use (rf:

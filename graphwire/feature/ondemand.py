@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from graphwire.feature.cache import assemble_inputs
 from graphwire.feature.fetcher import (
     Fetched,
@@ -104,7 +106,10 @@ class OnDemand(Fetcher):
         sampled = self._sample(batch)
         sampled_at = time.perf_counter()
         local = self.store.is_local(sampled.input_nid)
-        x, counts = assemble_inputs(self.store, None, sampled.input_nid, local, "pull")
+        dims = self._dims(batch, local)
+        x, counts = assemble_inputs(
+            self.store, None, sampled.input_nid, local, "pull", dims=dims
+        )
         y = self.store.labels(sampled.seeds)
         busy = {
             "sample_busy_s": sampled_at - began,
@@ -115,6 +120,12 @@ class OnDemand(Fetcher):
     def _sample(self, batch: Batch) -> SampledBatch:
         """``batch``'s blocks (the owner-compute uniform sampler)."""
         return self.sampler.sample(batch.seeds, batch.seed)
+
+    def _dims(self, batch: Batch, local: torch.Tensor) -> torch.Tensor | None:
+        """The dimensions pulled for ``batch``'s remote input rows (those not
+        ``local``): None, every one."""
+        del batch, local
+        return None
 
     def get(self, batch: Batch, stats: dict[str, float]) -> Fetched:
         if self.prefetcher is None:
