@@ -48,7 +48,13 @@ from graphwire.feature.base import DEFAULT_KINDS
 from graphwire.feature.explain import Explained, ExplainSettings
 from graphwire.feature.fetcher import Fetched, Schedule
 from graphwire.feature.ondemand import DEFAULT_PREFETCH, PREFETCH_HELP, OnDemand
-from graphwire.feature.rounds import DimStats, ExplainRounds, top_dims
+from graphwire.feature.rounds import (
+    EXPLAIN_EVERY,
+    FEATURE_RATE,
+    DimStats,
+    ExplainRounds,
+    top_dims,
+)
 from graphwire.graph.seeds import derive_seed
 from graphwire.options import OptionError, check_options, option
 from graphwire.sampler.base import Batch, SampledBatch
@@ -72,10 +78,10 @@ class DGSConfig:
         help=PREFETCH_HELP + f" (dgs: {DEFAULT_PREFETCH} or T_ex, the less)",
     )
     explain_every: int = option(
-        30, least=1, help="T_ex: batches between explanation rounds"
+        EXPLAIN_EVERY, least=1, help="T_ex: batches between explanation rounds"
     )
     feature_rate: float = option(
-        0.85,
+        FEATURE_RATE,
         least=0.0,
         strict=True,
         most=1.0,

@@ -45,7 +45,13 @@ from graphwire.feature.fetcher import Fetched, Fetcher, Made, Schedule, take_bat
 from graphwire.feature.ondemand import DEFAULT_PREFETCH, PREFETCH_HELP
 from graphwire.feature.prefetch import Prefetcher
 from graphwire.feature.presampler import Presampler
-from graphwire.feature.rounds import DimStats, ExplainRounds, top_dims
+from graphwire.feature.rounds import (
+    EXPLAIN_EVERY,
+    FEATURE_RATE,
+    DimStats,
+    ExplainRounds,
+    top_dims,
+)
 from graphwire.options import OptionError, check_options, option
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.presample import lock_rank_folder
@@ -120,7 +126,7 @@ class RapidConfig:
         None,
         least=1,
         help="T_ex: batches between explanation rounds (dgs; "
-        "rapid with --dgs-dims, default 30)",
+        f"rapid with --dgs-dims, default {EXPLAIN_EVERY})",
     )
     feature_rate: float | None = option(
         None,
@@ -128,7 +134,7 @@ class RapidConfig:
         strict=True,
         most=1.0,
         help="N_f: the share of dimensions pulled for remote rows, in (0, 1] "
-        "(dgs; rapid with --dgs-dims, default 0.85)",
+        f"(dgs; rapid with --dgs-dims, default {FEATURE_RATE})",
     )
 
     def __post_init__(self) -> None:
@@ -148,12 +154,12 @@ class RapidConfig:
     @property
     def every(self) -> int:
         """T_ex (``dgs_dims``)."""
-        return 30 if self.explain_every is None else self.explain_every
+        return EXPLAIN_EVERY if self.explain_every is None else self.explain_every
 
     @property
     def rate(self) -> float:
         """N_f (``dgs_dims``)."""
-        return 0.85 if self.feature_rate is None else self.feature_rate
+        return FEATURE_RATE if self.feature_rate is None else self.feature_rate
 
 
 class RapidStore(Fetcher):

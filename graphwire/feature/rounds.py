@@ -35,10 +35,12 @@ from graphwire.feature.fetcher import Schedule
 from graphwire.graph.seeds import derive_seed
 from graphwire.sampler.base import Batch
 
-__all__ = ["DimStats", "ExplainRounds", "top_dims"]
+__all__ = ["EXPLAIN_EVERY", "FEATURE_RATE", "DimStats", "ExplainRounds", "top_dims"]
 
 R = TypeVar("R")
 _SEED = 0xD65  # the explainers' mask seeds: derive_seed(_SEED, rank)
+EXPLAIN_EVERY = 30  # T_ex, steps between rounds (the thesis's)
+FEATURE_RATE = 0.85  # N_f, the share of dimensions pulled (the thesis's)
 
 
 def top_dims(feature_mask: torch.Tensor, rate: float) -> torch.Tensor | None:
