@@ -3,6 +3,7 @@
 python benchmarks/bench_dgs.py [--nodes 200000] [--datasets products,cora]
                                [--methods metis,chunk,random] [--fetches LIST]
                                [--epochs 30] [--fixed-epochs 10] [--workers 4]
+                               [--layer-nodes 1024[,4096...]]
                                [--speed] [--rate-mbit 1000] [--quick] [--json PATH]
 
 In one run:
@@ -82,6 +83,7 @@ FETCHES: dict[str, tuple[str, ...]] = {
     "rapid-dims": ("--fetch", "rapid", "--dgs-dims"),
 }
 EXPLAINED = {"ns", "fs", "dgs", "rapid-dims"}  # take --explain-every
+LAYERWISE = {"fastgcn", "ladies"}  # take --layer-nodes
 FEATURE_TAGS = ("kv.pull", "kv.prefetch", "kv.cache")
 SYNC_TAGS = ("dgs.bias", "layer.norms")  # per epoch, both directions
 SETUP_TAGS = ("kv.explain", "setup.fastgcn")
@@ -168,21 +170,19 @@ def _bytes_and_accuracy(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 3600,
             )
             print(f"{dataset}: {method} parts in {time.perf_counter() - began:.0f}s")
-            for fetch in args.fetches:
-                name = f"{dataset} {method} {fetch}"
+            for label, fetch, layer_nodes in _runs(args):
+                name = f"{dataset} {method} {label}"
                 argv = [
                     "--dataset", str(parts), "--mode", "minibatch", "--model", "sage",
                     "--hidden", "16", "--fanouts", args.fanouts,
                     "--batch-size", str(batch), "--epochs", str(args.epochs),
                     "--eval-every", "1", "--seed", "0", "--workers",
-                    str(args.workers), "--layer-nodes", str(args.layer_nodes),
-                    *FETCHES[fetch],
+                    str(args.workers), *FETCHES[fetch],
                 ]  # fmt: skip
                 if fetch in EXPLAINED:
                     argv += ["--explain-every", str(every)]
-                if fetch not in ("fastgcn", "ladies"):
-                    argv = [a for a in argv if a != "--layer-nodes"]
-                    argv.remove(str(args.layer_nodes))
+                if layer_nodes is not None:
+                    argv += ["--layer-nodes", str(layer_nodes)]
                 began = time.perf_counter()
                 try:
                     _train(
@@ -199,6 +199,21 @@ def _bytes_and_accuracy(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 results[name] = figures
                 print(f"  {name}: {_row(figures)}", flush=True)
     return results
+
+
+def _runs(args: argparse.Namespace) -> list[tuple[str, str, int | None]]:
+    """``(label, fetch, layer nodes)`` per run on one set of parts: the
+    layer-wise samplers once per ``--layer-nodes`` value (labelled
+    ``fastgcn@N`` where there are several)."""
+    runs: list[tuple[str, str, int | None]] = []
+    for fetch in args.fetches:
+        if fetch not in LAYERWISE:
+            runs.append((fetch, fetch, None))
+            continue
+        many = len(args.layer_nodes) > 1
+        for n in args.layer_nodes:
+            runs.append((f"{fetch}@{n}" if many else fetch, fetch, n))
+    return runs
 
 
 def _row(f: dict[str, Any]) -> str:
@@ -220,8 +235,8 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]
     for dataset in args.datasets:
         for method in args.methods:
             base = results.get(f"{dataset} {method} uniform")
-            for fetch in args.fetches:
-                name = f"{dataset} {method} {fetch}"
+            for label, _, _ in _runs(args):
+                name = f"{dataset} {method} {label}"
                 f = results.get(name)
                 if f is None:
                     print(f"{name:34s} FAILED")
@@ -316,7 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixed-epochs", type=int, default=10)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--fanouts", default="10,25")
-    parser.add_argument("--layer-nodes", type=int, default=1024)
+    parser.add_argument(
+        "--layer-nodes",
+        default="1024",
+        help="fastgcn and ladies: nodes per layer, a comma list (one run each)",
+    )
     parser.add_argument(
         "--speed", action="store_true", help="also part 2 (needs ip netns)"
     )
@@ -335,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     args.datasets = comma_list(parser, "--datasets", args.datasets, str)
     args.methods = comma_list(parser, "--methods", args.methods, str)
     args.fetches = comma_list(parser, "--fetches", args.fetches, str)
+    args.layer_nodes = comma_list(parser, "--layer-nodes", args.layer_nodes, int)
+    if min(args.layer_nodes) < 1 or len(set(args.layer_nodes)) < len(args.layer_nodes):
+        parser.error(
+            f"--layer-nodes: expected distinct integers >= 1: {args.layer_nodes}"
+        )
     for name, known in (("datasets", DATASETS), ("fetches", FETCHES)):
         unknown = [v for v in getattr(args, name) if v not in known]
         if unknown:
@@ -344,7 +368,6 @@ def main(argv: list[str] | None = None) -> int:
         "epochs",
         "fixed_epochs",
         "workers",
-        "layer_nodes",
         "speed_epochs",
     ):
         if getattr(args, name) < 1:

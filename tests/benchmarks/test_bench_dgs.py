@@ -28,7 +28,10 @@ def _figures(feature: float, sync: float, best: float) -> dict[str, float]:
 
 def test_the_report_compares_every_sampler_with_uniform_on_its_parts(capsys) -> None:
     args = argparse.Namespace(
-        datasets=["products"], methods=["metis", "random"], fetches=["uniform", "dgs"]
+        datasets=["products"],
+        methods=["metis", "random"],
+        fetches=["uniform", "dgs"],
+        layer_nodes=[1024],
     )
     results = {
         "products metis uniform": _figures(100.0, 0.0, 0.80),
@@ -52,9 +55,21 @@ def test_the_report_compares_every_sampler_with_uniform_on_its_parts(capsys) -> 
         (["--fetches", "dgs"], "--fetches: the ratios need uniform"),
         (["--datasets", "reddit"], "--datasets: unknown ['reddit']"),
         (["--epochs", "0"], "--epochs: expected >= 1"),
+        (["--layer-nodes", "512,512"], "--layer-nodes: expected distinct integers"),
     ],
 )
 def test_bad_flags_are_refused_before_any_work(argv, message, capsys) -> None:
     with pytest.raises(SystemExit):
         bench_dgs.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_layer_wise_samplers_run_once_per_layer_size() -> None:
+    args = argparse.Namespace(fetches=["uniform", "ladies"], layer_nodes=[512, 4096])
+    assert bench_dgs._runs(args) == [
+        ("uniform", "uniform", None),
+        ("ladies@512", "ladies", 512),
+        ("ladies@4096", "ladies", 4096),
+    ]
+    args.layer_nodes = [512]
+    assert bench_dgs._runs(args)[1] == ("ladies", "ladies", 512)
