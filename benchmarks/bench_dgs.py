@@ -32,7 +32,8 @@ In one run:
    ``dgs.bias``, LADIES' ``layer.norms``, both directions) and the set-up's
    (DGS's halo pull ``kv.explain``, FastGCN's ``setup.fastgcn``); the test
    accuracy after ``--fixed-epochs`` and at the best validation epoch of
-   ``--epochs`` (the run's summary: "at convergence"); the explainer's CPU
+   ``--epochs`` (the run's summary: "at convergence") and the mean of its
+   last 10 epochs (steadier than one epoch's); the explainer's CPU
    seconds over the workers' CPU seconds. Ratios against ``uniform`` on the
    same parts: bytes (features plus syncs) and accuracy points.
 2. **speed** (``--speed``): 2 workers (one core each) inside a network
@@ -84,6 +85,7 @@ FETCHES: dict[str, tuple[str, ...]] = {
 }
 EXPLAINED = {"ns", "fs", "dgs", "rapid-dims"}  # take --explain-every
 LAYERWISE = {"fastgcn", "ladies"}  # take --layer-nodes
+TAIL = 10  # epochs whose mean test accuracy is the steadier convergence figure
 FEATURE_TAGS = ("kv.pull", "kv.prefetch", "kv.cache")
 SYNC_TAGS = ("dgs.bias", "layer.norms")  # per epoch, both directions
 SETUP_TAGS = ("kv.explain", "setup.fastgcn")
@@ -140,6 +142,7 @@ def _measure(out: Path, fixed: int) -> dict[str, Any]:
         "setup_mib": setup / 2**20,
         "fixed_acc": per_epoch[at][0]["test_acc"],
         "best_acc": float(fields["test_acc"]),
+        "tail_acc": statistics.mean(e[0]["test_acc"] for e in per_epoch[-TAIL:]),
         "explain_share": explain / cpu if cpu else 0.0,
         "dims_share": (
             sum(d["dims_share"] * d["remote_rows"] for d in last) / rows
@@ -220,8 +223,9 @@ def _row(f: dict[str, Any]) -> str:
     return (
         f"features {f['feature_mib']:.2f} MiB/ep, syncs {f['sync_mib']:.3f} MiB/ep, "
         f"setup {f['setup_mib']:.2f} MiB, acc {f['fixed_acc']:.4f} (fixed) "
-        f"{f['best_acc']:.4f} (best), explainer {100 * f['explain_share']:.1f}% "
-        f"of CPU, dims {f['dims_share']:.2f}, {f['wall_s']:.0f}s"
+        f"{f['best_acc']:.4f} (best) {f['tail_acc']:.4f} (last {TAIL}), "
+        f"explainer {100 * f['explain_share']:.1f}% of CPU, "
+        f"dims {f['dims_share']:.2f}, {f['wall_s']:.0f}s"
     )
 
 
@@ -230,6 +234,7 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]
     print(
         f"\n{'run':34s} {'feat MiB/ep':>11s} {'sync MiB/ep':>11s} {'setup MiB':>9s} "
         f"{'vs uniform':>10s} {'acc@fixed':>9s} {'acc best':>8s} {'Δ pt':>6s} "
+        f"{'acc tail':>8s} {'Δ tail':>6s} "
         f"{'expl CPU':>8s}"
     )
     for dataset in args.datasets:
@@ -242,18 +247,25 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]
                     print(f"{name:34s} FAILED")
                     continue
                 total = f["feature_mib"] + f["sync_mib"]
-                cut = delta = None
+                cut = delta = tail = None
                 if base is not None:
                     base_total = base["feature_mib"] + base["sync_mib"]
                     cut = total / base_total - 1 if base_total else None
                     delta = 100 * (f["best_acc"] - base["best_acc"])
-                ratios[name] = {"bytes_vs_uniform": cut, "acc_points": delta}
+                    tail = 100 * (f["tail_acc"] - base["tail_acc"])
+                ratios[name] = {
+                    "bytes_vs_uniform": cut,
+                    "acc_points": delta,
+                    "tail_points": tail,
+                }
                 print(
                     f"{name:34s} {f['feature_mib']:11.2f} {f['sync_mib']:11.3f} "
                     f"{f['setup_mib']:9.2f} "
                     f"{'-' if cut is None else f'{100 * cut:+9.1f}%':>10s} "
                     f"{f['fixed_acc']:9.4f} {f['best_acc']:8.4f} "
                     f"{'-' if delta is None else f'{delta:+6.2f}':>6s} "
+                    f"{f['tail_acc']:8.4f} "
+                    f"{'-' if tail is None else f'{tail:+6.2f}':>6s} "
                     f"{100 * f['explain_share']:7.1f}%"
                 )
     print(
@@ -261,7 +273,9 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]
         "epoch; sync: dgs.bias / layer.norms per epoch; setup: the halo pull "
         "(kv.explain) / FastGCN's all-reduce, once;\nvs uniform: (feat + sync) "
         "against uniform on the same parts; Δ pt: best-epoch test accuracy minus "
-        "uniform's, points; expl CPU: explainer CPU / the workers' CPU.\n" + PAPER
+        f"uniform's, points; acc tail: mean test accuracy of the last {TAIL} "
+        "epochs (Δ tail: minus uniform's); expl CPU: explainer CPU / the "
+        "workers' CPU.\n" + PAPER
     )
     return ratios
 

@@ -21,6 +21,7 @@ def _figures(feature: float, sync: float, best: float) -> dict[str, float]:
         "setup_mib": 1.0,
         "fixed_acc": best - 0.1,
         "best_acc": best,
+        "tail_acc": best - 0.01,
         "explain_share": 0.05,
         "dims_share": 0.85,
     }
@@ -42,6 +43,7 @@ def test_the_report_compares_every_sampler_with_uniform_on_its_parts(capsys) -> 
     ratios = bench_dgs._report(args, results)
     assert ratios["products metis dgs"]["bytes_vs_uniform"] == pytest.approx(-0.28)
     assert ratios["products metis dgs"]["acc_points"] == pytest.approx(1.0)
+    assert ratios["products metis dgs"]["tail_points"] == pytest.approx(1.0)
     assert ratios["products random uniform"]["bytes_vs_uniform"] == 0.0
     out = capsys.readouterr().out
     assert "products random dgs                FAILED" in out
