@@ -61,6 +61,7 @@ FLOOR = 0.01
 """Added to every remote weight: a node the mask zeroes can still be drawn."""
 
 _SPLIT, _KEYS = 1, 2  # draw streams of a layer's seed
+_DENSE = 8  # NodeBias._table: at most this many times the mask's own bytes
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,12 +100,33 @@ class NodeBias:
     def weigh(self, nid: torch.Tensor) -> torch.Tensor:
         """float64 [*]: each node's weight plus :data:`FLOOR` (the mask's mean
         for nodes it does not cover)."""
+        table = self._table
+        if table is not None:  # one lookup per node, no search
+            low = int(self.nid[0])
+            inside = (nid >= low) & (nid < low + table.numel())
+            at = torch.where(inside, nid - low, 0)
+            return torch.where(inside, table.index_select(0, at), self._default + FLOOR)
         out = torch.full(nid.shape, self._default, dtype=torch.float64)
         if self.nid.numel():
             pos = torch.searchsorted(self.nid, nid).clamp(max=self.nid.numel() - 1)
             hit = self.nid.index_select(0, pos) == nid
             out[hit] = self.weight.index_select(0, pos[hit]).to(torch.float64)
         return out + FLOOR
+
+    @functools.cached_property
+    def _table(self) -> torch.Tensor | None:
+        """float64 [span]: :meth:`weigh` of every ID from the mask's first
+        covered node to its last, where they are dense enough that the table
+        (8 bytes an ID) is at most :data:`_DENSE` times the mask's 12 bytes a
+        node; None otherwise (a sparse halo of a large graph)."""
+        if not self.nid.numel():
+            return None
+        low, high = int(self.nid[0]), int(self.nid[-1]) + 1
+        if 8 * (high - low) > _DENSE * 12 * self.nid.numel():
+            return None
+        table = torch.full((high - low,), self._default, dtype=torch.float64)
+        table[self.nid - low] = self.weight.to(torch.float64)
+        return table + FLOOR
 
 
 def biased_rows(

@@ -7,6 +7,8 @@
   uniform sampler draws them (chi-square);
 - the local count is the hypergeometric share shifted by ε (chi-square), and
   remote picks follow the mask;
+- a node weighs its mask plus the floor (uncovered: the mask's mean), by
+  table or by search;
 - the owner-compute sampler with published biases samples exactly the
   single-process sampler's blocks.
 """
@@ -162,6 +164,20 @@ def test_random_graphs_keep_edges_fanouts_and_local_neighbours(eps: float) -> No
             shift = round(eps * fanout) if hi - lo > fanout else 0
             assert got_loc >= min(n_loc, shift)
             assert k - got_loc <= max(0, k - n_loc, min(hi - lo - n_loc, k) - shift)
+
+
+@pytest.mark.parametrize("span", [3_000, 10**9], ids=["dense-table", "search"])
+def test_a_node_weighs_its_mask_plus_the_floor_or_the_masks_mean(span: int) -> None:
+    gen = torch.Generator().manual_seed(5)
+    nid = torch.randint(0, span, (1000,), generator=gen).unique()
+    weight = torch.rand(nid.numel(), generator=gen)
+    bias = NodeBias((0, 1), nid, weight, 0.1)
+    assert (bias._table is not None) == (span == 3_000)
+    covered = dict(zip(nid.tolist(), weight.double().tolist(), strict=True))
+    mean = float(weight.mean())
+    ask = torch.cat([nid, torch.randint(0, span + 10, (2000,), generator=gen)])
+    want = [covered.get(v, mean) + 0.01 for v in ask.tolist()]
+    assert bias.weigh(ask).tolist() == pytest.approx(want, rel=0, abs=1e-12)
 
 
 def test_bad_biases_are_refused() -> None:
