@@ -40,7 +40,9 @@ In one run:
    namespace whose loopback is shaped to ``--rate-mbit`` (one ``tbf`` shared
    by both), products on METIS parts, ``uniform`` and ``dgs``, the list run
    forwards then backwards; seeds/s of each (the summary's median over epochs
-   after the first) and their ratio.
+   after the first), their ratio, and where an epoch's time went (training,
+   gradient sync, the trainer's wait for batches, the seconds spent sampling
+   and fetching on any thread, the explainer's CPU).
 
 The explanation period ``--explain-every`` (T_ex, default 30) and batch size
 are per dataset (Cora's 140 training nodes make few steps). DGS's figures in
@@ -289,6 +291,7 @@ def _speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         3600,
     )
     rates: dict[str, list[float]] = {"uniform": [], "dgs": []}
+    splits: dict[str, list[dict[str, float]]] = {"uniform": [], "dgs": []}
     order = ["uniform", "dgs"]
     with ShapedNetwork(rate_mbit=args.rate_mbit) as net:
         shaper_check(net, args.rate_mbit)
@@ -305,17 +308,63 @@ def _speed(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             out = work / "speed" / f"{fetch}-{len(rates[fetch])}"
             summary, wall = train_run(net, argv, out, args.run_timeout)
             rates[fetch].append(float(summary["seeds_per_s"]))
+            splits[fetch].append(_split(out))
             print(
-                f"  {fetch}: {rates[fetch][-1]:.0f} seeds/s ({wall:.0f}s)", flush=True
+                f"  {fetch}: {rates[fetch][-1]:.0f} seeds/s ({wall:.0f}s); per "
+                f"epoch: {_split_text(splits[fetch][-1])}",
+                flush=True,
             )
     ratio = statistics.median(rates["dgs"]) / statistics.median(rates["uniform"])
+    for fetch, runs in splits.items():
+        medians = {k: statistics.median(r[k] for r in runs) for k in SPLIT}
+        print(f"{fetch} per epoch (median of runs): {_split_text(medians)}")
     print(
         f"\nseeds/s, 2 workers, {args.rate_mbit:g} Mbit/s shared: uniform "
         f"{statistics.median(rates['uniform']):.0f}, dgs "
         f"{statistics.median(rates['dgs']):.0f}: dgs / uniform {ratio:.2f}x "
         "(paper: 1.10-1.25x over random on 8 V100s)"
     )
-    return {"seeds_per_s": rates, "dgs_over_uniform": ratio}
+    return {"seeds_per_s": rates, "dgs_over_uniform": ratio, "split": splits}
+
+
+SPLIT = {  # the speed part's per-epoch split: name -> the record's fields
+    "epoch": ("time",),
+    "train": ("forward_s", "backward_s"),
+    "sync": ("sync_s",),
+    "wait": ("wait_s", "sample_s", "fetch_s"),
+    "sample busy": ("sample_busy_s",),
+    "fetch busy": ("fetch_busy_s",),
+    "explain cpu": ("explain_cpu_s",),
+}
+
+
+def _split(out: Path) -> dict[str, float]:
+    """Where a speed run's epochs went: per field of :data:`SPLIT`, the
+    median over epochs after the first of the ranks' mean seconds (``epoch``:
+    wall time; ``wait``: the trainer's, for batches not yet made; ``busy``:
+    the loader's and the trainer's making them; ``explain cpu``: DGS's)."""
+    ranks = list(epoch_records(out).values())
+    walls = [r["time"] for r in ranks[0]]
+    split: dict[str, float] = {}
+    for name, fields in SPLIT.items():
+        per_epoch = []
+        for e in range(1, min(len(r) for r in ranks)):
+            if name == "epoch":
+                per_epoch.append(walls[e] - walls[e - 1])
+                continue
+            values = [_fields(r[e], fields) for r in ranks]
+            per_epoch.append(statistics.mean(values))
+        split[name] = statistics.median(per_epoch) if per_epoch else 0.0
+    return split
+
+
+def _fields(record: dict[str, Any], fields: tuple[str, ...]) -> float:
+    where = {**record["times"], **record["extra"], **record["extra"].get("dgs", {})}
+    return sum(float(where.get(f, 0.0)) for f in fields)
+
+
+def _split_text(split: dict[str, float]) -> str:
+    return ", ".join(f"{name} {seconds:.2f}s" for name, seconds in split.items())
 
 
 def _bench(args: argparse.Namespace, work: Path, started: float) -> int:

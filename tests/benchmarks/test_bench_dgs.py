@@ -5,6 +5,7 @@ before any work."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -75,3 +76,22 @@ def test_layer_wise_samplers_run_once_per_layer_size() -> None:
     ]
     args.layer_nodes = [512]
     assert bench_dgs._runs(args)[1] == ("ladies", "ladies", 512)
+
+
+def test_the_speed_split_is_the_median_epoch_after_the_first(tmp_path) -> None:
+    lines = []
+    for rank in (0, 1):
+        for epoch, (time, wait) in enumerate([(9.0, 5.0), (10.0, 1.0), (12.0, 3.0)]):
+            times = {"forward_s": 0.5, "backward_s": 0.25, "sync_s": 0.1}
+            extra = {"sample_busy_s": 1.0 + rank, "dgs": {"explain_cpu_s": 0.2}}
+            record = {"kind": "epoch", "rank": rank, "epoch": epoch, "time": time}
+            times["wait_s"] = wait
+            lines.append(json.dumps(record | {"times": times, "extra": extra}))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    split = bench_dgs._split(tmp_path)
+    assert split["epoch"] == pytest.approx(1.5)  # median of 1 and 2 s
+    assert split["wait"] == pytest.approx(2.0)  # epochs 1 and 2, not 0's 5
+    assert split["train"] == pytest.approx(0.75)
+    assert split["sample busy"] == pytest.approx(1.5)  # the ranks' mean
+    assert split["explain cpu"] == pytest.approx(0.2)
+    assert split["fetch busy"] == 0.0
