@@ -188,13 +188,16 @@ def biased_rows(
     k_rem = fanout - k_loc
     # 3. picks: uniform keys for local edges, Efraimidis-Spirakis for remote:
     # one sort by (row, local before remote, -log(U) / weight), the key's
-    # fraction s / (1 + s) keeping the score's order within a group.
+    # fraction s / (1 + s) keeping the score's order within a group. The keys
+    # are non-negative doubles, whose bits as int64 sort in the same order:
+    # an integer sort is the faster (half the time), with the same result.
     u = _edge_uniforms(b_keys[row_of], offset, derive_seed(seed, _KEYS))
     remote = (~local).to(torch.int64)
     weight = torch.where(local, 1.0, bias.weigh(src))
     score = -torch.log(u) / weight
     group = row_of * 2 + remote
-    order = torch.sort(group.to(torch.float64) + score / (1.0 + score), stable=True)
+    key = group.to(torch.float64) + score / (1.0 + score)
+    order = torch.sort(key.view(torch.int64), stable=True)
     order_ix = order.indices
     sizes = torch.bincount(group, minlength=2 * big_rows.numel())
     starts = torch.cumsum(sizes, 0) - sizes
