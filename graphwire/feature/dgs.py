@@ -5,7 +5,8 @@ training with what an online explainer learns about the model:
 
 1. **explanation** (:class:`~graphwire.feature.explain.Explainer`): each
    rank's star graph has its part's mean feature row and its halo's rows
-   (pulled once at set-up, ``kv.explain``). Round ``k`` starts when the
+   (those the batches before the first round read, the rest pulled once
+   when it starts, ``kv.explain``). Round ``k`` starts when the
    trainer begins global step ``k T`` (``T`` = ``--explain-every``, global
    step ``epoch * steps + index``), on a snapshot of the model then, on a
    thread of its own, and yields a node mask over the halo and a feature
@@ -46,7 +47,7 @@ import torch
 
 from graphwire.feature.base import DEFAULT_KINDS
 from graphwire.feature.explain import Explained, ExplainSettings
-from graphwire.feature.fetcher import Fetched, Schedule
+from graphwire.feature.fetcher import Fetched, Made, Schedule
 from graphwire.feature.ondemand import DEFAULT_PREFETCH, PREFETCH_HELP, OnDemand
 from graphwire.feature.rounds import (
     EXPLAIN_EVERY,
@@ -203,6 +204,16 @@ class DGSFetcher(OnDemand):
             dims = top_dims(explained.feature_mask, self.config.feature_rate)
         return _Round(bias, dims)
 
+    def _make(self, batch: Batch) -> Made:
+        """On-demand's, and the remote rows of the batches before the first
+        explanation round kept for its star graph."""
+        made = super()._make(batch)
+        if self.rounds is not None:
+            sampled, x = made[0], made[1]
+            remote = ~self.store.is_local(sampled.input_nid)
+            self.rounds.record(batch, sampled.input_nid[remote], x[remote])
+        return made
+
     def _sample(self, batch: Batch) -> SampledBatch:
         """``batch``'s blocks, drawn with its round's node mask (none yet,
         or a neutral one: uniformly)."""
@@ -248,6 +259,7 @@ class DGSFetcher(OnDemand):
         out = super().counters()
         out["dgs_sampler"] = dict(self.biased.counters)
         out["dgs_rounds"] = 0 if self.rounds is None else self.rounds.started
+        out["dgs_halo_reused"] = 0 if self.rounds is None else self.rounds.reused
         return out
 
     def finish(self) -> None:

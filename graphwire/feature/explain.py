@@ -167,6 +167,11 @@ class Explainer:
     def num_remote(self) -> int:
         return self.x.shape[0] - 1
 
+    def set_remote(self, pos: torch.Tensor, rows: torch.Tensor) -> None:
+        """Remote nodes ``pos``'s feature rows are ``rows`` (a star graph
+        built before its rows were all at hand)."""
+        self.x[1:][pos] = rows
+
     def state(self) -> dict[str, torch.Tensor | int]:
         """The masks' logits and the rounds run (a checkpoint's part)."""
         return {

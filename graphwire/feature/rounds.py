@@ -10,8 +10,11 @@ only if that round is not done ``T`` steps after it started. A loader that
 makes batches ahead of the trainer must stay fewer than ``T`` steps ahead
 (its round may not have started yet otherwise).
 
-The star graph's remote rows, the part's halo, are pulled once, at the
-start (``kv.explain``). A checkpoint keeps the explainer's masks and the
+The star graph's remote rows, the part's halo, are pulled once
+(``kv.explain``), when the first round starts: the batches made before it
+hand their remote rows to :meth:`ExplainRounds.record`, and only the halo
+rows none of them read are pulled then (a resumed run pulls them all at the
+start). A checkpoint keeps the explainer's masks and the
 finished rounds the next epochs' batches use, so a resumed run makes the
 batches the run that did not stop made. Used by ``--fetch dgs`` and
 ``--fetch rapid --dgs-dims``.
@@ -81,13 +84,22 @@ class ExplainRounds(Generic[R]):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="explain")
         self._rounds: dict[int, Future[tuple[Explained, R]]] = {}
         self._reported: set[int] = set()
+        # The halo rows at hand (``record``) until the first round pulls the
+        # rest; None once it has.
+        self._have: torch.Tensor | None = None
+        self._recording = threading.Lock()
+        self.reused = 0  # halo rows the first round took from the batches
 
     def start(self, schedule: Schedule, saved: dict[str, Any] | None) -> None:
         """Pull the halo's rows, build the explainer, and restore ``saved``
         (what :meth:`state` returned; None: a fresh run)."""
         self._model = schedule.model
         self._steps = schedule.steps
-        remote_x = self.store.pull(self.halo, kind="explain")
+        if saved:  # no batches before the first round: pull every row now
+            remote_x = self.store.pull(self.halo, kind="explain")
+        else:
+            remote_x = torch.zeros(self.halo.numel(), self.store.dim)
+            self._have = torch.zeros(self.halo.numel(), dtype=torch.bool)
         self.explainer = Explainer(
             schedule.model,
             schedule.layer_kind,
@@ -104,6 +116,36 @@ class ExplainRounds(Generic[R]):
                 future.set_result((explained, self.convert(explained)))
                 self._rounds[number] = future
 
+    def record(self, batch: Batch, nid: torch.Tensor, x: torch.Tensor) -> None:
+        """``batch`` read the whole rows ``x`` of remote nodes ``nid``: keep
+        those of the halo, for the first round (once it has started, or
+        past its batches, nothing)."""
+        if self._have is None or not self.halo.numel():
+            return
+        if self.step_of(batch) >= 2 * self.every:  # its rows may miss dims
+            return
+        pos = torch.searchsorted(self.halo, nid).clamp(max=self.halo.numel() - 1)
+        hit = self.halo.index_select(0, pos) == nid
+        with self._recording:
+            if self._have is None:
+                return
+            assert self.explainer is not None
+            self.explainer.set_remote(pos[hit], x[hit])
+            self._have[pos[hit]] = True
+
+    def _pull_rest(self) -> None:
+        """The halo rows no batch has read (the first round's start)."""
+        with self._recording:
+            have, self._have = self._have, None
+        if have is None:
+            return
+        self.reused = int(have.sum())
+        missing = (~have).nonzero().view(-1)
+        if missing.numel():
+            rows = self.store.pull(self.halo.index_select(0, missing), kind="explain")
+            assert self.explainer is not None
+            self.explainer.set_remote(missing, rows)
+
     def step_of(self, batch: Batch) -> int:
         return batch.epoch * self._steps + batch.index
 
@@ -118,6 +160,7 @@ class ExplainRounds(Generic[R]):
         assert explainer is not None
 
         def run() -> tuple[Explained, R]:
+            self._pull_rest()
             explained = explainer.explain(weights)
             return explained, self.convert(explained)
 

@@ -4,6 +4,8 @@
   steps and moves on-demand's feature bytes;
 - remote rows carry exactly the top-N_f dimensions by the feature mask, the
   others zero, local rows whole; the ledger counts exactly those bytes;
+- the first explanation round pulls only the halo rows no batch before it
+  read, and its star graph holds every halo row;
 - the same seed gives the same batches and parameters (the explainer runs on
   its own thread, yet a batch's masks are fixed by its step);
 - a resumed run restores the masks and the explainer, and ends as the run
@@ -25,7 +27,7 @@ from graphwire.feature.dgs import DGSConfig, DGSFetcher
 from graphwire.feature.dist import DistFeatureStore
 from graphwire.feature.explain import Explained, Explainer
 from graphwire.feature.rapid import RapidConfig
-from graphwire.feature.rounds import top_dims
+from graphwire.feature.rounds import ExplainRounds, top_dims
 from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.minibatch.fetchers import FETCHERS
 from graphwire.minibatch.loop import RankLoop
@@ -158,6 +160,31 @@ def test_remote_rows_carry_exactly_the_top_dimensions(
         want = sum(32 + 56 + 4 * rows * width for rows, width in mine)
         got = _tag_bytes(result, "kv.pull") + _tag_bytes(result, "kv.explain")
         assert got == want, rank
+
+
+def test_the_first_round_pulls_only_the_halo_rows_no_batch_read(
+    folder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fixed_masks(monkeypatch, 1.0, [1.0] * DIM)
+    pull_rest = ExplainRounds._pull_rest
+    halos: dict[int, int] = {}
+
+    def checking(self: ExplainRounds) -> None:
+        pull_rest(self)
+        assert self.explainer is not None
+        truth = self.halo.unsqueeze(1).float() * 10 + torch.arange(DIM)
+        assert torch.equal(self.explainer.x[1:], truth)  # every row, the right one
+        halos[self.store.rank] = self.halo.numel()
+
+    monkeypatch.setattr(ExplainRounds, "_pull_rest", checking)
+    results = _run(folder, DGSConfig(explain_every=2, prefetch=2))
+    for rank, result in enumerate(results):
+        reused = result["counters"]["dgs_halo_reused"]
+        assert 0 < reused < halos[rank]
+        # One owner answers the rest: a 32-byte header, the 56-byte preamble
+        # of one tensor, 4 bytes a value.
+        want = 32 + 56 + 4 * DIM * (halos[rank] - reused)
+        assert _tag_bytes(result, "kv.explain") == want
 
 
 def test_the_same_seed_gives_the_same_batches_and_a_resume_the_same_run(
