@@ -91,8 +91,9 @@ class ExplainRounds(Generic[R]):
         self.reused = 0  # halo rows the first round took from the batches
 
     def start(self, schedule: Schedule, saved: dict[str, Any] | None) -> None:
-        """Pull the halo's rows, build the explainer, and restore ``saved``
-        (what :meth:`state` returned; None: a fresh run)."""
+        """Build the explainer, and restore ``saved`` (what :meth:`state`
+        returned; None: a fresh run, whose halo rows come from the batches
+        and the first round's pull; a resumed run pulls them all now)."""
         self._model = schedule.model
         self._steps = schedule.steps
         if saved:  # no batches before the first round: pull every row now
