@@ -37,8 +37,9 @@ __all__ = ["add_bench_flags", "build_parser", "main"]
 # The partitioners graphwire.partition registers (not imported here: --help
 # stays fast); tests/test_cli.py checks that each registered one is named.
 PARTITIONER_NAMES = (
-    "random, chunk, metis or locality (G3: multi-constraint METIS, then "
-    "halo-balancing refinement)"
+    "random, chunk, metis, locality (G3: multi-constraint METIS, then "
+    "halo-balancing refinement) or blocks (ByteGNN: 2-hop blocks of the "
+    "labelled nodes, balanced by split)"
 )
 
 

@@ -1,8 +1,8 @@
 """Partitioning: who owns which node, what it costs, and the partitioned format.
 
 Importing the package registers every built-in partitioner in ``PARTITIONERS``
-(``random``, ``chunk``, ``metis``, ``locality``), so ``get_partitioner(name)``
-finds them.
+(``random``, ``chunk``, ``metis``, ``locality``, ``blocks``), so
+``get_partitioner(name)`` finds them.
 """
 
 from graphwire.partition.base import (
@@ -11,6 +11,7 @@ from graphwire.partition.base import (
     Partitioner,
     get_partitioner,
 )
+from graphwire.partition.blocks import BlocksPartitioner
 from graphwire.partition.book import PartitionBook
 from graphwire.partition.chunk import ChunkPartitioner
 from graphwire.partition.format import (
@@ -26,6 +27,7 @@ from graphwire.partition.stats import PartitionStats
 
 __all__ = [
     "PARTITIONERS",
+    "BlocksPartitioner",
     "ChunkPartitioner",
     "LocalPart",
     "LocalityPartitioner",

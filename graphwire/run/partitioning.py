@@ -92,6 +92,9 @@ def partition_graph(
     refinement = getattr(partitioner, "last_refinement", None)
     if refinement is not None:
         console.print(refinement_line(refinement), soft_wrap=True)
+    blocks = getattr(partitioner, "last_report", None)
+    if blocks is not None:
+        console.print(blocks.line(), soft_wrap=True)
     return partition, stats, refinement
 
 
