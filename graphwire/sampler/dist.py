@@ -40,14 +40,13 @@ from graphwire.partition.book import PartitionBook
 from graphwire.sampler.base import Block, SampledBatch
 from graphwire.sampler.importance import NodeBias, biased_rows
 from graphwire.sampler.uniform import (
+    SlotTables,
     check_batch_seed,
     check_fanouts,
     check_seeds,
     layer_seed,
     sample_rows,
     sampled_weights,
-    slot_table,
-    stitch_block,
 )
 
 __all__ = ["DistNeighborSampler", "Group", "OwnedCSR", "stitch_groups"]
@@ -150,7 +149,7 @@ class DistNeighborSampler:
         self.rank = transport.rank
         self.world = transport.world_size
         self.num_nodes = book.num_nodes
-        self._slot = slot_table(book.num_nodes, 2**31)
+        self._slots = SlotTables(book.num_nodes, 2**31)
         self.counters: dict[str, float] = {}
         self._counting = threading.Lock()  # a loader thread samples too
         self.reset_counters()
@@ -256,7 +255,7 @@ class DistNeighborSampler:
                 groups.append((where, counts, src, ids, w if weighted else None))
         indptr, sources, eid, weight = stitch_groups(dst_nid.numel(), groups, weighted)
         self._count(edges=eid.numel())
-        return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
+        return self._slots.stitch(dst_nid, indptr, sources, eid, weight)
 
     def _answer(self, src: int, request: list[torch.Tensor]) -> list[torch.Tensor]:
         dst_nid, params = request

@@ -43,6 +43,7 @@ from graphwire.graph.graph import Graph
 from graphwire.nn.dropout import splitmix64
 from graphwire.sampler.base import Block, SampledBatch, derive_seed
 from graphwire.sampler.uniform import (
+    SlotTables,
     _floyd_subsets,
     check_batch_seed,
     check_fanouts,
@@ -51,8 +52,6 @@ from graphwire.sampler.uniform import (
     layer_seed,
     sample_rows,
     sampled_weights,
-    slot_table,
-    stitch_block,
 )
 
 __all__ = ["FLOOR", "ImportanceNeighborSampler", "NodeBias", "biased_rows"]
@@ -240,7 +239,7 @@ class ImportanceNeighborSampler:
         self.fanouts = check_fanouts(fanouts)
         self.graph = graph
         self.edge_weight = edge_weight
-        self._slot = slot_table(graph.num_nodes, graph.num_edges)
+        self._slots = SlotTables(graph.num_nodes, graph.num_edges)
 
     def sample(
         self, seeds: torch.Tensor, batch_seed: int, bias: NodeBias
@@ -266,7 +265,7 @@ class ImportanceNeighborSampler:
                     self.edge_weight, self.graph.indptr, dst_nid, indptr, pos
                 )
             sources = self.graph.indices.index_select(0, pos)
-            block = stitch_block(self._slot, dst_nid, indptr, sources, pos, weight)
+            block = self._slots.stitch(dst_nid, indptr, sources, pos, weight)
             blocks.append(block)
             dst_nid = block.src_nid
         blocks.reverse()

@@ -45,11 +45,10 @@ from graphwire.partition.book import PartitionBook
 from graphwire.sampler.base import Block, SampledBatch
 from graphwire.sampler.dist import Group, OwnedCSR, stitch_groups
 from graphwire.sampler.uniform import (
+    SlotTables,
     check_batch_seed,
     check_seeds,
     layer_seed,
-    slot_table,
-    stitch_block,
 )
 
 __all__ = ["KINDS", "DistLayerSampler", "column_norms"]
@@ -117,7 +116,7 @@ class DistLayerSampler:
         self.rank = transport.rank
         self.num_nodes = book.num_nodes
         self._weight = _row_weights(csr)
-        self._slot = slot_table(book.num_nodes, 2**31)
+        self._slots = SlotTables(book.num_nodes, 2**31)
         self._counting = threading.Lock()
         self.counters: dict[str, float] = dict.fromkeys(
             ("requests", "edges", "batches", "seconds", "candidates"), 0
@@ -224,7 +223,7 @@ class DistLayerSampler:
                 groups.append((where, *answers[peer]))
         indptr, sources, eid, weight = stitch_groups(dst.numel(), groups, True)
         self._count(edges=eid.numel())
-        return stitch_block(self._slot, dst, indptr, sources, eid, weight)
+        return self._slots.stitch(dst, indptr, sources, eid, weight)
 
     def _edges(
         self, dst: torch.Tensor, chosen: torch.Tensor, prob: torch.Tensor

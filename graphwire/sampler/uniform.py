@@ -24,6 +24,7 @@ fixes the batch.
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -47,6 +48,7 @@ __all__ = [
     "sample_rows",
     "slot_table",
     "stitch_block",
+    "SlotTables",
 ]
 
 
@@ -187,7 +189,7 @@ class UniformNeighborSampler:
         self.edge_weight = edge_weight
         self.hashed = hashed
         self.generator = torch.Generator().manual_seed(seed)
-        self._slot = slot_table(graph.num_nodes, graph.num_edges)
+        self._slots = SlotTables(graph.num_nodes, graph.num_edges)
 
     def sample(
         self, seeds: torch.Tensor, generator: torch.Generator | int | None = None
@@ -235,7 +237,7 @@ class UniformNeighborSampler:
             weight = sampled_weights(
                 self.edge_weight, self.graph.indptr, dst_nid, indptr, eid
             )
-        return stitch_block(self._slot, dst_nid, indptr, sources, eid, weight)
+        return self._slots.stitch(dst_nid, indptr, sources, eid, weight)
 
 
 def sampled_weights(
@@ -332,10 +334,52 @@ def slot_table(num_nodes: int, num_edges: int) -> torch.Tensor:
     """The relabelling table of :func:`stitch_block`: all -1, one per node.
 
     int32 when node IDs and per-block edge positions (at most num_edges) fit,
-    as random access into this table is the relabelling's cost. The table
-    makes a sampler single-threaded: use one table per thread.
+    as random access into this table is the relabelling's cost. One table
+    serves one thread at a time (:class:`SlotTables` keeps one per thread).
     """
     return torch.full((num_nodes,), -1, dtype=index_dtype(num_nodes, num_edges))
+
+
+class SlotTables:
+    """A sampler's relabelling tables, one per thread stitching at once.
+
+    A sampler is called from several threads (a loader ahead of the trainer
+    and the trainer's own fallback batches, a pool of sampling threads), and
+    :func:`relabel` writes into its table: two stitches sharing one table
+    corrupt each other's blocks. Each :meth:`stitch` takes a free table,
+    making one when none is, and gives it back: as many tables as threads
+    ever stitched at once, each ``num_nodes`` entries.
+    """
+
+    def __init__(self, num_nodes: int, num_edges: int) -> None:
+        self.num_nodes, self.num_edges = num_nodes, num_edges
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def stitch(
+        self,
+        dst_nid: torch.Tensor,
+        indptr: torch.Tensor,
+        sources: torch.Tensor,
+        eid: torch.Tensor,
+        weight: torch.Tensor | None,
+    ) -> Block:
+        """:func:`stitch_block` on a table no other thread is using."""
+        with self._lock:
+            table = self._free.pop() if self._free else None
+        if table is None:
+            table = slot_table(self.num_nodes, self.num_edges)
+        try:
+            return stitch_block(table, dst_nid, indptr, sources, eid, weight)
+        finally:
+            with self._lock:
+                self._free.append(table)
+
+    @property
+    def tables(self) -> int:
+        """Tables made so far (the most threads that stitched at once)."""
+        with self._lock:
+            return len(self._free)
 
 
 def stitch_block(

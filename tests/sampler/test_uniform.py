@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import Counter
 
 import numpy as np
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from graphwire.graph.graph import Graph, GraphError
+from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.sampler import Block, SampledBatch, UniformNeighborSampler
 from graphwire.sampler.uniform import check_seeds
 
@@ -274,3 +276,35 @@ def test_seeds_that_are_not_node_ids_are_named(seeds, message) -> None:
     with pytest.raises(GraphError, match=f"seeds: .*{message}"):
         sampler.sample(seeds, 0)
     assert check_seeds([3, 1], 10).tolist() == [3, 1]
+
+
+def test_threads_sampling_at_once_get_the_blocks_one_thread_gets() -> None:
+    """A loader and the trainer (or a pool) share one sampler: each stitch
+    relabels on a table of its own, so concurrent batches stay intact."""
+    graph = products_graph(
+        ProductsConfig(nodes=8000, degree=15, features=1, classes=2, seed=5)
+    )
+    sampler = UniformNeighborSampler(graph, [10, 10], hashed=True)
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randperm(8000, generator=gen)[:512], i) for i in range(32)]
+    want = [sampler.sample(seeds, i) for seeds, i in batches]
+    got: dict[int, SampledBatch] = {}
+    errors: list[BaseException] = []
+
+    def work(first: int) -> None:
+        try:
+            for j in range(first, len(batches), 4):
+                got[j] = sampler.sample(*batches[j])
+        except BaseException as error:  # a corrupt block fails its checks
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[0]
+    for j, batch in enumerate(want):
+        for ours, theirs in zip(got[j].blocks, batch.blocks, strict=True):
+            assert torch.equal(ours.src_nid, theirs.src_nid)
+            assert torch.equal(ours.indices, theirs.indices)
