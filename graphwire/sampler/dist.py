@@ -227,32 +227,62 @@ class DistNeighborSampler:
     def _sample_block(
         self, dst_nid: torch.Tensor, fanout: int, seed: int, extra: tuple[int, ...]
     ) -> Block:
+        groups = []
+        requests = {}
+        for peer, where in self.owners(dst_nid):
+            if peer == self.rank:
+                groups.append(
+                    self.sample_group(dst_nid, where, peer, fanout, seed, extra)
+                )
+            else:
+                requests[peer] = where
+        if requests:  # one call: the owners answer at once
+            self._count(requests=len(requests))
+            self._count(remote_rows=sum(w.numel() for w in requests.values()))
+            params = _hop_params(fanout, seed, extra)
+            answers = self.service.call(
+                {p: [dst_nid[w], params] for p, w in requests.items()}, "hop"
+            )
+            groups += [self._group(w, answers[p]) for p, w in requests.items()]
+        return self.stitch_layer(dst_nid, groups)
+
+    def owners(self, dst_nid: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """``(owner, positions in dst_nid)`` of a frontier, owners ascending."""
         owner = self.book.owner(dst_nid)
+        return [
+            (peer, (owner == peer).nonzero().view(-1))
+            for peer in owner.unique().tolist()
+        ]
+
+    def sample_group(
+        self,
+        dst_nid: torch.Tensor,
+        where: torch.Tensor,
+        peer: int,
+        fanout: int,
+        seed: int,
+        extra: tuple[int, ...] = (),
+    ) -> Group:
+        """The sampled in-edges of ``dst_nid[where]``, all owned by ``peer``:
+        here, or with one request to it (``<service>.hop``); one group of
+        :func:`stitch_groups`. ``extra``: ``(bias number,)`` or none."""
+        if peer == self.rank:
+            bias = self._bias_of(self.rank, extra)
+            self._count(local_rows=where.numel())
+            return (where, *self.csr.sample(dst_nid[where], fanout, seed, bias))
+        self._count(requests=1, remote_rows=where.numel())
+        request = [dst_nid[where], _hop_params(fanout, seed, extra)]
+        return self._group(where, self.service.call({peer: request}, "hop")[peer])
+
+    def _group(self, where: torch.Tensor, answer: list[torch.Tensor]) -> Group:
+        counts, src, ids, w = answer
+        return (where, counts, src, ids, w if self.csr.weight is not None else None)
+
+    def stitch_layer(self, dst_nid: torch.Tensor, groups: list[Group]) -> Block:
+        """A layer's :class:`Block` from its owners' groups (any order)."""
         # Weighted (GCN) or not is the graph's, not the frontier's: an empty
         # one has no group to tell, yet its block gets an empty weight.
         weighted = self.csr.weight is not None
-        groups = []
-        requests = {}
-        params = torch.tensor([fanout, seed, *extra], dtype=torch.int64)
-        for peer in owner.unique().tolist():
-            where = (owner == peer).nonzero().view(-1)
-            if peer == self.rank:
-                bias = self._bias_of(self.rank, extra)
-                groups.append(
-                    (where, *self.csr.sample(dst_nid[where], fanout, seed, bias))
-                )
-                self._count(local_rows=where.numel())
-            else:
-                requests[peer] = (where, [dst_nid[where], params])
-                self._count(remote_rows=where.numel())
-        if requests:
-            self._count(requests=len(requests))
-            answers = self.service.call(
-                {peer: request for peer, (_, request) in requests.items()}, "hop"
-            )
-            for peer, (where, _) in requests.items():
-                counts, src, ids, w = answers[peer]
-                groups.append((where, counts, src, ids, w if weighted else None))
         indptr, sources, eid, weight = stitch_groups(dst_nid.numel(), groups, weighted)
         self._count(edges=eid.numel())
         return self._slots.stitch(dst_nid, indptr, sources, eid, weight)
@@ -299,6 +329,11 @@ class DistNeighborSampler:
 
 
 _KEPT_BIASES = 2  # a requester's biases kept besides its newest
+
+
+def _hop_params(fanout: int, seed: int, extra: tuple[int, ...]) -> torch.Tensor:
+    """A hop request's parameters: ``[fanout, seed, *extra]``."""
+    return torch.tensor([fanout, seed, *extra], dtype=torch.int64)
 
 
 def _bias_message(number: int, bias: NodeBias, with_ids: bool) -> list[torch.Tensor]:
