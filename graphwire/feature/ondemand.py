@@ -35,10 +35,10 @@ from graphwire.feature.fetcher import (
     take_batch,
 )
 from graphwire.feature.prefetch import Prefetcher
-from graphwire.options import check_options, option
+from graphwire.options import OptionError, check_options, option
 from graphwire.sampler.base import Batch, SampledBatch
 
-__all__ = ["DEFAULT_PREFETCH", "OnDemand", "OnDemandConfig"]
+__all__ = ["DEFAULT_PREFETCH", "SCHEDULES", "OnDemand", "OnDemandConfig"]
 
 DEFAULT_PREFETCH = 4  # Q of both fetchers: they share --prefetch
 PREFETCH_HELP = (
@@ -48,14 +48,57 @@ PREFETCH_HELP = (
 )
 
 
+SCHEDULES = ("serial", "fifo", "bytegnn")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OnDemandConfig:
-    """On-demand fetching's setting: how far its loader runs ahead."""
+    """On-demand fetching's settings: how far ahead its batches are made,
+    and how (``schedule``: this module's loader is ``serial``; the task-graph
+    schedules are :class:`~graphwire.minibatch.bytegnn.ScheduledOnDemand`'s,
+    the fetcher ``--fetch on-demand`` names)."""
 
     prefetch: int = option(DEFAULT_PREFETCH, least=1, help=PREFETCH_HELP)
+    schedule: str = option(
+        "serial",
+        choices=SCHEDULES,
+        help="on-demand: serial (one loader thread, DistDGL), bytegnn (each "
+        "batch a task graph on a thread pool, ByteGNN's launch score and "
+        "task priorities) or fifo (the same pool, tasks first come first "
+        "served)",
+    )
+    sampler_threads: int | None = option(
+        None, least=1, help="fifo, bytegnn: sampling threads (unset: 2)"
+    )
+    sigma: float | None = option(
+        None,
+        least=0.0,
+        strict=True,
+        help="bytegnn: σ, the launch score a new batch's DAG must reach "
+        "(seconds since the last launch x f(CPU%%) x balance; unset: 1)",
+    )
 
     def __post_init__(self) -> None:
         check_options(self)
+        if self.sampler_threads is not None and self.schedule == "serial":
+            raise OptionError(
+                "sampler_threads", "only with a fifo or bytegnn schedule",
+                other="schedule",
+            )  # fmt: skip
+        if self.sigma is not None and self.schedule != "bytegnn":
+            raise OptionError(
+                "sigma", "only with the bytegnn schedule", other="schedule"
+            )
+
+    @property
+    def threads(self) -> int:
+        """The sampling pool's threads (fifo, bytegnn)."""
+        return 2 if self.sampler_threads is None else self.sampler_threads
+
+    @property
+    def launch_sigma(self) -> float:
+        """σ (bytegnn)."""
+        return 1.0 if self.sigma is None else self.sigma
 
 
 class OnDemand(Fetcher):

@@ -10,8 +10,9 @@ from graphwire.feature.layerwise import (
     LadiesConfig,
     LadiesFetcher,
 )
-from graphwire.feature.ondemand import OnDemand, OnDemandConfig
+from graphwire.feature.ondemand import OnDemandConfig
 from graphwire.feature.rapid import RapidConfig, RapidStore
+from graphwire.minibatch.bytegnn import ScheduledOnDemand
 from graphwire.run.registry import Registry
 
 __all__ = ["FETCHERS"]
@@ -19,9 +20,10 @@ __all__ = ["FETCHERS"]
 FETCHERS = Registry("fetch", mode="minibatch", default="on-demand", base=Fetcher)
 FETCHERS.register(
     "on-demand",
-    OnDemand,
+    ScheduledOnDemand,
     OnDemandConfig,
-    about="DistDGL: sample each batch now, pull its remote input rows",
+    about="DistDGL: sample each batch now, pull its remote input rows "
+    "(--schedule bytegnn: ByteGNN's task graphs)",
 )
 FETCHERS.register(
     "rapid",

@@ -262,6 +262,7 @@ class DagRunner:
         self._cond = threading.Condition()
         self._items: dict[Hashable, object] = {}  # finished, not yet taken
         self._launched: dict[int, tuple[Hashable, float]] = {}  # dag: key, start
+        self._finished: set[int] = set()  # DAGs whose batch is made
         self._alive = 0
         self._error: BaseException | None = None
         self._stop = False
@@ -271,7 +272,7 @@ class DagRunner:
             "peak_queue": 0,
             "launch_waits": 0,
         }
-        self.samples: list[tuple[float, int, int]] = []  # (t, queue, inflight)
+        self._window = _Window()  # since the last :meth:`window`
         self.pool = TaskPool(threads, schedule, self._done, self._failed)
         self._thread = threading.Thread(
             target=self._launch, name="launcher", daemon=True
@@ -289,7 +290,10 @@ class DagRunner:
                     q_size = len(self._items)
                     room = self._alive < self.depth
                 now = time.perf_counter()
-                if room and self.policy.launch(now - last, self.cpu(), q_size):
+                c_util = self.cpu()
+                with self._cond:
+                    self._window.cpu(c_util)
+                if room and self.policy.launch(now - last, c_util, q_size):
                     break
                 self.counters["launch_waits"] += 1
                 time.sleep(_IDLE_S)
@@ -300,16 +304,17 @@ class DagRunner:
                 self.counters["launched"] += 1
                 self._note()
             try:
-                roots = list(self.make(key, dag, self._finisher(key)))
+                roots = list(self.make(key, dag, self._finisher(key, dag)))
             except BaseException as error:
                 self._fail(from_thread(f"sampling DAG {dag}", error))
                 return
             self.pool.submit(roots)
 
-    def _finisher(self, key: Hashable) -> Callable[[object], None]:
+    def _finisher(self, key: Hashable, dag: int) -> Callable[[object], None]:
         def finish(item: object) -> None:
             with self._cond:
                 self._items[key] = item
+                self._finished.add(dag)
                 self._note()
                 self._cond.notify_all()
 
@@ -320,16 +325,17 @@ class DagRunner:
         queue = len(self._items)
         self.counters["peak_inflight"] = max(self.counters["peak_inflight"], inflight)
         self.counters["peak_queue"] = max(self.counters["peak_queue"], queue)
-        self.samples.append((time.perf_counter(), queue, inflight))
+        self._window.note(queue, inflight)
 
     def _done(self, dag: int) -> None:
         with self._cond:
-            key, started = self._launched.pop(dag)
-            if key not in self._items:
+            _, started = self._launched.pop(dag)
+            if dag not in self._finished:  # (the trainer may have its batch)
                 self._fail_locked(
                     RuntimeError(f"sampling DAG {dag} ended without a batch")
                 )
                 return
+            self._finished.discard(dag)
             self._note()
         self.policy.sampled(time.perf_counter() - started)
 
@@ -368,12 +374,54 @@ class DagRunner:
         with self._cond:
             return len(self._items)
 
+    def window(self) -> dict[str, float]:
+        """Since the last call: DAGs launched, the mean and largest queue of
+        finished batches and of DAGs in flight (at each change), and the
+        mean CPU utilisation the launcher saw."""
+        with self._cond:
+            window, self._window = self._window, _Window()
+        return window.record()
+
     def close(self) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
         self.pool.close()
+
+
+@dataclass
+class _Window:
+    """Queue, DAGs in flight and CPU utilisation between two records."""
+
+    changes: int = 0
+    queue_sum: int = 0
+    queue_max: int = 0
+    inflight_sum: int = 0
+    inflight_max: int = 0
+    cpu_sum: float = 0.0
+    cpu_looks: int = 0
+
+    def note(self, queue: int, inflight: int) -> None:
+        self.changes += 1
+        self.queue_sum += queue
+        self.queue_max = max(self.queue_max, queue)
+        self.inflight_sum += inflight
+        self.inflight_max = max(self.inflight_max, inflight)
+
+    def cpu(self, c_util: float) -> None:
+        self.cpu_sum += c_util
+        self.cpu_looks += 1
+
+    def record(self) -> dict[str, float]:
+        changes = max(self.changes, 1)
+        return {
+            "queue_mean": self.queue_sum / changes,
+            "queue_max": self.queue_max,
+            "inflight_mean": self.inflight_sum / changes,
+            "inflight_max": self.inflight_max,
+            "cpu_util": self.cpu_sum / self.cpu_looks if self.cpu_looks else 0.0,
+        }
 
 
 def _system_cpu() -> Callable[[], float]:

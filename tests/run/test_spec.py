@@ -116,6 +116,9 @@ def test_a_toy_exchange_and_fetcher_plug_in_with_one_registry_call_each(
     assert records[0]["fetch_options"] == {
         "fetch": "toy",
         "prefetch": 4,
+        "schedule": "serial",  # OnDemandConfig's, which the toy's extends
+        "sampler_threads": None,
+        "sigma": None,
         "toy_every": 5,
     }
     epochs = [r for r in records if r["kind"] == "epoch"]
