@@ -223,6 +223,7 @@ class TaskGraphSampler:
 
     def _end(self, run: _Instance) -> None:
         began = time.perf_counter()
+        self.sampler.count_batch(run.sample_s)
         blocks = [b for b in run.blocks if b is not None]
         sampled = SampledBatch(seeds=run.seeds, blocks=blocks)
         input_nid = sampled.input_nid

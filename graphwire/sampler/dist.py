@@ -214,6 +214,12 @@ class DistNeighborSampler:
             self.service.call(dict.fromkeys(peers, message), "bias")
         self._sent_nid = bias.nid
 
+    def count_batch(self, seconds: float) -> None:
+        """A batch sampled step by step (:meth:`sample_group`,
+        :meth:`stitch_layer`) took ``seconds``: counted as :meth:`sample`
+        counts its own."""
+        self._count(batches=1, seconds=seconds)
+
     def _count(self, **added: float) -> None:
         with self._counting:
             for name, value in added.items():

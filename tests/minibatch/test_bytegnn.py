@@ -89,6 +89,9 @@ def test_every_schedule_makes_the_serial_loops_batches(
             assert len(records) == CONFIG.epochs
             assert all(r["inflight_max"] <= 3 for r in records)
             assert ours["counters"]["schedule"]["launched"] == len(ours["made"])
+            sampled = ours["counters"]["sampler"]
+            assert sampled["batches"] == theirs["counters"]["sampler"]["batches"]
+            assert sampled["edges"] == theirs["counters"]["sampler"]["edges"]
 
 
 @pytest.mark.parametrize(
