@@ -196,6 +196,7 @@ class LaunchPolicy:
     fifo: bool = False
     _sample_s: deque[float] = field(default_factory=deque)
     _train_s: deque[float] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.sigma) and self.sigma > 0):
@@ -206,20 +207,24 @@ class LaunchPolicy:
         self._train_s = deque(maxlen=self.window)
 
     def sampled(self, seconds: float) -> None:
-        """A DAG took ``seconds`` from launch to its last task."""
-        self._sample_s.append(seconds)
+        """A DAG took ``seconds`` from launch to its last task (a pool
+        thread reports it)."""
+        with self._lock:
+            self._sample_s.append(seconds)
 
     def trained(self, seconds: float) -> None:
         """The trainer took ``seconds`` over one batch."""
-        self._train_s.append(seconds)
+        with self._lock:
+            self._train_s.append(seconds)
 
     def score(self, gap_s: float, c_util: float, q_size: int) -> float:
         """``T_gap f(C_util) balance``: infinite while the trainer has
         nothing waiting (``Q_size = 0``) or has not been timed."""
-        if q_size <= 0 or not self._train_s or not self._sample_s:
-            return math.inf
-        t_sample = sum(self._sample_s) / len(self._sample_s)
-        t_train = sum(self._train_s) / len(self._train_s)
+        with self._lock:  # the pool and the trainer append meanwhile
+            if q_size <= 0 or not self._train_s or not self._sample_s:
+                return math.inf
+            t_sample = sum(self._sample_s) / len(self._sample_s)
+            t_train = sum(self._train_s) / len(self._train_s)
         if t_train <= 0:
             return math.inf
         balance = t_sample / (t_train * q_size)
