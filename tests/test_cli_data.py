@@ -97,7 +97,7 @@ def test_partition_command_writes_loadable_parts(tmp_path, capsys) -> None:
     # An unknown method is a clear error, not a traceback.
     assert main(["partition", "--dataset", SMALL, "--method", "spectral"]) == 2
     assert (
-        "--method spectral: unknown; expected one of blocks, chunk" in capsys.readouterr().err
+        "--method spectral: unknown; expected one of blocks," in capsys.readouterr().err
     )
 
 
@@ -231,7 +231,7 @@ def test_refinement_line_says_only_true_numbers(result, said: str) -> None:
 @pytest.mark.parametrize(
     ("flags", "error"),
     [
-        (["--method", "bogus"], "--method bogus: unknown; expected one of blocks, chunk,"),
+        (["--method", "bogus"], "--method bogus: unknown; expected one of blocks,"),
         (["--parts", "0"], "--parts: expected >= 1, got 0"),
         (["--seed", "-1"], "--seed: expected an int in [0, 2**63), got -1"),
         (["--overwrite"], "--overwrite: only with --out"),

@@ -278,7 +278,7 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
         ),
         (
             ["--partition", "bogus"],
-            "--partition bogus: unknown; expected one of blocks, chunk, locality, metis,",
+            "--partition bogus: unknown; expected one of blocks, chunk, locality,",
         ),
         (
             ["--backend", "gloo"],
@@ -290,7 +290,7 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
         ),
         (
             ["--workers", "2", "--partition", "bogus"],
-            "--partition bogus: unknown; expected one of blocks, chunk, locality, metis,",
+            "--partition bogus: unknown; expected one of blocks, chunk, locality,",
         ),
     ],
     ids=repr,
