@@ -12,10 +12,10 @@ DAG launched whenever fewer than ``--prefetch`` are alive.
 
 The batches are the serial loop's whatever the schedule (the draws are
 hashed by node, the rows are the store's): only when and on which thread
-they are made changes. Each epoch's record adds ``extra["schedule"]``:
-DAGs launched, the queue of finished batches waiting for the trainer and
-the DAGs in flight (mean and largest), and the CPU utilisation the
-launcher saw.
+they are made changes. Each epoch's record adds ``extra["schedule"]``: the
+queue of finished batches waiting for the trainer and the DAGs in flight
+(mean and largest), and the CPU utilisation the launcher saw; the run's
+counters, the DAGs launched.
 """
 
 from __future__ import annotations
