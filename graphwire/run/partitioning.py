@@ -45,11 +45,12 @@ def write_parts(
     quiet: bool = False,
     *,
     node_order: str = DEFAULT_NODE_ORDER,
+    params: dict[str, Any] | None = None,
 ) -> None:
     """Partition ``graph``, print the statistics, write the parts to ``folder``
     (replacing an earlier partitioning there), numbered as ``node_order``
-    says."""
-    partition, stats, _ = partition_graph(graph, method, parts, seed, quiet)
+    says; ``params``: the partitioner's (none: its defaults)."""
+    partition, stats, _ = partition_graph(graph, method, parts, seed, quiet, params)
     with step(f"writing {folder}", quiet):
         write_partitioned(
             graph,
@@ -75,11 +76,17 @@ def partition_and_report(
 
 
 def partition_graph(
-    graph: Graph, method: str, parts: int, seed: int, quiet: bool = False
+    graph: Graph,
+    method: str,
+    parts: int,
+    seed: int,
+    quiet: bool = False,
+    params: dict[str, Any] | None = None,
 ) -> tuple[Partition, PartitionStats, RefineResult | None]:
-    """Partition ``graph`` with the partitioner ``method`` names and print the
-    statistics; also what the locality refinement did (None for others)."""
-    partitioner = get_partitioner(method)
+    """Partition ``graph`` with the partitioner ``method`` names (with
+    ``params``) and print the statistics; also what the locality refinement
+    did (None for others)."""
+    partitioner = get_partitioner(method, **(params or {}))
     with step(f"partitioning into {parts} parts with {method}", quiet):
         partition = partitioner.partition(graph, parts, seed=seed)
         stats = PartitionStats.compute(graph, partition)

@@ -65,14 +65,19 @@ def partitioned_folder(spec: RunSpec, out: Path, leader: bool, resuming: bool) -
             f"{world} workers (--workers, or torchrun's world): more than the "
             f"{graph.num_nodes} nodes of {dataset}; each worker owns a part"
         )
+    method = method or "metis"
+    # ByteGNN's blocks reach as far as the model reads: K = its layers (the
+    # comparison with METIS is for `graphwire partition`, not every run).
+    params = {"hops": spec.train.num_layers, "compare": False}
     write_parts(
         graph,
-        method or "metis",
+        method,
         world,
         spec.train.seed,
         folder,
         quiet,
         node_order=node_order or DEFAULT_NODE_ORDER,
+        params=params if method == "blocks" else None,
     )
     return folder
 

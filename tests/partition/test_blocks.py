@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import deque
 
 import numpy as np
@@ -174,3 +175,23 @@ def test_the_synthetic_graph_is_split_evenly_and_reported_beside_metis(
 def test_bad_parameters_are_refused_by_name(params: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         get_partitioner("blocks", **params)
+
+
+def test_a_run_splits_into_blocks_as_deep_as_its_model(tmp_path) -> None:
+    """``train --workers N --partition blocks``: K is the model's layers."""
+    from graphwire.run.config import TrainConfig
+    from graphwire.run.parts import partitioned_folder
+    from graphwire.run.spec import DataSpec, OutputSpec, PartitionSpec, RunSpec
+    from tests.cli_helpers import SMALL
+
+    spec = RunSpec(
+        mode="minibatch",
+        world=2,
+        data=DataSpec(dataset=SMALL),
+        partition=PartitionSpec(method="blocks"),
+        train=TrainConfig(num_layers=3, fanouts=[2, 2, 2]),
+        output=OutputSpec(quiet=True),
+    )
+    folder = partitioned_folder(spec, tmp_path, leader=True, resuming=False)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["method"] == "blocks" and meta["params"]["hops"] == 3
