@@ -208,7 +208,7 @@ class DGSFetcher(OnDemand):
         """On-demand's, and the remote rows of the batches before the first
         explanation round kept for its star graph."""
         made = super()._make(batch)
-        if self.rounds is not None:
+        if self.rounds is not None and self.rounds.wants(batch):
             sampled, x = made[0], made[1]
             remote = ~self.store.is_local(sampled.input_nid)
             self.rounds.record(batch, sampled.input_nid[remote], x[remote])

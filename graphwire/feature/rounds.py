@@ -117,13 +117,20 @@ class ExplainRounds(Generic[R]):
                 future.set_result((explained, self.convert(explained)))
                 self._rounds[number] = future
 
+    def wants(self, batch: Batch) -> bool:
+        """Whether :meth:`record` keeps anything of ``batch``'s rows: not
+        once the first round has started, nor past its batches (whose rows
+        may miss dimensions), nor with no halo."""
+        return (
+            self._have is not None
+            and self.halo.numel() > 0
+            and self.step_of(batch) < 2 * self.every
+        )
+
     def record(self, batch: Batch, nid: torch.Tensor, x: torch.Tensor) -> None:
         """``batch`` read the whole rows ``x`` of remote nodes ``nid``: keep
-        those of the halo, for the first round (once it has started, or
-        past its batches, nothing)."""
-        if self._have is None or not self.halo.numel():
-            return
-        if self.step_of(batch) >= 2 * self.every:  # its rows may miss dims
+        those of the halo, for the first round (:meth:`wants`)."""
+        if not self.wants(batch):
             return
         pos = torch.searchsorted(self.halo, nid).clamp(max=self.halo.numel() - 1)
         hit = self.halo.index_select(0, pos) == nid
