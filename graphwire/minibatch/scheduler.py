@@ -114,7 +114,6 @@ class TaskPool:
         self._failed: set[int] = set()
         self._cond = threading.Condition()
         self._stop = False
-        self.busy = 0  # threads running a task now
         self.order: list[str] | None = None  # names in run order (tests)
         self._threads = [
             threading.Thread(target=self._work, name=f"sampler-{i}", daemon=True)
@@ -133,12 +132,6 @@ class TaskPool:
                 self._pending[task.dag] = self._pending.get(task.dag, 0) + 1
             self._cond.notify_all()
 
-    @property
-    def ready(self) -> int:
-        """Tasks waiting for a thread."""
-        with self._cond:
-            return len(self._heap)
-
     def _work(self) -> None:
         while True:
             with self._cond:
@@ -147,7 +140,6 @@ class TaskPool:
                 if self._stop:
                     return
                 task: Task = heapq.heappop(self._heap)[-1]
-                self.busy += 1
                 if self.order is not None:
                     self.order.append(task.name)
             children: list[Task] = []
@@ -161,10 +153,8 @@ class TaskPool:
                 with self._cond:
                     self._failed.add(task.dag)
                 self.on_error(task.dag, task, error)
-                children = []
             self.submit(children)
             with self._cond:
-                self.busy -= 1
                 self._pending[task.dag] -= 1
                 done = self._pending[task.dag] == 0
                 if done:
@@ -194,9 +184,9 @@ class LaunchPolicy:
     sigma: float = 1.0
     window: int = 8
     fifo: bool = False
-    _sample_s: deque[float] = field(default_factory=deque)
-    _train_s: deque[float] = field(default_factory=deque)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _sample_s: deque[float] = field(init=False, repr=False)
+    _train_s: deque[float] = field(init=False, repr=False)
+    _lock: threading.Lock = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.sigma) and self.sigma > 0):
@@ -205,6 +195,7 @@ class LaunchPolicy:
             raise ValueError(f"window: expected >= 1, got {self.window}")
         self._sample_s = deque(maxlen=self.window)
         self._train_s = deque(maxlen=self.window)
+        self._lock = threading.Lock()
 
     def sampled(self, seconds: float) -> None:
         """A DAG took ``seconds`` from launch to its last task (a pool
@@ -373,11 +364,6 @@ class DagRunner:
         with self._cond:
             self._alive -= 1
             self._note()
-
-    @property
-    def queue(self) -> int:
-        with self._cond:
-            return len(self._items)
 
     def window(self) -> dict[str, float]:
         """Since the last call: DAGs launched, the mean and largest queue of

@@ -2,7 +2,7 @@
 
 ByteGNN (seed ``002`` §4.2.1; digest §3.2 (b)) splits a mini-batch's
 sampling into tasks that run in parallel within and across batches. The
-*logical* DAG (:data:`SUPERVISED`), built once, is
+*logical* DAG (:func:`supervised_dag`) is
 
     seed -> hop (layer L-1) -> ... -> hop (layer 0) -> end
                  \\-> fetch        \\-> fetch
@@ -49,7 +49,7 @@ from graphwire.sampler.base import Batch, Block, SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler, Group
 from graphwire.sampler.uniform import check_batch_seed, check_seeds, layer_seed
 
-__all__ = ["SUPERVISED", "Operator", "TaskGraphSampler", "supervised_dag"]
+__all__ = ["Operator", "TaskGraphSampler", "supervised_dag"]
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,6 @@ def supervised_dag(layers: int) -> tuple[Operator, ...]:
     fetches = tuple(f"fetch{layer}" for layer in range(layers))
     ops.append(Operator("end", "end", (before, *fetches)))
     return tuple(ops)
-
-
-SUPERVISED = supervised_dag(2)  # the default model's
 
 
 @dataclass
@@ -107,7 +104,6 @@ class TaskGraphSampler:
 
     def __init__(self, sampler: DistNeighborSampler, store: DistFeatureStore) -> None:
         self.sampler, self.store = sampler, store
-        self.logical = supervised_dag(len(sampler.fanouts))
         self._degree = sampler.csr.indptr[1:] - sampler.csr.indptr[:-1]
 
     def make(

@@ -375,12 +375,6 @@ class SlotTables:
             with self._lock:
                 self._free.append(table)
 
-    @property
-    def tables(self) -> int:
-        """Tables made so far (the most threads that stitched at once)."""
-        with self._lock:
-            return len(self._free)
-
 
 def stitch_block(
     slot: torch.Tensor,
