@@ -289,7 +289,8 @@ class BlocksPartitioner(Partitioner):
         if given[0] is not None and given[1] is not None and given[2] is not None:
             weights = (float(given[0]), float(given[1]), float(given[2]))
         part = assign_blocks(graph, block, num_parts, weights)
-        self.last_report = self._report(graph, block, part, num_parts, seed)
+        train = np.flatnonzero(masks[0])
+        self.last_report = self._report(graph, block, part, num_parts, train, seed)
         return part
 
     def _report(
@@ -298,9 +299,9 @@ class BlocksPartitioner(Partitioner):
         block: np.ndarray,
         part: np.ndarray,
         num_parts: int,
+        train: np.ndarray,
         seed: int,
     ) -> BlocksReport:
-        train = np.flatnonzero(split_masks(graph)[0])
         reached = block[block >= 0]
         report = BlocksReport(
             blocks=int(reached.max()) + 1 if reached.size else 0,
