@@ -66,9 +66,10 @@ def partitioned_folder(spec: RunSpec, out: Path, leader: bool, resuming: bool) -
             f"{graph.num_nodes} nodes of {dataset}; each worker owns a part"
         )
     method = method or "metis"
-    # ByteGNN's blocks reach as far as the model reads: K = its layers (the
-    # comparison with METIS is for `graphwire partition`, not every run).
-    params = {"hops": spec.train.num_layers, "compare": False}
+    params = None
+    if method == "blocks":  # as far as the model reads: K = its layers (the
+        # comparison with METIS is for `graphwire partition`, not every run)
+        params = {"hops": spec.train.num_layers, "compare": False}
     write_parts(
         graph,
         method,
@@ -77,7 +78,7 @@ def partitioned_folder(spec: RunSpec, out: Path, leader: bool, resuming: bool) -
         folder,
         quiet,
         node_order=node_order or DEFAULT_NODE_ORDER,
-        params=params if method == "blocks" else None,
+        params=params,
     )
     return folder
 

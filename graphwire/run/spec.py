@@ -95,8 +95,9 @@ class PartitionSpec:
         None,
         flag="--partition",
         help="random, chunk, metis, locality (G3: multi-constraint METIS, "
-        "then halo-balancing refinement) or blocks (ByteGNN: 2-hop blocks of "
-        "the labelled nodes, balanced by split); with --workers, how the graph is "
+        "then halo-balancing refinement) or blocks (ByteGNN: --layers-hop "
+        "blocks of the labelled nodes, balanced by split); with --workers, how "
+        "the graph is "
         "split (unset: metis); on one process, also partition and report",
     )
     parts: int | None = option(
