@@ -48,6 +48,7 @@ from shaped_bench import (  # noqa: E402
     epoch_records,
     in_work_folder,
     shaper_check,
+    summary_fields,
     train_run,
     write_figures,
 )
@@ -149,8 +150,7 @@ def _figures(summary: dict[str, str], out: Path) -> dict[str, float]:
 def _unshaped(argv: list[str], out: Path, timeout_s: float) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     stdout = cli(["train", *argv, "--out", str(out), "--overwrite"], timeout_s)
-    last = stdout.strip().splitlines()[-1]
-    return dict(pair.split("=", 1) for pair in last.split()[1:])
+    return summary_fields(stdout, f"the run in {out}")
 
 
 def _schedules(args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -69,6 +69,7 @@ from shaped_bench import (  # noqa: E402
     epoch_records,
     in_work_folder,
     shaper_check,
+    summary_fields,
     train_run,
     write_figures,
 )
@@ -137,8 +138,7 @@ def _measure(out: Path, fixed: int) -> dict[str, Any]:
     )
     last = [r["extra"]["dgs"] for r in per_epoch[-1] if "dgs" in r["extra"]]
     rows = sum(d["remote_rows"] for d in last)
-    summary = (out / "stdout.txt").read_text().strip().splitlines()[-1]
-    fields = dict(pair.split("=", 1) for pair in summary.split()[1:])
+    fields = summary_fields((out / "stdout.txt").read_text(), f"the run in {out}")
     at = min(fixed, epochs) - 1
     return {
         "feature_mib": statistics.mean(feature) / 2**20,

@@ -41,6 +41,7 @@ __all__ = [
     "prepare_graph",
     "qdisc_drops",
     "shaper_check",
+    "summary_fields",
     "take_sizes",
     "train_run",
     "train_runs",
@@ -144,11 +145,18 @@ def _summary(
         )
     if code != 0:
         raise RunFailed(f"`{' '.join(command)}` exited {code}:\n{stderr[-3000:]}")
-    lines = (out / "stdout.txt").read_text().strip().splitlines()
+    stdout = (out / "stdout.txt").read_text()
+    return summary_fields(stdout, f"`{' '.join(command)}`"), wall
+
+
+def summary_fields(stdout: str, what: str) -> dict[str, str]:
+    """The fields of a ``graphwire train`` run's last line, ``summary
+    key=value ...``; RunFailed naming ``what`` if that line is not one."""
+    lines = stdout.strip().splitlines()
     last = lines[-1] if lines else ""
     if not last.startswith("summary "):
-        raise RunFailed(f"`{' '.join(command)}`: no summary line (last: {last!r})")
-    return dict(pair.split("=", 1) for pair in last.split()[1:]), wall
+        raise RunFailed(f"{what}: no summary line (last: {last!r})")
+    return dict(pair.split("=", 1) for pair in last.split()[1:])
 
 
 def epoch_records(out: Path) -> dict[int, list[dict[str, Any]]]:

@@ -107,3 +107,11 @@ def test_runs_past_the_limit_are_killed_and_named(tmp_path, fake_cli) -> None:
             )
     assert killed and not fake_cli.pids()
     assert not (outs[0] / "ended").exists()
+
+
+def test_a_runs_summary_line_is_read_or_its_absence_named() -> None:
+    stdout = "epoch 1 ...\nsummary test_acc=0.81 epochs=3 seeds_per_s=12.5\n"
+    fields = shaped_bench.summary_fields(stdout, "the run")
+    assert fields == {"test_acc": "0.81", "epochs": "3", "seeds_per_s": "12.5"}
+    with pytest.raises(shaped_bench.RunFailed, match="the run: no summary line"):
+        shaped_bench.summary_fields("epoch 1 ...\n", "the run")
