@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,10 @@ from graphwire.sampler.uniform import (
 )
 
 __all__ = ["DistNeighborSampler", "Group", "OwnedCSR", "stitch_groups"]
+
+
+Sampled = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+"""One hop's draws: ``(counts [n], sources [E], eid [E], weight [E] | None)``."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +84,7 @@ class OwnedCSR:
         fanout: int,
         seed: int,
         bias: NodeBias | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> Sampled:
         """The sampled in-edges of owned ``dst_nid``, edges in node order:
         uniformly, or as DGS samples them for the trainer ``bias`` names.
 
@@ -119,6 +123,10 @@ class DistNeighborSampler:
         fanouts: per layer, input layer first (as
             :class:`~graphwire.sampler.uniform.UniformNeighborSampler`).
         service: the service's name (its ledger tags: ``<service>.hop``).
+        hop: the hop function (``(csr, nid, fanout, seed) -> (counts,
+            sources, eid, weight)``, run by the owner:
+            :class:`~graphwire.sampler.links.SamplingFunctions`); None:
+            :meth:`OwnedCSR.sample`, uniform.
         biased: sample as DGS does (:mod:`~graphwire.sampler.importance`):
             each rank :meth:`publish` es its numbered biases to every owner
             (``<service>.bias``), and :meth:`sample` names the one a batch
@@ -142,9 +150,11 @@ class DistNeighborSampler:
         *,
         service: str = "sample",
         biased: bool = False,
+        hop: Callable[[OwnedCSR, torch.Tensor, int, int], Sampled] | None = None,
     ) -> None:
         self.fanouts = check_fanouts(fanouts)
         self.csr = csr
+        self.hop = hop
         self.book = book
         self.rank = transport.rank
         self.world = transport.world_size
@@ -275,7 +285,7 @@ class DistNeighborSampler:
         if peer == self.rank:
             bias = self._bias_of(self.rank, extra)
             self._count(local_rows=where.numel())
-            return (where, *self.csr.sample(dst_nid[where], fanout, seed, bias))
+            return (where, *self._draw(dst_nid[where], fanout, seed, bias))
         self._count(requests=1, remote_rows=where.numel())
         request = [dst_nid[where], _hop_params(fanout, seed, extra)]
         return self._group(where, self.service.call({peer: request}, "hop")[peer])
@@ -297,9 +307,17 @@ class DistNeighborSampler:
         dst_nid, params = request
         fanout, seed = int(params[0]), int(params[1])
         bias = self._bias_of(src, tuple(params[2:].tolist()))
-        counts, sources, eid, weight = self.csr.sample(dst_nid, fanout, seed, bias)
+        counts, sources, eid, weight = self._draw(dst_nid, fanout, seed, bias)
         empty = torch.empty(0, dtype=torch.float32)
         return [counts, sources, eid, empty if weight is None else weight]
+
+    def _draw(
+        self, dst_nid: torch.Tensor, fanout: int, seed: int, bias: NodeBias | None
+    ) -> Sampled:
+        """One hop of owned nodes: biased (DGS), the hop function, or uniform."""
+        if bias is None and self.hop is not None:
+            return self.hop(self.csr, dst_nid, fanout, seed)
+        return self.csr.sample(dst_nid, fanout, seed, bias)
 
     def _bias_of(self, rank: int, extra: tuple[int, ...]) -> NodeBias | None:
         """Rank ``rank``'s bias numbered ``extra[0]`` (none: uniform)."""
