@@ -49,6 +49,7 @@ _ONLY_WHY = {
     "minibatch": "only with --mode minibatch",
     "fullgraph": "only with --mode fullgraph",
     "gat": "only with --model gat",
+    "link": "only with --task link",
 }
 
 
@@ -103,8 +104,11 @@ def build_spec(
                 raise ValueError(f"{flag.flag}: {error.why}") from None
     mode = given.get("mode", "fullgraph")
     model = given.get("model", "sage")
+    task = given.get("task", "node")
     for condition, why in _ONLY_WHY.items():
-        if not option_applies(condition, mode=mode, model=model, distributed=True):
+        if not option_applies(
+            condition, mode=mode, model=model, distributed=True, task=task
+        ):
             flags = [f for f in table if f.only == condition and f.section == "train"]
             given.refuse(flags, why)
     check_method(given.get("partition"))

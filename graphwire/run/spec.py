@@ -53,10 +53,12 @@ DEFAULT_NODE_ORDER = "rcm"  # how parts (and one process's rows) are numbered
 
 
 def option_applies(
-    only: str | None, *, mode: str, model: str, distributed: bool
+    only: str | None, *, mode: str, model: str, distributed: bool, task: str = "node"
 ) -> bool:
     """Whether an option with ``only`` (its field's metadata: ``distributed``,
-    a mode, ``gat``, or None for every run) applies to such a run."""
+    a mode, ``gat``, ``link``, or None for every run) applies to such a run."""
+    if only == "link":
+        return task == "link"
     if only == "distributed":
         return distributed
     if only in MODES:
@@ -265,7 +267,11 @@ class RunSpec:
     def applies(self, only: str | None) -> bool:
         """Whether an option with ``only`` applies to this run."""
         return option_applies(
-            only, mode=self.mode, model=self.train.model, distributed=self.distributed
+            only,
+            mode=self.mode,
+            model=self.train.model,
+            distributed=self.distributed,
+            task=self.train.task,
         )
 
     @property
