@@ -43,6 +43,8 @@ from graphwire.feature.prefetch import Prefetcher
 from graphwire.nn.models import GNN, LayerKind
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
+from graphwire.sampler.dist_pairs import DistPairSampler
+from graphwire.sampler.links import SamplingFunctions, batch_seeds
 
 __all__ = ["Fetched", "Fetcher", "Made", "Schedule", "count_made", "take_batch"]
 
@@ -104,8 +106,8 @@ class Schedule(Protocol):
         ...
 
     @property
-    def model(self) -> GNN:
-        """The model in training (DGS's explainer takes snapshots of it)."""
+    def gnn(self) -> GNN:
+        """The GNN in training (DGS's explainer takes snapshots of it)."""
         ...
 
     @property
@@ -138,6 +140,20 @@ class Fetcher(ABC):
         (collective); ``saved`` is what :meth:`state` returned for the
         checkpoint the run resumed from (None: a fresh run)."""
         del schedule, first, saved
+
+    def use_functions(
+        self, functions: SamplingFunctions, pairs: DistPairSampler | None
+    ) -> None:
+        """Make batches with ``functions``' seed operator and, given
+        ``pairs``, link prediction's (before :meth:`start`). This fetcher
+        makes node batches from the scheduled seeds only."""
+        if pairs is not None:
+            raise ValueError(
+                "--task link: only with --fetch on-demand (it samples each "
+                "batch as it comes; this fetcher makes node batches)"
+            )
+        if functions.seed is not batch_seeds:
+            raise ValueError("a seed function: only with --fetch on-demand")
 
     def begin_epoch(self, epoch: int) -> None:  # noqa: B027 - optional hook
         """Called at the start of each epoch this process trains."""

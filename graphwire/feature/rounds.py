@@ -94,7 +94,7 @@ class ExplainRounds(Generic[R]):
         """Build the explainer, and restore ``saved`` (what :meth:`state`
         returned; None: a fresh run, whose halo rows come from the batches
         and the first round's pull; a resumed run pulls them all now)."""
-        self._model = schedule.model
+        self._model = schedule.gnn
         self._steps = schedule.steps
         if saved:  # no batches before the first round: pull every row now
             remote_x = self.store.pull(self.halo, kind="explain")
@@ -102,7 +102,7 @@ class ExplainRounds(Generic[R]):
             remote_x = torch.zeros(self.halo.numel(), self.store.dim)
             self._have = torch.zeros(self.halo.numel(), dtype=torch.bool)
         self.explainer = Explainer(
-            schedule.model,
+            schedule.gnn,
             schedule.layer_kind,
             self.store.x.mean(0),
             remote_x,

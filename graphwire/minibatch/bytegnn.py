@@ -23,11 +23,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from graphwire.feature.fetcher import Fetched, count_made
+import torch
+
+from graphwire.feature.cache import assemble_inputs
+from graphwire.feature.fetcher import Fetched, Made, count_made
 from graphwire.feature.ondemand import OnDemand, OnDemandConfig
+from graphwire.minibatch.linkbatch import LinkMaker
 from graphwire.minibatch.scheduler import DagRunner, LaunchPolicy
 from graphwire.minibatch.taskgraph import TaskGraphSampler
-from graphwire.sampler.base import Batch
+from graphwire.sampler.base import Batch, SampledBatch
+from graphwire.sampler.dist_pairs import DistPairSampler
+from graphwire.sampler.links import SamplingFunctions
 
 __all__ = ["ScheduledOnDemand"]
 
@@ -40,8 +46,39 @@ class ScheduledOnDemand(OnDemand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.runner: DagRunner | None = None
-        self.graphs = TaskGraphSampler(self.sampler, self.store)
+        self.functions = SamplingFunctions()
+        self.pairs: DistPairSampler | None = None
+        self.links: LinkMaker | None = None
+        self._pairs_open = True
+        self.graphs = TaskGraphSampler(self.sampler, self.store, self.functions)
         self._taken_at = 0.0
+
+    def use_functions(
+        self, functions: SamplingFunctions, pairs: DistPairSampler | None
+    ) -> None:
+        self.functions, self.pairs = functions, pairs
+        self.graphs = TaskGraphSampler(self.sampler, self.store, functions, pairs)
+        if pairs is not None:
+            self.links = LinkMaker(
+                seeds=functions.seed,
+                positives=pairs.positives,
+                negatives=pairs.negatives,
+                sample=self.sampler.sample,
+                rows=self._rows,
+            )
+
+    def _rows(self, nid: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        local = self.store.is_local(nid)
+        x, counts = assemble_inputs(self.store, None, nid, local, "pull")
+        return x, {name: float(value) for name, value in counts.items()}
+
+    def _make(self, batch: Batch) -> Made:
+        if self.links is not None:
+            return self.links.make(batch)
+        return super()._make(batch)
+
+    def _sample(self, batch: Batch) -> SampledBatch:
+        return self.sampler.sample(self.functions.seed(batch), batch.seed)
 
     def begin_epoch(self, epoch: int) -> None:
         schedule = self._schedule
@@ -92,6 +129,12 @@ class ScheduledOnDemand(OnDemand):
         if self.runner is None:
             return super().counters()
         return {"schedule": dict(self.runner.counters)}
+
+    def finish(self) -> None:
+        super().finish()  # the loader and the runner stop first
+        if self.pairs is not None and self._pairs_open:
+            self.pairs.close()
+            self._pairs_open = False
 
     def _stop_loader(self) -> None:
         super()._stop_loader()

@@ -57,6 +57,9 @@ from typing import Any
 
 from graphwire.comm.base import Transport
 from graphwire.feature.traffic import TrafficWindows
+from graphwire.graph.links import HeldOut, load_held_out
+from graphwire.minibatch.linkloop import LinkLoop
+from graphwire.minibatch.linktrainer import link_fields
 from graphwire.minibatch.loop import RankLoop
 from graphwire.partition.local import LocalPart
 from graphwire.run.checkpoint import CheckpointConfig
@@ -77,6 +80,7 @@ from graphwire.run.training import (
     check_finite_eval,
     check_finite_loss,
 )
+from graphwire.sampler.links import SamplingFunctions
 
 __all__ = ["MinibatchRun", "train_minibatch_distributed", "train_rank"]
 
@@ -118,6 +122,8 @@ def train_minibatch_distributed(
     on_epoch: Callable[[EpochRecord], None] | None = None,
     on_restore: Callable[[list[EpochRecord]], None] | None = None,
     checkpoint: CheckpointConfig | None = None,
+    held_out: tuple[HeldOut, HeldOut] | None = None,
+    functions: SamplingFunctions | None = None,
 ) -> MinibatchRun:
     """Train ``config.model`` on sampled mini-batches, this rank owning ``part``.
 
@@ -134,12 +140,15 @@ def train_minibatch_distributed(
         on_epoch: called on every rank with each epoch's record.
         on_restore: called on every rank with the records a resume restored.
         checkpoint: checkpoint every K epochs and/or resume from the latest.
+        held_out: ``--task link``: the ``(val, test)`` pairs the metrics
+            score (global IDs, the same on every rank).
+        functions: the sampling operators' functions (None: uniform).
 
     Returns:
         The run, with accuracies over all ranks' nodes.
     """
     began = time.perf_counter()
-    loop = RankLoop(part, transport, config, fetch, inference=inference)
+    loop = _loop(part, transport, config, fetch, inference, held_out, functions)
     windows = TrafficWindows(transport, loop.store)
     best = BestEpoch(config.patience)
     records: list[EpochRecord] = []
@@ -264,6 +273,8 @@ def _epoch(
         "resources": reading.as_dict(),
         **fetched,
     }
+    if config.task == "link" and metrics:
+        extra["link"] = link_fields(metrics)
     record = EpochRecord(
         epoch=epoch,
         loss=total / max(1.0, stats["seeds"]),
@@ -284,6 +295,33 @@ def _epoch(
         extra=extra,
     )
     return record, stopped
+
+
+def _loop(
+    part: LocalPart,
+    transport: Transport,
+    config: TrainConfig,
+    fetch: Any,
+    inference: InferenceFactory,
+    held_out: tuple[HeldOut, HeldOut] | None,
+    functions: SamplingFunctions | None,
+) -> RankLoop:
+    """The task's loop: node classification's, or link prediction's."""
+    if config.task == "node":
+        return RankLoop(
+            part, transport, config, fetch, inference=inference, functions=functions
+        )
+    if held_out is None:
+        raise ValueError("--task link: no held-out pairs given to score")
+    return LinkLoop(
+        part,
+        transport,
+        config,
+        fetch,
+        inference=inference,
+        held_out=held_out,
+        functions=functions,
+    )
 
 
 def _phase(traffic: dict[str, Any], began: float) -> dict[str, Any]:
@@ -333,6 +371,9 @@ def train_rank(
     """:func:`train_minibatch_distributed` as a distributed
     :class:`~graphwire.run.job.Job` runs it (``job.strategy``: the fetcher's
     name or config); bind ``inference`` with ``functools.partial``."""
+    held_out = None
+    if job.config.task == "link":
+        held_out = load_held_out(job.folder, part.book.num_nodes)
     return train_minibatch_distributed(
         part,
         transport,
@@ -342,4 +383,5 @@ def train_rank(
         on_epoch=on_epoch,
         on_restore=on_epoch.restored,
         checkpoint=job.rank_checkpoint(),
+        held_out=held_out,
     )

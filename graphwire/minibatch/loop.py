@@ -24,7 +24,7 @@ from graphwire.minibatch.schedule import (
     split_train,
     steps_per_epoch,
 )
-from graphwire.nn.models import LAYER_KINDS
+from graphwire.nn.models import GNN, LAYER_KINDS
 from graphwire.partition.local import LocalPart, trainable_classes
 from graphwire.run.collective import (
     InferenceFactory,
@@ -37,6 +37,8 @@ from graphwire.run.gradsync import BackwardSync
 from graphwire.run.training import make_optimizer
 from graphwire.sampler.base import Batch, SampledBatch
 from graphwire.sampler.dist import DistNeighborSampler
+from graphwire.sampler.dist_pairs import DistPairSampler
+from graphwire.sampler.links import SamplingFunctions
 
 __all__ = ["RankLoop"]
 
@@ -52,6 +54,8 @@ class RankLoop:
             registry's default).
         inference: makes what evaluates the model on the whole graph
             (:class:`~graphwire.run.collective.Inference`).
+        functions: the sampling operators' functions (None: the uniform
+            ones, ``config.negatives`` negatives per seed).
     """
 
     def __init__(
@@ -62,30 +66,33 @@ class RankLoop:
         fetch: Any = None,
         *,
         inference: InferenceFactory,
+        functions: SamplingFunctions | None = None,
     ) -> None:
-        num_classes = trainable_classes(part)
-        assert part.x is not None and part.train_local is not None  # (checked)
         assert config.fanouts is not None
         strategy, fetch_config = FETCHERS.resolve(fetch or FETCHERS.default)
         self.part, self.transport, self.config = part, transport, config
         self.rank, self.world = transport.rank, transport.world_size
-        # First, before any service starts: it checks no split is empty.
-        self.sizes = split_sizes(part, transport)
+        # First, before any service starts: it checks the data it trains on.
+        self.sizes = self.check_data()
+        self.functions = functions or SamplingFunctions(k=config.negatives)
         kind = self.layer_kind = LAYER_KINDS[config.model]
         self.sampler = DistNeighborSampler(
-            owned_csr(part, transport, kind), part.book, transport, config.fanouts
+            owned_csr(part, transport, kind),
+            part.book,
+            transport,
+            config.fanouts,
+            hop=self.functions.hop,
         )
         kinds = getattr(strategy.cls, "KINDS", DEFAULT_KINDS)
         self.store = DistFeatureStore(part, transport, kinds=kinds)
         self.fetcher: Fetcher = strategy.cls(self.store, self.sampler, fetch_config)
-        start = part.global_range[0]
-        mine = part.train_local.to(torch.int64) + start
-        every = transport.all_gather_object(mine, "setup.train")
+        self.fetcher.use_functions(self.functions, self.pair_sampler())
+        every = transport.all_gather_object(self.seed_nodes(), "setup.train")
         self.share = split_train(every, self.rank)
         shares = share_sizes(sum(ids.numel() for ids in every), self.world)
         self.steps = steps_per_epoch(shares, config.batch_size)
         self.epochs = range(0)  # the epochs this process trains: start() sets them
-        self.model = seeded_model(part.x.shape[1], num_classes, config)
+        self.model: torch.nn.Module = self.make_model()
         self.optimizer = make_optimizer(self.model, config)
         self.grad_sync = BackwardSync.for_model(self.model, transport)
         self.inference = inference(part, transport, config)
@@ -93,6 +100,35 @@ class RankLoop:
             "train_share": self.share.numel(),
             "steps_per_epoch": self.steps,
         }
+
+    # ------------------------------------------------------------ the task
+    def check_data(self) -> dict[str, int]:
+        """Collective: the nodes of each split over all parts (every rank
+        raises alike when one is empty)."""
+        trainable_classes(self.part)
+        return split_sizes(self.part, self.transport)
+
+    def seed_nodes(self) -> torch.Tensor:
+        """int64: this part's nodes batches are drawn from (global IDs)."""
+        assert self.part.train_local is not None  # (checked)
+        return self.part.train_local.to(torch.int64) + self.part.global_range[0]
+
+    def pair_sampler(self) -> DistPairSampler | None:
+        """The positive and negative sampler (collective; none: node
+        batches)."""
+        return None
+
+    @property
+    def gnn(self) -> GNN:
+        """The message-passing part of the model (all of it here)."""
+        assert isinstance(self.model, GNN)
+        return self.model
+
+    def make_model(self) -> torch.nn.Module:
+        """The model, initialised as every rank's (and one process's)."""
+        assert self.part.x is not None  # (checked)
+        num_classes = trainable_classes(self.part)
+        return seeded_model(self.part.x.shape[1], num_classes, self.config)
 
     # ------------------------------------------------------------ schedule
     def batches(self, epoch: int) -> list[Batch]:
@@ -110,7 +146,7 @@ class RankLoop:
         """One training step; returns the batch's loss."""
         sampled, x, y = self.fetcher.get(batch, stats)
         fetched = time.perf_counter()
-        stats["seeds"] += sampled.seeds.numel()
+        stats["seeds"] += batch.seeds.numel()
         stats["edges"] += sampled.num_sampled_edges
         loss = self.loss_of(sampled, x, y, batch.dropout_seed)
         forwarded = time.perf_counter()
@@ -148,7 +184,7 @@ class RankLoop:
     def evaluate(self, loss: float) -> dict[str, float]:
         """Global accuracies and validation loss of the model on the whole
         graph, with the epoch's summed training ``loss`` (collective)."""
-        logits = self.inference(self.model)
+        logits = self.inference(self.gnn)
         return global_metrics(
             logits, self.part, self.transport, self.sizes, torch.tensor(loss)
         )

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from graphwire.graph.graph import Graph
 from graphwire.minibatch.dist import train_rank
 from graphwire.minibatch.fetchers import FETCHERS
+from graphwire.minibatch.linktrainer import train_link
 from graphwire.minibatch.progress import print_epoch
 from graphwire.minibatch.trainer import train_minibatch
 from graphwire.run.collective import InferenceFactory
@@ -26,6 +27,8 @@ def _one_process(
     node_order: str,
 ) -> TrainResult:
     del node_order  # the batches follow the graph's own numbering
+    if config.task == "link":
+        return train_link(graph, config, on_epoch)
     return train_minibatch(graph, config, on_epoch)
 
 

@@ -18,7 +18,7 @@ def print_epoch(record: EpochRecord) -> None:
     energy = f"{joules:.1f} J" if joules is not None else res["energy_source"]
     print(
         f"epoch {record.epoch:4d}  loss {record.loss:.4f}  "
-        f"val {format_acc(record.val_acc)}  test {format_acc(record.test_acc)}  "
+        f"{_metrics(record)}  "
         f"rank0 seeds/s {extra['seeds_per_s']:.0f}  "
         f"sample {t['sample_s']:.2f}s fetch {t['fetch_s']:.2f}s "
         f"wait {t['wait_s']:.2f}s compute {t['forward_s'] + t['backward_s']:.2f}s "
@@ -28,6 +28,17 @@ def print_epoch(record: EpochRecord) -> None:
         f"cpu {res['cpu_s']:.2f}s  peak rss {res['peak_rss_mb']:.0f} MiB  "
         f"energy {energy}{_dgs(extra)}",
         flush=True,
+    )
+
+
+def _metrics(record: EpochRecord) -> str:
+    """The accuracies, or link prediction's AUCs and test MRR."""
+    link = record.extra.get("link")
+    if link is None:
+        return f"val {format_acc(record.val_acc)}  test {format_acc(record.test_acc)}"
+    return (
+        f"val auc {format_acc(record.val_acc)}  test auc "
+        f"{format_acc(record.test_acc)} mrr {format_acc(link['test_mrr'])}"
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from graphwire.run.config import TrainConfig
 from graphwire.run.training import SPLITS, check_split_sizes, make_model_for
 
 __all__ = [
+    "seeded",
     "Inference",
     "InferenceFactory",
     "assign_gradients",
@@ -46,13 +47,22 @@ __all__ = [
 # torch's default generator is per process: ranks that are threads of one
 # process (the in-process transport) must not interleave their draws.
 _INIT_LOCK = threading.Lock()
+_Built = TypeVar("_Built")
 
 
 def seeded_model(num_features: int, num_classes: int, config: TrainConfig) -> GNN:
     """The model with the initial weights every rank (and one process) gets."""
+    return seeded(
+        config.seed, lambda: make_model_for(num_features, num_classes, config)
+    )
+
+
+def seeded(seed: int, build: Callable[[], _Built]) -> _Built:
+    """``build()`` with torch's generator seeded by ``seed`` (one thread at a
+    time: in-process ranks share the generator)."""
     with _INIT_LOCK:
-        torch.manual_seed(config.seed)
-        return make_model_for(num_features, num_classes, config)
+        torch.manual_seed(seed)
+        return build()
 
 
 def shaped_model(num_features: int, num_classes: int, config: TrainConfig) -> GNN:

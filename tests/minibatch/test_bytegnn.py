@@ -19,7 +19,7 @@ from graphwire.comm.local import run_local
 from graphwire.feature.ondemand import OnDemandConfig
 from graphwire.graph.synthetic import ProductsConfig, products_graph
 from graphwire.minibatch.bytegnn import ScheduledOnDemand
-from graphwire.minibatch.taskgraph import supervised_dag
+from graphwire.minibatch.taskgraph import link_dag, supervised_dag
 from graphwire.options import OptionError
 from graphwire.partition import get_partitioner, write_partitioned
 from graphwire.run.config import TrainConfig
@@ -112,9 +112,25 @@ def test_bad_schedule_settings_name_the_flag(fields: dict, message: str) -> None
         OnDemandConfig(**fields)
 
 
-def test_the_logical_dag_fetches_after_every_hop_and_ends_after_all() -> None:
+def test_the_logical_dags_fetch_after_every_hop_and_end_after_all() -> None:
     ops = {op.name: op for op in supervised_dag(2)}
-    assert list(ops) == ["seed", "hop1", "fetch1", "hop0", "fetch0", "end"]
-    assert ops["hop1"].parents == ("seed",) and ops["hop0"].parents == ("hop1",)
-    assert ops["fetch1"].parents == ("hop1",) and ops["fetch0"].parents == ("hop0",)
-    assert set(ops["end"].parents) == {"hop0", "fetch0", "fetch1"}
+    assert list(ops) == [
+        "seed",
+        "seed.fetch",
+        "seed.hop1",
+        "seed.fetch1",
+        "seed.hop0",
+        "seed.fetch0",
+        "end",
+    ]
+    assert ops["seed.hop1"].parents == ("seed",)
+    assert ops["seed.hop0"].parents == ("seed.hop1",)
+    assert ops["seed.fetch1"].parents == ("seed.hop1",)
+    assert set(ops["end"].parents) == set(ops) - {"end"}
+    link = {op.name: op for op in link_dag(2)}
+    assert link["positive"].parents == link["negative"].parents == ("seed",)
+    for root in ("seed", "positive", "negative"):  # three branches
+        assert link[f"{root}.fetch"].parents == (root,)
+        assert link[f"{root}.hop1"].parents == (root,)
+        assert link[f"{root}.fetch0"].parents == (f"{root}.hop0",)
+    assert set(link["end"].parents) == set(link) - {"end"}
