@@ -292,6 +292,17 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             ["--workers", "2", "--partition", "bogus"],
             "--partition bogus: unknown; expected one of blocks, chunk, locality,",
         ),
+        (["--task", "link"], "--task: only with --mode minibatch"),
+        (["--mode", "minibatch", "--decoder", "mlp"], "--decoder: only with --task"),
+        (
+            ["--mode", "minibatch", "--task", "link", "--negatives", "0"],
+            "--negatives: expected an integer in [1, 4096], got 0",
+        ),
+        (
+            ["--workers", "2", "--mode", "minibatch", "--task", "link"]
+            + ["--fetch", "rapid"],
+            "--task link: only with --fetch on-demand, not rapid",
+        ),
     ],
     ids=repr,
 )

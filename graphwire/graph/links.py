@@ -31,6 +31,7 @@ __all__ = [
     "HeldOut",
     "LinkSplit",
     "LinkSplitError",
+    "check_splittable",
     "load_held_out",
     "save_held_out",
     "split_links",
@@ -118,16 +119,8 @@ def split_links(
     if negatives < 1:
         raise LinkSplitError(f"--task link: negatives {negatives} < 1")
     n = graph.num_nodes
-    src, dst = graph.edge_index()
-    lo, hi = torch.minimum(src, dst), torch.maximum(src, dst)
-    key = (lo * n + hi)[lo != hi].unique()
-    num_val, num_test = int(val * key.numel()), int(test * key.numel())
-    if num_val < 1 or num_test < 1 or key.numel() - num_val - num_test < 1:
-        raise LinkSplitError(
-            f"--task link: graph {graph.name!r} has {key.numel()} undirected "
-            f"edges; holding out {val:.0%} for validation and {test:.0%} for "
-            "testing needs one in each and one left to train on"
-        )
+    key = _pair_keys(graph)
+    num_val, num_test = _held_out_sizes(graph.name, key.numel(), val, test)
     generator = torch.Generator().manual_seed(seed)
     key = key[torch.randperm(key.numel(), generator=generator)]
     test_key, val_key = key[:num_test], key[num_test : num_test + num_val]
@@ -142,6 +135,31 @@ def split_links(
         val=_held_out(val_key, n, every, negatives, generator),
         test=_held_out(test_key, n, every, negatives, generator),
     )
+
+
+def check_splittable(graph: Graph, val: float = 0.05, test: float = 0.10) -> None:
+    """Raise :class:`LinkSplitError` where :func:`split_links` would for too
+    few edges (before a run writes anything)."""
+    _held_out_sizes(graph.name, _pair_keys(graph).numel(), val, test)
+
+
+def _pair_keys(graph: Graph) -> torch.Tensor:
+    """int64, ascending: ``u n + v`` of each undirected pair, ``u < v``."""
+    n = graph.num_nodes
+    src, dst = graph.edge_index()
+    lo, hi = torch.minimum(src, dst), torch.maximum(src, dst)
+    return (lo * n + hi)[lo != hi].unique()
+
+
+def _held_out_sizes(name: str, pairs: int, val: float, test: float) -> tuple[int, int]:
+    num_val, num_test = int(val * pairs), int(test * pairs)
+    if num_val < 1 or num_test < 1 or pairs - num_val - num_test < 1:
+        raise LinkSplitError(
+            f"--task link: graph {name!r} has {pairs} undirected edges; holding "
+            f"out {val:.0%} for validation and {test:.0%} for testing needs one "
+            "in each and one left to train on"
+        )
+    return num_val, num_test
 
 
 def _held_out(

@@ -50,6 +50,7 @@ from graphwire.fsutil import (
 )
 from graphwire.graph.graph import Graph
 from graphwire.graph.labels import check_labels
+from graphwire.graph.links import HeldOut, save_held_out
 from graphwire.graph.native import load_array
 from graphwire.graph.order import NODE_ORDERS, locality_order
 from graphwire.graph.seeds import is_int
@@ -88,6 +89,7 @@ def write_partitioned(
     *,
     stats: PartitionStats | None = None,
     node_order: str = "id",
+    held_out: tuple[HeldOut, HeldOut] | None = None,
 ) -> Path:
     """Write ``graph`` split by ``partition`` to ``folder``, atomically.
 
@@ -104,6 +106,10 @@ def write_partitioned(
             :func:`~graphwire.graph.order.locality_order` over the part's own
             edges, so that a part's sparse products read their source rows
             close together (recorded in ``meta.json`` as ``node_order``).
+        held_out: link prediction's ``(val, test)`` pairs (original IDs),
+            written in new IDs beside the parts
+            (:func:`~graphwire.graph.links.save_held_out`; ``meta.json``'s
+            ``task`` is then ``link``).
 
     Returns:
         ``folder`` as a :class:`~pathlib.Path`.
@@ -208,6 +214,9 @@ def write_partitioned(
                 }
             )
         _check_stats(stats, found)  # raised in atomic_dir: nothing is written
+        if held_out is not None:
+            new = book.new_from_orig
+            save_held_out(tmp, *(split.renumbered(new) for split in held_out))
         write_json(
             tmp / META,
             {
@@ -222,6 +231,7 @@ def write_partitioned(
                 "method": partition.method,
                 "params": partition.params,
                 "node_order": node_order,
+                "task": "node" if held_out is None else "link",
                 "offsets": [int(o) for o in offsets],
                 "parts": parts_meta,
                 "stats": stats.as_dict(),

@@ -135,6 +135,12 @@ def build_spec(
         kind: _strategy(table, given, kind) if registry.mode == mode else None
         for kind, registry in table.registries.items()
     }
+    fetch = choices.get("fetch")
+    if train.task == "link" and distributed and fetch and fetch.name != "on-demand":
+        raise ValueError(
+            f"--task link: only with --fetch on-demand, not {fetch.name} (it "
+            "samples each batch as it comes; the others make node batches)"
+        )
     return RunSpec(
         mode=mode,
         train=train,

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from graphwire.graph.datasets import load_dataset, parse_spec
 from graphwire.graph.graph import Graph
+from graphwire.graph.links import check_splittable
 
 __all__ = [
     "check_trainable_dataset",
@@ -105,11 +106,17 @@ def graph_rows(graph: Graph) -> list[tuple[str, Any]]:
     return rows
 
 
-def check_trainable_dataset(graph: Graph, dataset: str) -> None:
+def check_trainable_dataset(graph: Graph, dataset: str, task: str = "node") -> None:
     """Refuse ``graph`` (from ``--dataset dataset``) before anything is
     written for the run unless it has features, labels and three non-empty
-    splits."""
+    splits (``task`` link: features)."""
     from graphwire.run.training import check_trainable
+
+    if task == "link":
+        if graph.x is None:
+            raise ValueError(f"dataset {dataset}: --task link needs node features (x)")
+        check_splittable(graph)  # a run that cannot hold out edges writes nothing
+        return
 
     lacks = [
         what

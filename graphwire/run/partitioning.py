@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphwire.graph.graph import Graph
+from graphwire.graph.links import HeldOut
 from graphwire.partition import PartitionStats, get_partitioner, write_partitioned
 from graphwire.partition.base import Partition
 from graphwire.partition.locality import RefineResult
@@ -46,10 +47,12 @@ def write_parts(
     *,
     node_order: str = DEFAULT_NODE_ORDER,
     params: dict[str, Any] | None = None,
+    held_out: tuple[HeldOut, HeldOut] | None = None,
 ) -> None:
     """Partition ``graph``, print the statistics, write the parts to ``folder``
     (replacing an earlier partitioning there), numbered as ``node_order``
-    says; ``params``: the partitioner's (none: its defaults)."""
+    says; ``params``: the partitioner's (none: its defaults); ``held_out``:
+    link prediction's pairs, written beside the parts."""
     partition, stats, _ = partition_graph(graph, method, parts, seed, quiet, params)
     with step(f"writing {folder}", quiet):
         write_partitioned(
@@ -59,6 +62,7 @@ def write_parts(
             overwrite=True,
             stats=stats,
             node_order=node_order,
+            held_out=held_out,
         )
 
 

@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from graphwire.graph.links import split_links
 from graphwire.partition.format import is_partitioned_folder, load_partition_meta
 from graphwire.run.checkpoint import CheckpointConfig, saved_schedule
 from graphwire.run.console import check_trainable_dataset, load_with_status
@@ -40,6 +41,11 @@ def partitioned_folder(spec: RunSpec, out: Path, leader: bool, resuming: bool) -
                 f"already (by {meta['method']}); leave --partition out, or give "
                 "the graph it was split from"
             )
+        if spec.train.task == "link" and meta.get("task") != "link":
+            raise ValueError(
+                f"--task link: --dataset {given} is split without held-out "
+                "edges; give the graph it was split from"
+            )
         if node_order and node_order != meta["node_order"]:
             raise ValueError(
                 f"--node-order {node_order}: --dataset {given} is split "
@@ -59,7 +65,11 @@ def partitioned_folder(spec: RunSpec, out: Path, leader: bool, resuming: bool) -
         return folder  # rank 0 writes it; run_rank waits at the rendezvous
     quiet = spec.output.quiet
     graph = load_with_status(dataset, quiet, spec.data.verify)
-    check_trainable_dataset(graph, dataset)
+    check_trainable_dataset(graph, dataset, spec.train.task)
+    held_out = None
+    if spec.train.task == "link":  # the parts hold the training edges only
+        split = split_links(graph, seed=spec.train.seed)
+        graph, held_out = split.graph, (split.val, split.test)
     if world > graph.num_nodes:
         raise ValueError(
             f"{world} workers (--workers, or torchrun's world): more than the "
@@ -79,6 +89,7 @@ def partitioned_folder(spec: RunSpec, out: Path, leader: bool, resuming: bool) -
         quiet,
         node_order=node_order or DEFAULT_NODE_ORDER,
         params=params,
+        held_out=held_out,
     )
     return folder
 

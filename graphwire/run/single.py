@@ -28,7 +28,7 @@ from graphwire.run.outputs import claim_run_folder
 from graphwire.run.partitioning import check_parts_fit, partition_and_report
 from graphwire.run.records import MetricsLog, format_summary, peak_rss_mb
 from graphwire.run.spec import DEFAULT_NODE_ORDER, RunSpec
-from graphwire.run.summary import first_and_rest
+from graphwire.run.summary import first_and_rest, link_summary, with_task
 from graphwire.run.tables import print_time_split
 from graphwire.run.training import EpochRecord, TrainResult, format_acc
 
@@ -49,7 +49,7 @@ def run_one_process(spec: RunSpec, mode: Mode, out: Path) -> int:
 
         torch.set_num_threads(spec.launch.threads)
     graph = load_with_status(dataset, quiet, spec.data.verify)
-    check_trainable_dataset(graph, dataset)
+    check_trainable_dataset(graph, dataset, spec.train.task)
     method = spec.partition.method
     parts = spec.partition.parts or _REPORTED_PARTS
     if method:
@@ -74,6 +74,10 @@ def run_one_process(spec: RunSpec, mode: Mode, out: Path) -> int:
         result = _train(graph, spec, mode, log, node_order)
         print_time_split(result)
         summary = _summary(result, partition)
+        records = [r.as_dict() for r in result.records]
+        summary = with_task(
+            summary, spec.train.task, link_summary(records, result.best_epoch)
+        )
         log.write("summary", **summary)
     console.print(f"metrics: {Path(out) / 'metrics.jsonl'}")
     print(format_summary(summary), flush=True)
@@ -97,6 +101,7 @@ def _train(
     graph: Graph, spec: RunSpec, mode: Mode, log: MetricsLog, node_order: str
 ) -> TrainResult:
     config = spec.train
+    val = "val auc" if config.task == "link" else "val"
     with epoch_progress(config.epochs, spec.output.quiet) as progress:
         task = progress.add_task(
             f"{spec.mode} {config.model}", total=config.epochs, status=""
@@ -107,7 +112,7 @@ def _train(
             progress.update(
                 task,
                 completed=record.epoch + 1,
-                status=f"loss {record.loss:.3f} val {format_acc(record.val_acc)}",
+                status=f"loss {record.loss:.3f} {val} {format_acc(record.val_acc)}",
             )
 
         result = mode.train(graph, config, on_epoch, node_order)

@@ -189,22 +189,52 @@ def minibatch_summary(reports: list[RankReport]) -> dict[str, Any]:
     sent = sum(row[3] for r in reports for row in r.ledger["sent"])
     recv = sum(row[3] for r in reports for row in r.ledger["recv"])
     feature_bytes = sum(fetch_traffic(r.ledger)[0] for r in reports)
-    return {
-        "test_acc": lead.test_acc,
-        "val_acc": lead.val_acc,
-        "epochs": lead.epochs_run,
-        "best_epoch": lead.best_epoch,
-        "workers": len(reports),
-        "epoch_s_median": first_and_rest(train_s)[1],
-        "first_epoch_s": first_and_rest(train_s)[0],
-        "seeds_per_s": first_and_rest(per_epoch)[1],
-        "remote_rows": remote_rows,
-        "remote_bytes": feature_bytes,
-        "cache_hit_rate": hits / (hits + missed) if hits + missed else 0.0,
-        "presample_s": max(r.counters.get("presample_s", 0.0) for r in reports),
-        "n_hot": max(r.counters.get("n_hot", 0) for r in reports),
-        "cache_mib": max(r.counters.get("cache_bytes", 0) for r in reports) / 2**20,
-        "bytes_sent": sent,
-        "bytes_recv": recv,
-        **({"resumed_at": lead.first_epoch} if lead.first_epoch else {}),
-    }
+    task = "link" if any("link" in r["extra"] for r in lead.records) else "node"
+    link = link_summary(lead.records, lead.best_epoch)
+    return with_task(
+        link=link,
+        task=task,
+        summary={
+            "test_acc": lead.test_acc,
+            "val_acc": lead.val_acc,
+            "epochs": lead.epochs_run,
+            "best_epoch": lead.best_epoch,
+            "workers": len(reports),
+            "epoch_s_median": first_and_rest(train_s)[1],
+            "first_epoch_s": first_and_rest(train_s)[0],
+            "seeds_per_s": first_and_rest(per_epoch)[1],
+            "remote_rows": remote_rows,
+            "remote_bytes": feature_bytes,
+            "cache_hit_rate": hits / (hits + missed) if hits + missed else 0.0,
+            "presample_s": max(r.counters.get("presample_s", 0.0) for r in reports),
+            "n_hot": max(r.counters.get("n_hot", 0) for r in reports),
+            "cache_mib": max(r.counters.get("cache_bytes", 0) for r in reports) / 2**20,
+            "bytes_sent": sent,
+            "bytes_recv": recv,
+            **({"resumed_at": lead.first_epoch} if lead.first_epoch else {}),
+        },
+    )
+
+
+LINK_SUMMARY = ("auc", "mrr", "hits@1", "hits@10")
+
+
+def link_summary(records: list[dict[str, Any]], best_epoch: int) -> dict[str, Any]:
+    """A link-prediction run's headline: the held-out metrics of its best
+    epoch (``records``: as :meth:`EpochRecord.as_dict`, ``extra["link"]``
+    holding them), test ones first, then the validation AUC."""
+    best = next((r for r in records if r["epoch"] == best_epoch), None)
+    link = {} if best is None else best["extra"].get("link", {})
+    out = {f"test_{m}": link.get(f"test_{m}") for m in LINK_SUMMARY}
+    return out | {"val_auc": link.get("val_auc")}
+
+
+def with_task(
+    summary: dict[str, Any], task: str, link: dict[str, Any]
+) -> dict[str, Any]:
+    """``summary`` as ``task`` reports it: link prediction's ``link``
+    metrics in place of the accuracies."""
+    if task != "link":
+        return summary
+    rest = {k: v for k, v in summary.items() if k not in ("test_acc", "val_acc")}
+    return link | rest
