@@ -3,6 +3,7 @@
 python benchmarks/bench_bytegnn.py [--nodes 200000] [--epochs 4]
                                    [--schedules serial,fifo,bytegnn]
                                    [--partitions metis,blocks] [--threads 2]
+                                   [--tasks node,link]
                                    [--rate-mbit 1000] [--no-shaped] [--quick]
                                    [--json PATH]
 
@@ -22,11 +23,14 @@ degree 20), split into 2 parts by each of ``--partitions``:
    workers' CPU utilisation (CPU seconds over wall seconds, both ranks'
    mean, of 100% a core), and the schedule's mean queue of batches waiting
    and DAGs in flight. Ratios against ``serial`` on the same parts and link.
+   Each of ``--tasks``: ``node`` (supervised, the parts of part 1) and
+   ``link`` (unsupervised: ``--task link``, one positive and one negative
+   per seed, three branches per batch; its parts are of the graph without
+   its held-out edges, split by the same method).
 
 ByteGNN's figures (seed ``002``, Fig. 17) are on 4 machines of 48 cores over
 25 Gbit/s against GraphLearn, Euler and DistDGL; this is 2 cores: the shape
 (bytegnn >= 1.2x serial, with higher CPU use) is compared, not the figures.
-Unsupervised training (the paper's largest gains) is not in graphwire yet.
 """
 
 from __future__ import annotations
@@ -53,16 +57,23 @@ from shaped_bench import (  # noqa: E402
     write_figures,
 )
 
+from graphwire.graph.links import split_links  # noqa: E402
 from graphwire.graph.native import load_graph  # noqa: E402
-from graphwire.partition import PartitionStats, load_partition_meta  # noqa: E402
+from graphwire.partition import (  # noqa: E402
+    PartitionStats,
+    load_partition_meta,
+    write_partitioned,
+)
 from graphwire.partition.base import Partition  # noqa: E402
 from graphwire.partition.blocks import (  # noqa: E402
     remote_khop_accesses,
     undirected_cut,
 )
+from graphwire.run.partitioning import partition_graph  # noqa: E402
 from graphwire.testing.netns import ShapedNetwork, netns_available  # noqa: E402
 
 SCHEDULES = ("serial", "fifo", "bytegnn")
+TASKS = ("node", "link")
 PARTITIONS = ("metis", "blocks")
 PAPER = (
     "paper (Fig. 17, 4 machines x 48 cores, 25 Gbit/s): ByteGNN 2.1-3.5x "
@@ -117,7 +128,27 @@ def _assignment(folder: Path, num_nodes: int) -> Any:
     return assignment
 
 
-def _argv(args: argparse.Namespace, parts: Path, schedule: str) -> list[str]:
+def _link_parts(work: Path, method: str) -> Path:
+    """The graph without its held-out edges, split by ``method`` into 2
+    parts, the held-out pairs beside them (as a ``--task link`` run writes
+    its own)."""
+    graph = load_graph(work / "graph")
+    split = split_links(graph, seed=0)
+    params = {"hops": 2, "compare": False} if method == "blocks" else None
+    partition, stats, _ = partition_graph(split.graph, method, 2, 0, True, params)
+    folder = work / f"parts-link-{method}"
+    write_partitioned(
+        split.graph,
+        partition,
+        folder,
+        stats=stats,
+        node_order="rcm",
+        held_out=(split.val, split.test),
+    )
+    return folder
+
+
+def _argv(args: argparse.Namespace, parts: Path, schedule: str, task: str) -> list[str]:
     argv = [
         "--dataset", str(parts), "--mode", "minibatch", "--model", "sage",
         "--fanouts", "10,25", "--batch-size", str(args.batch_size),
@@ -127,6 +158,8 @@ def _argv(args: argparse.Namespace, parts: Path, schedule: str) -> list[str]:
     ]  # fmt: skip
     if schedule != "serial":
         argv += ["--sampler-threads", str(args.threads)]
+    if task == "link":
+        argv += ["--task", "link"]
     return argv
 
 
@@ -164,16 +197,18 @@ def _schedules(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             if net is not None:
                 net.__enter__()
                 shaper_check(net, args.rate_mbit)
-            for method in args.partitions:
+            for task, method in _cases(args):
                 parts = work / f"parts-{method}"
+                if task == "link":
+                    parts = work / f"parts-link-{method}"
                 for schedule in order:
-                    name = f"{link} {method} {schedule}"
+                    name = f"{link} {task} {method} {schedule}"
                     out = (
                         work
                         / "runs"
                         / f"{name.replace(' ', '-')}-{len(results.get(name, []))}"
                     )
-                    argv = _argv(args, parts, schedule)
+                    argv = _argv(args, parts, schedule, task)
                     began = time.perf_counter()
                     if net is None:
                         summary = _unshaped(argv, out, args.run_timeout)
@@ -194,22 +229,26 @@ def _schedules(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return _report(args, links, results)
 
 
+def _cases(args: argparse.Namespace) -> list[tuple[str, str]]:
+    return [(task, method) for task in args.tasks for method in args.partitions]
+
+
 def _report(
     args: argparse.Namespace, links: list[str], results: dict[str, list[dict]]
 ) -> dict[str, Any]:
     ratios: dict[str, Any] = {}
     print(
-        f"\n{'run':28s} {'seeds/s':>8s} {'x serial':>8s} {'CPU %':>6s} "
+        f"\n{'run':33s} {'seeds/s':>8s} {'x serial':>8s} {'CPU %':>6s} "
         f"{'queue':>6s} {'flight':>6s}"
     )
     for link in links:
-        for method in args.partitions:
-            base = results.get(f"{link} {method} serial")
+        for task, method in _cases(args):
+            base = results.get(f"{link} {task} {method} serial")
             base_rate = (
                 statistics.median(r["seeds_per_s"] for r in base) if base else None
             )
             for schedule in args.schedules:
-                name = f"{link} {method} {schedule}"
+                name = f"{link} {task} {method} {schedule}"
                 runs = results.get(name)
                 if not runs:
                     continue
@@ -217,7 +256,7 @@ def _report(
                 ratio = med["seeds_per_s"] / base_rate if base_rate else None
                 ratios[name] = {**med, "over_serial": ratio}
                 print(
-                    f"{name:28s} {med['seeds_per_s']:8.0f} "
+                    f"{name:33s} {med['seeds_per_s']:8.0f} "
                     f"{'-' if ratio is None else f'{ratio:.2f}x':>8s} "
                     f"{med['cpu_util']:6.0f} {med['queue']:6.2f} {med['inflight']:6.2f}"
                 )
@@ -244,6 +283,14 @@ def _bench(args: argparse.Namespace, work: Path, started: float) -> int:
             3600,
         )
         print(f"{method}: 2 parts in {time.perf_counter() - began:.0f}s", flush=True)
+        if "link" in args.tasks:
+            began = time.perf_counter()
+            _link_parts(work, method)
+            print(
+                f"{method}: 2 parts of the graph without its held-out edges in "
+                f"{time.perf_counter() - began:.0f}s",
+                flush=True,
+            )
     payload: dict[str, Any] = {"args": vars(args)}
     payload["parts"] = _parts_report(args, work)
     try:
@@ -264,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     parser.add_argument("--partitions", default=",".join(PARTITIONS))
+    parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rate-mbit", type=float, default=1000.0)
     parser.add_argument("--no-shaped", action="store_true")
@@ -276,7 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         args.nodes, args.epochs = 20_000, 2
     args.schedules = comma_list(parser, "--schedules", args.schedules, str)
     args.partitions = comma_list(parser, "--partitions", args.partitions, str)
-    for name, known in (("schedules", SCHEDULES), ("partitions", PARTITIONS)):
+    args.tasks = comma_list(parser, "--tasks", args.tasks, str)
+    for name, known in (
+        ("schedules", SCHEDULES),
+        ("partitions", PARTITIONS),
+        ("tasks", TASKS),
+    ):
         unknown = [v for v in getattr(args, name) if v not in known]
         if unknown:
             parser.error(f"--{name}: unknown {unknown}; known: {list(known)}")

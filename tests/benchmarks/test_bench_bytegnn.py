@@ -13,8 +13,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_bytegnn  # noqa: E402
 
+from graphwire.graph.native import save_graph  # noqa: E402
 from graphwire.graph.synthetic import ProductsConfig, products_graph  # noqa: E402
-from graphwire.partition import get_partitioner, write_partitioned  # noqa: E402
+from graphwire.partition import (  # noqa: E402
+    get_partitioner,
+    load_partition_meta,
+    write_partitioned,
+)
 
 
 def _run(rate: float, cpu: float) -> dict[str, float]:
@@ -23,18 +28,32 @@ def _run(rate: float, cpu: float) -> dict[str, float]:
 
 def test_the_report_compares_each_schedule_with_serial(capsys) -> None:
     args = argparse.Namespace(
-        partitions=["metis", "blocks"], schedules=["serial", "bytegnn"]
+        partitions=["metis", "blocks"],
+        schedules=["serial", "bytegnn"],
+        tasks=["node", "link"],
     )
     results = {
-        "unshaped metis serial": [_run(100, 40), _run(120, 42)],
-        "unshaped metis bytegnn": [_run(150, 70), _run(120, 60)],
-        "unshaped blocks serial": [_run(90, 40)],
+        "unshaped node metis serial": [_run(100, 40), _run(120, 42)],
+        "unshaped node metis bytegnn": [_run(150, 70), _run(120, 60)],
+        "unshaped node blocks serial": [_run(90, 40)],
+        "unshaped link metis serial": [_run(50, 40)],
+        "unshaped link metis bytegnn": [_run(100, 80)],
     }
     ratios = bench_bytegnn._report(args, ["unshaped"], results)
-    assert ratios["unshaped metis bytegnn"]["over_serial"] == pytest.approx(135 / 110)
-    assert ratios["unshaped metis bytegnn"]["cpu_util"] == pytest.approx(65)
-    assert "unshaped blocks bytegnn" not in ratios  # not run
+    bytegnn = ratios["unshaped node metis bytegnn"]
+    assert bytegnn["over_serial"] == pytest.approx(135 / 110)
+    assert bytegnn["cpu_util"] == pytest.approx(65)
+    assert ratios["unshaped link metis bytegnn"]["over_serial"] == pytest.approx(2)
+    assert "unshaped node blocks bytegnn" not in ratios  # not run
     assert "1.23x" in capsys.readouterr().out
+
+
+def test_link_parts_hold_the_training_edges_and_the_pairs(tmp_path) -> None:
+    graph = products_graph(ProductsConfig(nodes=300, degree=6, features=2, classes=3))
+    save_graph(graph, tmp_path / "graph")
+    folder = bench_bytegnn._link_parts(tmp_path, "metis")
+    assert (folder / "held_out.npz").exists()
+    assert load_partition_meta(folder)["task"] == "link"
 
 
 def test_a_partitioned_folder_gives_back_its_assignment(tmp_path) -> None:
