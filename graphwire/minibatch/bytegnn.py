@@ -126,9 +126,12 @@ class ScheduledOnDemand(OnDemand):
         return {"schedule": self.runner.window()}
 
     def counters(self) -> dict[str, Any]:
-        if self.runner is None:
-            return super().counters()
-        return {"schedule": dict(self.runner.counters)}
+        out = super().counters() if self.runner is None else {}
+        if self.runner is not None:
+            out["schedule"] = dict(self.runner.counters)
+        if self.pairs is not None:
+            out["pairs"] = {k: dict(v) for k, v in self.pairs.counters.items()}
+        return out
 
     def finish(self) -> None:
         super().finish()  # the loader and the runner stop first

@@ -263,6 +263,16 @@ def _traffic_table(reports: list[RankReport]) -> None:
                 recv["sample.hop"] / 2**20,
             )
         )
+        for tag, drawn in report.counters.get("pairs", {}).items():  # --task link
+            rows.append(
+                (
+                    report.rank,
+                    f"pair.{tag}",
+                    drawn["remote_rows"],
+                    drawn["requests"],
+                    recv[f"pair.{tag}"] / 2**20,
+                )
+            )
     print_table(
         "remote traffic per rank (rows and requests this rank asked for; "
         f"{ledger_span(reports[0])[1]})",

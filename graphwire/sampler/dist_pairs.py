@@ -11,6 +11,7 @@ ID per node, or ``k``, back). The draws are hashed
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ from graphwire.sampler.links import SamplingFunctions
 
 __all__ = ["DistPairSampler"]
 
+_TAGS = ("pos", "neg")
+
 
 class DistPairSampler:
     """Draws positives and negatives of any seeds; every rank makes one.
@@ -31,6 +34,10 @@ class DistPairSampler:
         book: the partition book.
         transport: the run's transport (opens the service: collective).
         functions: the positive and negative functions, and ``k``.
+
+    Attributes:
+        counters: per tag (``pos``, ``neg``), ``remote_rows`` (seeds drawn
+            by their owners elsewhere) and ``requests`` (messages to them).
     """
 
     def __init__(
@@ -45,6 +52,8 @@ class DistPairSampler:
         self.csr, self.book, self.functions = csr, book, functions
         self.rank = transport.rank
         self.num_nodes = book.num_nodes
+        self.counters = {tag: {"remote_rows": 0, "requests": 0} for tag in _TAGS}
+        self._counting = threading.Lock()  # the pool's threads draw at once
         handlers: dict[str, Any] = {"pos": self._answer_pos, "neg": self._answer_neg}
         self.service = transport.open_service(service, handlers)
 
@@ -66,6 +75,7 @@ class DistPairSampler:
         if peer == self.rank:
             return self.functions.positive(self.csr, nid[where], seed)
         request = [nid[where], torch.tensor([seed])]
+        self._count("pos", {peer: where})
         return self.service.call({peer: request}, "pos")[peer][0]
 
     def negative_group(
@@ -76,6 +86,7 @@ class DistPairSampler:
         if peer == self.rank:
             return self._negatives(nid[where], seed)
         request = [nid[where], torch.tensor([seed])]
+        self._count("neg", {peer: where})
         return self.service.call({peer: request}, "neg")[peer][0]
 
     # --------------------------------------------------------- all at once
@@ -103,12 +114,20 @@ class DistPairSampler:
             else:
                 requests[peer] = where
         if requests:
+            self._count(tag, requests)
             answers = self.service.call(
                 {p: [nid[w], torch.tensor([seed])] for p, w in requests.items()}, tag
             )
             for peer, where in requests.items():
                 out[where] = answers[peer][0]
         return out
+
+    def _count(self, tag: str, requests: dict[int, torch.Tensor]) -> None:
+        with self._counting:
+            self.counters[tag]["requests"] += len(requests)
+            self.counters[tag]["remote_rows"] += sum(
+                w.numel() for w in requests.values()
+            )
 
     def close(self) -> None:
         """Collective: stop serving (after every rank's last draw)."""

@@ -112,6 +112,8 @@ def _draw(transport: Transport, folder: str, nid: list[int]) -> dict[str, Any]:
     for peer, where in pairs.owners(ids):
         pos[where] = pairs.positive_group(ids, where, peer, 21)
     out["by_owner"] = pos
+    out["remote"] = int((part.book.owner(ids) != transport.rank).sum())
+    out["counters"] = pairs.counters
     transport.barrier()
     pairs.close()
     out["tags"] = {row[2] for row in transport.ledger.snapshot()["sent"]}
@@ -141,6 +143,10 @@ def test_owners_draw_what_one_process_draws(
         want = negative_draws(whole, ids, 4, 22, graph.num_nodes)
         assert torch.equal(result["neg"], want)
         assert {"pair.pos", "pair.neg"} <= result["tags"]
+        # the positives twice (all at once, then by owner), the negatives once
+        assert result["counters"]["pos"]["remote_rows"] == 2 * result["remote"]
+        assert result["counters"]["neg"]["remote_rows"] == result["remote"]
+        assert result["counters"]["neg"]["requests"] == world - 1
 
 
 def _offsets(indptrs: list[torch.Tensor]) -> list[torch.Tensor]:
