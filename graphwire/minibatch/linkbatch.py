@@ -106,7 +106,7 @@ class LinkMaker:
         :data:`~graphwire.feature.fetcher.Made`)."""
         began = time.perf_counter()
         pos_seed, neg_seed = pair_seeds(batch.seed)
-        seeds = self.seeds(batch)
+        seeds = self.seeds(batch).contiguous()
         positives = self.positives(seeds, pos_seed)
         negatives = self.negatives(seeds, neg_seed)
         roots, pairs = link_branches(seeds, positives, negatives)

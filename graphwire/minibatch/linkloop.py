@@ -35,7 +35,6 @@ from graphwire.nn.models import GNN
 from graphwire.partition.local import LocalPart
 from graphwire.run.collective import InferenceFactory, seeded
 from graphwire.run.config import TrainConfig
-from graphwire.run.training import check_split_sizes
 from graphwire.sampler.base import SampledBatch
 from graphwire.sampler.dist_pairs import DistPairSampler
 from graphwire.sampler.links import SamplingFunctions, link_seed_nodes
@@ -92,8 +91,10 @@ class LinkLoop(RankLoop):
                 f"part {self.part.part_id}: link prediction needs features"
             )
         val, test = self.held_out
-        sizes = {"train": 1, "val": val.num_pairs, "test": test.num_pairs}
-        check_split_sizes(sizes, "--task link: held-out pairs")
+        sizes = {"val": val.num_pairs, "test": test.num_pairs}
+        empty = [name for name, size in sizes.items() if not size]
+        if empty:  # nothing to pick the best epoch by, or to report
+            raise ValueError(f"--task link: no held-out {' or '.join(empty)} pairs")
         return sizes
 
     def seed_nodes(self) -> torch.Tensor:

@@ -190,7 +190,6 @@ def held_out_metrics(
             for metric, value in link_metrics(pos, neg_logits).items():
                 out[f"{name}_{metric}"] = value
     out["val_acc"], out["test_acc"] = out["val_auc"], out["test_auc"]
-    out["val_loss"] = out["val_loss"]
     return out
 
 

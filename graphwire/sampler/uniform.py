@@ -327,7 +327,7 @@ def check_seeds(seeds: torch.Tensor, num_nodes: int) -> torch.Tensor:
     seeds = node_ids(seeds, "seeds", num_nodes)
     if torch.unique(seeds).numel() != seeds.numel():
         raise GraphError("seeds: expected distinct node IDs, found a repeat")
-    return seeds
+    return seeds.contiguous()  # a seed function may hand over a view
 
 
 def slot_table(num_nodes: int, num_edges: int) -> torch.Tensor:

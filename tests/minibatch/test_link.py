@@ -7,6 +7,8 @@
 - serial, fifo and bytegnn make bitwise the same link batches (seeds,
   positives and negatives, their blocks and rows) and end with the same
   parameters, at 2 and 4 workers;
+- a user's seed and hop functions drive the batches of serial and bytegnn
+  alike;
 - fetchers that make node batches, and missing held-out pairs, are refused.
 """
 
@@ -36,6 +38,8 @@ from graphwire.partition import (
 )
 from graphwire.run.config import TrainConfig
 from graphwire.sampler.base import Batch
+from graphwire.sampler.dist import OwnedCSR
+from graphwire.sampler.links import SamplingFunctions, uniform_hop
 
 CONFIG = TrainConfig(
     model="sage", task="link", hidden=8, epochs=2, batch_size=40, fanouts=[3, 4]
@@ -140,6 +144,60 @@ def test_every_schedule_makes_the_same_link_batches(
         assert sorted(seen[schedule]) == sorted(seen["serial"]), schedule
         for name, tensor in states["serial"].items():
             assert torch.equal(tensor, states[schedule][name]), (schedule, name)
+
+
+def _every_other_seed(batch: Batch) -> torch.Tensor:
+    return batch.seeds[::2]
+
+
+def _one_neighbour(csr: OwnedCSR, nid: torch.Tensor, fanout: int, seed: int) -> Any:
+    del fanout
+    return uniform_hop(csr, nid, 1, seed)
+
+
+def _train_with(t: Any, folder: str, held_out: Any, fetch: Any, seen: list) -> Any:
+    functions = SamplingFunctions(
+        seed=_every_other_seed, hop=_one_neighbour, k=2
+    )  # fmt: skip
+    part = load_part(folder, t.rank)
+    get = ScheduledOnDemand.get
+
+    def recording(self: ScheduledOnDemand, batch: Batch, stats: dict) -> Any:
+        fetched = get(self, batch, stats)
+        sampled, _, pairs = fetched
+        # the hop function's one in-edge per node; seed's half the batch,
+        # each with one positive and two negatives
+        assert all(int(b.in_degrees().max()) <= 1 for b in sampled.blocks)
+        assert pairs.shape[1] <= 3 * ((batch.seeds.numel() + 1) // 2)
+        seen.append((t.rank, batch.epoch, batch.index, _digest(fetched)))
+        return fetched
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ScheduledOnDemand, "get", recording)
+        run = train_minibatch_distributed(
+            part, t, CONFIG, fetch, inference=ExactInference,
+            held_out=held_out, functions=functions,
+        )  # fmt: skip
+    return run.result.state_dict
+
+
+def test_a_users_functions_make_every_schedules_batches(
+    split: LinkSplit, tmp_path: Path
+) -> None:
+    folder, held_out = _folder(split, 2, tmp_path)
+    seen: dict[str, list] = {"serial": [], "bytegnn": []}
+    states = {}
+    for schedule, fetch in (
+        ("serial", OnDemandConfig()),
+        ("bytegnn", OnDemandConfig(schedule="bytegnn", sampler_threads=3)),
+    ):
+        states[schedule] = run_local(
+            lambda t, f=fetch, s=schedule: _train_with(t, folder, held_out, f, seen[s]),
+            2,
+        )[0]
+    assert seen["serial"] and sorted(seen["serial"]) == sorted(seen["bytegnn"])
+    for name, tensor in states["serial"].items():
+        assert torch.equal(tensor, states["bytegnn"][name]), name
 
 
 def test_node_batch_fetchers_and_missing_pairs_are_refused(
