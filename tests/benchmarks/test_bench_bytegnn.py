@@ -13,7 +13,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_bytegnn  # noqa: E402
 
-from graphwire.graph.native import save_graph  # noqa: E402
 from graphwire.graph.synthetic import ProductsConfig, products_graph  # noqa: E402
 from graphwire.partition import (  # noqa: E402
     get_partitioner,
@@ -50,8 +49,7 @@ def test_the_report_compares_each_schedule_with_serial(capsys) -> None:
 
 def test_link_parts_hold_the_training_edges_and_the_pairs(tmp_path) -> None:
     graph = products_graph(ProductsConfig(nodes=300, degree=6, features=2, classes=3))
-    save_graph(graph, tmp_path / "graph")
-    folder = bench_bytegnn._link_parts(tmp_path, "metis")
+    folder = bench_bytegnn._link_parts(tmp_path, "metis", graph)
     assert (folder / "held_out.npz").exists()
     assert load_partition_meta(folder)["task"] == "link"
 
