@@ -4,7 +4,8 @@ python benchmarks/bench_bytegnn.py [--nodes 200000] [--epochs 4]
                                    [--schedules serial,fifo,bytegnn]
                                    [--partitions metis,blocks] [--threads 2]
                                    [--tasks node,link] [--link-nodes 40000]
-                                   [--rate-mbit 1000] [--no-shaped] [--quick]
+                                   [--rate-mbit 1000] [--no-shaped]
+                                   [--only-shaped] [--prefetch 4] [--quick]
                                    [--json PATH]
 
 In one run, on the synthetic products-like graph (``--nodes``, F = 100,
@@ -157,7 +158,7 @@ def _argv(args: argparse.Namespace, parts: Path, schedule: str, task: str) -> li
         "--fanouts", "10,25", "--batch-size", str(args.batch_size),
         "--epochs", str(args.epochs), "--seed", "0", "--workers", "2",
         "--threads", "1", "--quiet", "--fetch", "on-demand",
-        "--schedule", schedule,
+        "--schedule", schedule, "--prefetch", str(args.prefetch),
     ]  # fmt: skip
     if schedule != "serial":
         argv += ["--sampler-threads", str(args.threads)]
@@ -193,7 +194,9 @@ def _schedules(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Part 2: seeds/s, CPU use and queues of each schedule (docstring)."""
     results: dict[str, list[dict[str, float]]] = {}
     order = list(args.schedules) + list(args.schedules)[::-1]
-    links = ["unshaped"] + ([] if args.no_shaped else ["shaped"])
+    links = ([] if args.only_shaped else ["unshaped"]) + (
+        [] if args.no_shaped else ["shaped"]
+    )
     for link in links:
         net = ShapedNetwork(rate_mbit=args.rate_mbit) if link == "shaped" else None
         try:
@@ -324,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rate-mbit", type=float, default=1000.0)
     parser.add_argument("--no-shaped", action="store_true")
+    parser.add_argument("--only-shaped", action="store_true")
+    parser.add_argument(
+        "--prefetch", type=int, default=4, help="batches alive at once (Q)"
+    )
     parser.add_argument("--run-timeout", type=float, default=1800.0)
     parser.add_argument("--quick", action="store_true", help="20000 nodes, 2 epochs")
     parser.add_argument("--keep", action="store_true")
@@ -344,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name}: unknown {unknown}; known: {list(known)}")
     if "serial" not in args.schedules:
         parser.error("--schedules: the ratios need serial")
-    for name in ("nodes", "epochs", "batch_size", "threads", "link_nodes"):
+    if args.no_shaped and args.only_shaped:
+        parser.error("--no-shaped and --only-shaped: nothing to run")
+    for name in ("nodes", "epochs", "batch_size", "threads", "link_nodes", "prefetch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}: expected >= 1")
     if args.epochs < 2:

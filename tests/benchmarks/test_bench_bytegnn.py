@@ -70,6 +70,9 @@ def test_a_partitioned_folder_gives_back_its_assignment(tmp_path) -> None:
         (["--partitions", "spectral"], "--partitions: unknown ['spectral']"),
         (["--epochs", "1", "--no-shaped"], "--epochs: expected >= 2"),
         (["--threads", "0", "--no-shaped"], "--threads: expected >= 1"),
+        (["--prefetch", "0", "--no-shaped"], "--prefetch: expected >= 1"),
+        (["--tasks", "edge", "--no-shaped"], "--tasks: unknown ['edge']"),
+        (["--no-shaped", "--only-shaped"], "nothing to run"),
     ],
 )
 def test_bad_flags_are_refused_before_any_work(argv, message, capsys) -> None:
