@@ -155,45 +155,44 @@ def _one_neighbour(csr: OwnedCSR, nid: torch.Tensor, fanout: int, seed: int) -> 
     return uniform_hop(csr, nid, 1, seed)
 
 
-def _train_with(t: Any, folder: str, held_out: Any, fetch: Any, seen: list) -> Any:
-    functions = SamplingFunctions(
-        seed=_every_other_seed, hop=_one_neighbour, k=2
-    )  # fmt: skip
+def _train_with(t: Any, folder: str, held_out: Any, fetch: Any) -> Any:
+    functions = SamplingFunctions(seed=_every_other_seed, hop=_one_neighbour, k=2)
     part = load_part(folder, t.rank)
+    run = train_minibatch_distributed(
+        part, t, CONFIG, fetch, inference=ExactInference,
+        held_out=held_out, functions=functions,
+    )  # fmt: skip
+    return run.result.state_dict
+
+
+def test_a_users_functions_make_every_schedules_batches(
+    split: LinkSplit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, held_out = _folder(split, 2, tmp_path)
+    seen: dict[str, list] = {"serial": [], "bytegnn": []}
     get = ScheduledOnDemand.get
 
     def recording(self: ScheduledOnDemand, batch: Batch, stats: dict) -> Any:
         fetched = get(self, batch, stats)
         sampled, _, pairs = fetched
-        # the hop function's one in-edge per node; seed's half the batch,
-        # each with one positive and two negatives
+        # the hop function's one in-edge per node; the seed function's half
+        # of the batch, each seed with one positive and two negatives
         assert all(int(b.in_degrees().max()) <= 1 for b in sampled.blocks)
         assert pairs.shape[1] <= 3 * ((batch.seeds.numel() + 1) // 2)
-        seen.append((t.rank, batch.epoch, batch.index, _digest(fetched)))
+        seen[self.config.schedule].append(
+            (self.store.rank, batch.epoch, batch.index, _digest(fetched))
+        )
         return fetched
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ScheduledOnDemand, "get", recording)
-        run = train_minibatch_distributed(
-            part, t, CONFIG, fetch, inference=ExactInference,
-            held_out=held_out, functions=functions,
-        )  # fmt: skip
-    return run.result.state_dict
-
-
-def test_a_users_functions_make_every_schedules_batches(
-    split: LinkSplit, tmp_path: Path
-) -> None:
-    folder, held_out = _folder(split, 2, tmp_path)
-    seen: dict[str, list] = {"serial": [], "bytegnn": []}
+    monkeypatch.setattr(ScheduledOnDemand, "get", recording)  # once, here:
+    # patching in each rank's thread would leave one rank's patch behind
     states = {}
     for schedule, fetch in (
         ("serial", OnDemandConfig()),
         ("bytegnn", OnDemandConfig(schedule="bytegnn", sampler_threads=3)),
     ):
         states[schedule] = run_local(
-            lambda t, f=fetch, s=schedule: _train_with(t, folder, held_out, f, seen[s]),
-            2,
+            lambda t, f=fetch: _train_with(t, folder, held_out, f), 2
         )[0]
     assert seen["serial"] and sorted(seen["serial"]) == sorted(seen["bytegnn"])
     for name, tensor in states["serial"].items():
