@@ -97,6 +97,11 @@ class LinkLoop(RankLoop):
             raise ValueError(f"--task link: no held-out {' or '.join(empty)} pairs")
         return sizes
 
+    def seeds_trained(self, sampled: SampledBatch, y: torch.Tensor) -> int:
+        """The seeds with a positive (a pair labelled 1 each)."""
+        del sampled
+        return int(y[2].sum())
+
     def seed_nodes(self) -> torch.Tensor:
         return link_seed_nodes(self.sampler.csr)
 

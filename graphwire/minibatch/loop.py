@@ -113,6 +113,11 @@ class RankLoop:
         assert self.part.train_local is not None  # (checked)
         return self.part.train_local.to(torch.int64) + self.part.global_range[0]
 
+    def seeds_trained(self, sampled: SampledBatch, y: torch.Tensor) -> int:
+        """The seeds a batch's loss covers (its output nodes)."""
+        del y
+        return sampled.seeds.numel()
+
     def pair_sampler(self) -> DistPairSampler | None:
         """The positive and negative sampler (collective; none: node
         batches)."""
@@ -146,7 +151,7 @@ class RankLoop:
         """One training step; returns the batch's loss."""
         sampled, x, y = self.fetcher.get(batch, stats)
         fetched = time.perf_counter()
-        stats["seeds"] += batch.seeds.numel()
+        stats["seeds"] += self.seeds_trained(sampled, y)
         stats["edges"] += sampled.num_sampled_edges
         loss = self.loss_of(sampled, x, y, batch.dropout_seed)
         forwarded = time.perf_counter()
