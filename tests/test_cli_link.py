@@ -29,7 +29,11 @@ def _summary(text: str) -> dict[str, str]:
 def test_one_process_and_two_workers_report_held_out_metrics(tmp_path, capsys) -> None:
     for name, extra in (
         ("one", []),
-        ("two", ["--workers", "2", "--schedule", "bytegnn", "--partition", "blocks"]),
+        (
+            "two",
+            ["--workers", "2", "--schedule", "bytegnn", "--partition", "blocks"]
+            + ["--val-edges", "0.1", "--test-edges", "0.2", "--eval-negatives", "7"],
+        ),
     ):
         out = tmp_path / name
         argv = ["train", "--dataset", TINY, *LINK, "--epochs", "2", *extra]
@@ -46,9 +50,12 @@ def test_one_process_and_two_workers_report_held_out_metrics(tmp_path, capsys) -
     meta = load_partition_meta(parts)
     assert meta["task"] == "link"
     with np.load(parts / "held_out.npz") as held:
-        held_out = held["val_src"].size + held["test_src"].size
-    # 5% + 10% of the undirected edges are not among the parts' edges
-    assert meta["num_edges"] + 2 * held_out == _edges(tmp_path)
+        val, test = held["val_src"].size, held["test_src"].size
+        assert held["test_neg"].shape == (test, 7)
+    # 10% + 20% of the undirected edges are not among the parts' edges
+    pairs = _edges(tmp_path) // 2  # the synthetic graph is symmetric
+    assert (val, test) == (int(0.1 * pairs), int(0.2 * pairs))
+    assert meta["num_edges"] + 2 * (val + test) == 2 * pairs
 
 
 def _edges(tmp_path) -> int:

@@ -303,6 +303,20 @@ def test_gat_flags_reach_the_model(tmp_path, monkeypatch, mode: str) -> None:
             + ["--fetch", "rapid"],
             "--task link: only with --fetch on-demand, not rapid",
         ),
+        (["--mode", "minibatch", "--val-edges", "0.1"], "--val-edges: only with --t"),
+        (
+            ["--mode", "minibatch", "--task", "link", "--test-edges", "1"],
+            "--test-edges: expected a share in (0, 1), got 1.0",
+        ),
+        (
+            ["--mode", "minibatch", "--task", "link", "--val-edges", "0.5"]
+            + ["--test-edges", "0.5"],
+            "--test-edges: with val_edges 0.5, leaves no edges to train on",
+        ),
+        (
+            ["--mode", "minibatch", "--task", "link", "--eval-negatives", "0"],
+            "--eval-negatives: expected an integer >= 1, got 0",
+        ),
     ],
     ids=repr,
 )

@@ -1,10 +1,12 @@
 """Single-process link prediction (``--task link``): unsupervised GraphSAGE/GAT.
 
-The graph's undirected edges are split (:func:`~graphwire.graph.links.split_links`:
-5% validation, 10% test, 50 negatives per held-out edge); the model trains
-on the rest. Each epoch shuffles the nodes that have a neighbour (as the
-distributed schedule does, :func:`~graphwire.minibatch.schedule.epoch_batches`
-with one worker) and, per batch of seeds:
+The graph's undirected edges are split
+(:func:`~graphwire.graph.links.split_links`: by default ``--val-edges``
+5%, ``--test-edges`` 10%, ``--eval-negatives`` 50 per held-out edge); the
+model trains on the rest. Each epoch shuffles the nodes that have a
+neighbour (as the distributed schedule does,
+:func:`~graphwire.minibatch.schedule.epoch_batches` with one worker) and,
+per batch of seeds:
 
     pairs    one positive and ``--negatives`` negatives per seed, hashed
     sample   the three branches' blocks (hashed, as the distributed sampler)
@@ -72,7 +74,8 @@ def train_link(
     on_epoch: Callable[[EpochRecord], None] | None = None,
 ) -> TrainResult:
     """Split ``graph``'s edges and train on the rest (module docstring)."""
-    return train_link_split(split_links(graph, seed=config.seed), config, on_epoch)
+    split = split_links(graph, **config.held_out())
+    return train_link_split(split, config, on_epoch)
 
 
 @keeps_callers_generator

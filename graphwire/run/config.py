@@ -117,6 +117,10 @@ class TrainConfig:
             the model's output is the node embedding, ``hidden`` wide).
         decoder: link: ``"dot"`` or ``"mlp"`` (:mod:`~graphwire.nn.link`).
         negatives: link: negatives drawn per seed.
+        val_edges, test_edges: link: the shares of the undirected edges
+            held out for validation and for testing.
+        eval_negatives: link: corrupted edges scored against each held-out
+            one.
 
     A config is checked when it is made and is frozen after: change a field
     with ``dataclasses.replace(config, epochs=50)``, which checks it again.
@@ -184,6 +188,15 @@ class TrainConfig:
         help="link: the edge decoder, dot (<h_u, h_v>) or mlp (MLP(h_u * h_v))",
     )
     negatives: int = option(1, only="link", help="link: negatives per seed")
+    val_edges: float = option(
+        0.05, only="link", help="link: share of the edges held out for validation"
+    )
+    test_edges: float = option(
+        0.10, only="link", help="link: share of the edges held out for testing"
+    )
+    eval_negatives: int = option(
+        50, only="link", help="link: negatives each held-out edge is ranked against"
+    )
 
     def __post_init__(self) -> None:
         if self.model not in LAYER_KINDS:
@@ -257,7 +270,7 @@ class TrainConfig:
             )
         _set(self, "fanouts", tuple(check_fanouts(self.fanouts)))
 
-    def _validate_task(self) -> None:
+    def _validate_task(self) -> None:  # noqa: C901 - one check per field
         if self.task not in TASKS:
             raise ValueError(f"task: expected one of {TASKS}, got {self.task!r}")
         if self.decoder not in DECODERS:
@@ -270,6 +283,30 @@ class TrainConfig:
                 f"{self.negatives!r}"
             )
         _set(self, "negatives", int(self.negatives))
+        for name in ("val_edges", "test_edges"):
+            value = getattr(self, name)
+            if not _is_real(value) or not 0 < value < 1:
+                raise ValueError(f"{name}: expected a share in (0, 1), got {value!r}")
+            _set(self, name, float(value))
+        if self.val_edges + self.test_edges >= 1:
+            raise ValueError(
+                f"test_edges: with val_edges {self.val_edges:g}, leaves no edges "
+                "to train on"
+            )
+        if not is_int(self.eval_negatives) or self.eval_negatives < 1:
+            raise ValueError(
+                f"eval_negatives: expected an integer >= 1, got {self.eval_negatives!r}"
+            )
+        _set(self, "eval_negatives", int(self.eval_negatives))
+
+    def held_out(self) -> dict[str, Any]:
+        """:func:`~graphwire.graph.links.split_links`' settings (link)."""
+        return {
+            "val": self.val_edges,
+            "test": self.test_edges,
+            "negatives": self.eval_negatives,
+            "seed": self.seed,
+        }
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as JSON values (``fanouts`` a list)."""
@@ -281,3 +318,7 @@ class TrainConfig:
         """Whether epoch ``epoch`` (0-based) ends with an evaluation: every
         ``eval_every``-th epoch, and the last."""
         return (epoch + 1) % self.eval_every == 0 or epoch + 1 == self.epochs
+
+
+def _is_real(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real)

@@ -20,6 +20,7 @@ from rich.table import Table
 from graphwire.graph.datasets import load_dataset, parse_spec
 from graphwire.graph.graph import Graph
 from graphwire.graph.links import check_splittable
+from graphwire.run.config import TrainConfig
 
 __all__ = [
     "check_trainable_dataset",
@@ -106,16 +107,19 @@ def graph_rows(graph: Graph) -> list[tuple[str, Any]]:
     return rows
 
 
-def check_trainable_dataset(graph: Graph, dataset: str, task: str = "node") -> None:
+def check_trainable_dataset(
+    graph: Graph, dataset: str, config: TrainConfig | None = None
+) -> None:
     """Refuse ``graph`` (from ``--dataset dataset``) before anything is
     written for the run unless it has features, labels and three non-empty
-    splits (``task`` link: features)."""
+    splits (``config``'s task link: features, and edges to hold out)."""
     from graphwire.run.training import check_trainable
 
-    if task == "link":
+    if config is not None and config.task == "link":
         if graph.x is None:
             raise ValueError(f"dataset {dataset}: --task link needs node features (x)")
-        check_splittable(graph)  # a run that cannot hold out edges writes nothing
+        # a run that cannot hold out edges writes nothing
+        check_splittable(graph, config.val_edges, config.test_edges)
         return
 
     lacks = [

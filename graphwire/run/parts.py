@@ -65,10 +65,10 @@ def partitioned_folder(spec: RunSpec, out: Path, leader: bool, resuming: bool) -
         return folder  # rank 0 writes it; run_rank waits at the rendezvous
     quiet = spec.output.quiet
     graph = load_with_status(dataset, quiet, spec.data.verify)
-    check_trainable_dataset(graph, dataset, spec.train.task)
+    check_trainable_dataset(graph, dataset, spec.train)
     held_out = None
     if spec.train.task == "link":  # the parts hold the training edges only
-        split = split_links(graph, seed=spec.train.seed)
+        split = split_links(graph, **spec.train.held_out())
         graph, held_out = split.graph, (split.val, split.test)
     if world > graph.num_nodes:
         raise ValueError(

@@ -49,7 +49,7 @@ def run_one_process(spec: RunSpec, mode: Mode, out: Path) -> int:
 
         torch.set_num_threads(spec.launch.threads)
     graph = load_with_status(dataset, quiet, spec.data.verify)
-    check_trainable_dataset(graph, dataset, spec.train.task)
+    check_trainable_dataset(graph, dataset, spec.train)
     method = spec.partition.method
     parts = spec.partition.parts or _REPORTED_PARTS
     if method:
