@@ -137,10 +137,13 @@ def split_links(
     )
 
 
-def check_splittable(graph: Graph, val: float = 0.05, test: float = 0.10) -> None:
-    """Raise :class:`LinkSplitError` where :func:`split_links` would for too
-    few edges (before a run writes anything)."""
-    _held_out_sizes(graph.name, _pair_keys(graph).numel(), val, test)
+def check_splittable(
+    graph: Graph, val: float = 0.05, test: float = 0.10
+) -> tuple[int, int]:
+    """The pairs :func:`split_links` would hold out, ``(val, test)``; raise
+    :class:`LinkSplitError` where it would for too few edges (before a run
+    writes anything)."""
+    return _held_out_sizes(graph.name, _pair_keys(graph).numel(), val, test)
 
 
 def _pair_keys(graph: Graph) -> torch.Tensor:

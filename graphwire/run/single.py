@@ -15,6 +15,7 @@ from typing import Any
 
 from graphwire.allocator import keep_freed_memory
 from graphwire.graph.graph import Graph
+from graphwire.graph.links import check_splittable
 from graphwire.run.console import (
     check_trainable_dataset,
     console,
@@ -54,7 +55,11 @@ def run_one_process(spec: RunSpec, mode: Mode, out: Path) -> int:
     parts = spec.partition.parts or _REPORTED_PARTS
     if method:
         check_parts_fit(graph, parts, dataset)
-    print_table("dataset", ["field", "value"], graph_rows(graph))
+    rows = graph_rows(graph)
+    if spec.train.task == "link":  # what the model never sees
+        val, test = check_splittable(graph, spec.train.val_edges, spec.train.test_edges)
+        rows.append(("held-out edges (val / test)", f"{val:,} / {test:,}"))
+    print_table("dataset", ["field", "value"], rows)
     minibatch = spec.mode == "minibatch"
     with MetricsLog(out) as log:
         log.write(
