@@ -26,7 +26,7 @@ def print_epoch(record: EpochRecord) -> None:
         f"({extra['remote_messages']} messages, "
         f"{extra['remote_bytes'] / 2**20:.2f} MiB)  hit rate {rate:.3f}  "
         f"cpu {res['cpu_s']:.2f}s  peak rss {res['peak_rss_mb']:.0f} MiB  "
-        f"energy {energy}{_dgs(extra)}",
+        f"energy {energy}{_schedule(extra)}{_dgs(extra)}",
         flush=True,
     )
 
@@ -39,6 +39,22 @@ def _metrics(record: EpochRecord) -> str:
     return (
         f"val auc {format_acc(record.val_acc)}  test auc "
         f"{format_acc(record.test_acc)} mrr {format_acc(link['test_mrr'])}"
+    )
+
+
+def _schedule(extra: dict) -> str:
+    """The task graphs' figures (``--schedule fifo|bytegnn``): sampling and
+    fetching on the pool's threads, the queue of batches waiting for the
+    trainer and the DAGs in flight (mean and largest), the CPU utilisation
+    the launcher saw."""
+    sched = extra.get("schedule")
+    if sched is None:
+        return ""
+    return (
+        f"  pool sample {extra['sample_busy_s']:.2f}s fetch "
+        f"{extra['fetch_busy_s']:.2f}s  queue {sched['queue_mean']:.2f} "
+        f"(max {sched['queue_max']})  in flight {sched['inflight_mean']:.2f} "
+        f"(max {sched['inflight_max']})  launcher cpu {sched['cpu_util']:.0f}%"
     )
 
 
