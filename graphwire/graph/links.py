@@ -32,6 +32,7 @@ __all__ = [
     "LinkSplit",
     "LinkSplitError",
     "check_splittable",
+    "contains_sorted",
     "load_held_out",
     "save_held_out",
     "split_links",
@@ -180,7 +181,7 @@ def _non_neighbours(
     out = torch.randint(n, (src.numel(), r), generator=generator)
     rows = src.unsqueeze(1).expand(-1, r)
     for _ in range(_DRAW_ROUNDS):
-        bad = (out == rows) | _is_edge(rows * n + out, edges)
+        bad = (out == rows) | contains_sorted(edges, rows * n + out)
         if not bool(bad.any()):
             return out
         out[bad] = torch.randint(n, (int(bad.sum()),), generator=generator)
@@ -201,11 +202,13 @@ def _non_neighbours(
     return out
 
 
-def _is_edge(key: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
-    at = torch.searchsorted(edges, key).clamp(max=max(edges.numel() - 1, 0))
-    return (
-        edges[at] == key if edges.numel() else torch.zeros_like(key, dtype=torch.bool)
-    )
+def contains_sorted(sorted_keys: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """bool, ``key``'s shape: whether each key is among ``sorted_keys``
+    (int64, ascending)."""
+    if not sorted_keys.numel():
+        return torch.zeros_like(key, dtype=torch.bool)
+    at = torch.searchsorted(sorted_keys, key).clamp(max=sorted_keys.numel() - 1)
+    return sorted_keys[at] == key
 
 
 def save_held_out(folder: str | os.PathLike[str], val: HeldOut, test: HeldOut) -> Path:

@@ -50,14 +50,12 @@ class ScheduledOnDemand(OnDemand):
         self.pairs: DistPairSampler | None = None
         self.links: LinkMaker | None = None
         self._pairs_open = True
-        self.graphs = TaskGraphSampler(self.sampler, self.store, self.functions)
         self._taken_at = 0.0
 
     def use_functions(
         self, functions: SamplingFunctions, pairs: DistPairSampler | None
     ) -> None:
         self.functions, self.pairs = functions, pairs
-        self.graphs = TaskGraphSampler(self.sampler, self.store, functions, pairs)
         if pairs is not None:
             self.links = LinkMaker(
                 seeds=functions.seed,
@@ -92,9 +90,10 @@ class ScheduledOnDemand(OnDemand):
         policy = LaunchPolicy(
             sigma=self.config.launch_sigma, fifo=self.config.schedule == "fifo"
         )
+        graphs = TaskGraphSampler(self.sampler, self.store, self.functions, self.pairs)
         self.runner = DagRunner(
             keys,
-            lambda key, dag, finish: self.graphs.make(
+            lambda key, dag, finish: graphs.make(
                 self._batch(key),  # type: ignore[arg-type]
                 dag,
                 finish,

@@ -33,7 +33,7 @@ from graphwire.minibatch.loop import RankLoop
 from graphwire.nn.link import LinkModel
 from graphwire.nn.models import GNN
 from graphwire.partition.local import LocalPart
-from graphwire.run.collective import InferenceFactory, seeded
+from graphwire.run.collective import InferenceFactory, seeded, summed_loss
 from graphwire.run.config import TrainConfig
 from graphwire.sampler.base import SampledBatch
 from graphwire.sampler.dist_pairs import DistPairSampler
@@ -127,10 +127,7 @@ class LinkLoop(RankLoop):
             val,
             test,
         )
-        summed = self.transport.all_reduce_sum(
-            torch.tensor([loss], dtype=torch.float64), "sync.metrics"
-        )
-        metrics["loss"] = float(summed[0])
+        metrics["loss"] = summed_loss(self.transport, loss)
         return metrics
 
     def _gather(

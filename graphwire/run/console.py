@@ -109,18 +109,18 @@ def graph_rows(graph: Graph) -> list[tuple[str, Any]]:
 
 def check_trainable_dataset(
     graph: Graph, dataset: str, config: TrainConfig | None = None
-) -> None:
+) -> tuple[int, int] | None:
     """Refuse ``graph`` (from ``--dataset dataset``) before anything is
     written for the run unless it has features, labels and three non-empty
-    splits (``config``'s task link: features, and edges to hold out)."""
+    splits (``config``'s task link: features, and edges to hold out, whose
+    ``(val, test)`` counts it returns)."""
     from graphwire.run.training import check_trainable
 
     if config is not None and config.task == "link":
         if graph.x is None:
             raise ValueError(f"dataset {dataset}: --task link needs node features (x)")
         # a run that cannot hold out edges writes nothing
-        check_splittable(graph, config.val_edges, config.test_edges)
-        return
+        return check_splittable(graph, config.val_edges, config.test_edges)
 
     lacks = [
         what
@@ -135,6 +135,7 @@ def check_trainable_dataset(
         why = _UNTRAINABLE.get(parse_spec(dataset)[0], _NEEDS)
         raise ValueError(f"dataset {dataset}: {why.format(lacks=', '.join(lacks))}")
     check_trainable(graph)
+    return None
 
 
 _NEEDS = "training needs features, labels and a split, and it has no {lacks}"

@@ -15,7 +15,6 @@ from typing import Any
 
 from graphwire.allocator import keep_freed_memory
 from graphwire.graph.graph import Graph
-from graphwire.graph.links import check_splittable
 from graphwire.run.console import (
     check_trainable_dataset,
     console,
@@ -50,15 +49,14 @@ def run_one_process(spec: RunSpec, mode: Mode, out: Path) -> int:
 
         torch.set_num_threads(spec.launch.threads)
     graph = load_with_status(dataset, quiet, spec.data.verify)
-    check_trainable_dataset(graph, dataset, spec.train)
+    held_out = check_trainable_dataset(graph, dataset, spec.train)
     method = spec.partition.method
     parts = spec.partition.parts or _REPORTED_PARTS
     if method:
         check_parts_fit(graph, parts, dataset)
     rows = graph_rows(graph)
-    if spec.train.task == "link":  # what the model never sees
-        val, test = check_splittable(graph, spec.train.val_edges, spec.train.test_edges)
-        rows.append(("held-out edges (val / test)", f"{val:,} / {test:,}"))
+    if held_out is not None:  # link prediction: what the model never sees
+        rows.append(("held-out edges (val / test)", "{:,} / {:,}".format(*held_out)))
     print_table("dataset", ["field", "value"], rows)
     minibatch = spec.mode == "minibatch"
     with MetricsLog(out) as log:

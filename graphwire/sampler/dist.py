@@ -49,7 +49,7 @@ from graphwire.sampler.uniform import (
     sampled_weights,
 )
 
-__all__ = ["DistNeighborSampler", "Group", "OwnedCSR", "stitch_groups"]
+__all__ = ["DistNeighborSampler", "Group", "OwnedCSR", "owner_groups", "stitch_groups"]
 
 
 Sampled = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -264,11 +264,7 @@ class DistNeighborSampler:
 
     def owners(self, dst_nid: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """``(owner, positions in dst_nid)`` of a frontier, owners ascending."""
-        owner = self.book.owner(dst_nid)
-        return [
-            (peer, (owner == peer).nonzero().view(-1))
-            for peer in owner.unique().tolist()
-        ]
+        return owner_groups(self.book, dst_nid)
 
     def sample_group(
         self,
@@ -353,6 +349,16 @@ class DistNeighborSampler:
 
 
 _KEPT_BIASES = 2  # a requester's biases kept besides its newest
+
+
+def owner_groups(
+    book: PartitionBook, nid: torch.Tensor
+) -> list[tuple[int, torch.Tensor]]:
+    """``(owner, positions in nid)`` of global IDs, owners ascending."""
+    owner = book.owner(nid)
+    return [
+        (peer, (owner == peer).nonzero().view(-1)) for peer in owner.unique().tolist()
+    ]
 
 
 def _hop_params(fanout: int, seed: int, extra: tuple[int, ...]) -> torch.Tensor:

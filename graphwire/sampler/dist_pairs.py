@@ -18,7 +18,7 @@ import torch
 
 from graphwire.comm.base import Transport
 from graphwire.partition.book import PartitionBook
-from graphwire.sampler.dist import OwnedCSR
+from graphwire.sampler.dist import OwnedCSR, owner_groups
 from graphwire.sampler.links import SamplingFunctions
 
 __all__ = ["DistPairSampler"]
@@ -63,8 +63,7 @@ class DistPairSampler:
 
     def owners(self, nid: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """``(owner, positions in nid)``, owners ascending."""
-        owner = self.book.owner(nid)
-        return [(p, (owner == p).nonzero().view(-1)) for p in owner.unique().tolist()]
+        return owner_groups(self.book, nid)
 
     # ----------------------------------------------------- one owner's share
     def positive_group(

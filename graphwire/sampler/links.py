@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphwire.graph.links import contains_sorted
 from graphwire.graph.seeds import derive_seed
 from graphwire.sampler.base import Batch, Block, SampledBatch
 from graphwire.sampler.dist import OwnedCSR
@@ -38,6 +39,7 @@ from graphwire.sampler.uniform import (
     check_seeds,
     hashed_draws,
     layer_seed,
+    sample_rows,
 )
 
 __all__ = [
@@ -55,27 +57,23 @@ __all__ = [
 _REJECTION_ROUNDS = 16  # draws of a negative before its row's complement is listed
 
 
-def _rows(csr: OwnedCSR, nid: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The in-edges of owned ``nid``: ``(row of each edge [E], source [E],
-    degree [n])``."""
+def _rows(csr: OwnedCSR, nid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The in-edges of owned ``nid``: ``(row of each edge [E], source [E])``."""
     rows = nid - csr.start
     if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= csr.num_owned):
         raise ValueError(
             f"pairs: nodes outside the owned range [{csr.start}, "
             f"{csr.start + csr.num_owned})"
         )
-    start = csr.indptr.index_select(0, rows)
-    deg = csr.indptr.index_select(0, rows + 1) - start
-    first = torch.cumsum(deg, 0) - deg
-    row_of = torch.repeat_interleave(torch.arange(rows.numel()), deg)
-    pos = torch.repeat_interleave(start - first, deg) + torch.arange(int(deg.sum()))
-    return row_of, csr.indices.index_select(0, pos), deg
+    indptr, pos = sample_rows(csr.indptr, rows, -1, 0)  # every in-edge
+    row_of = torch.repeat_interleave(torch.arange(rows.numel()), indptr.diff())
+    return row_of, csr.indices.index_select(0, pos)
 
 
 def positive_draws(csr: OwnedCSR, nid: torch.Tensor, seed: int) -> torch.Tensor:
     """One in-neighbour of each owned node, uniform over those that are not
     itself (int64 [n] global IDs; -1 for a node with none)."""
-    row_of, src, _ = _rows(csr, nid)
+    row_of, src = _rows(csr, nid)
     keep = src != nid.index_select(0, row_of)
     count = torch.zeros(nid.numel(), dtype=torch.int64).index_add_(
         0, row_of, keep.to(torch.int64)
@@ -100,7 +98,7 @@ def negative_draws(
     Raises:
         ValueError: a node joined to every other (nothing to draw).
     """
-    row_of, src, _ = _rows(csr, nid)
+    row_of, src = _rows(csr, nid)
     n = nid.numel()
     adjacent = (row_of * num_nodes + src).sort().values
     rows = torch.arange(n).unsqueeze(1).expand(n, k)
@@ -109,7 +107,9 @@ def negative_draws(
     for round_ in range(_REJECTION_ROUNDS):
         draws = hashed_draws(nid, k, derive_seed(seed, round_))
         out[bad] = (draws * num_nodes).to(torch.int64)[bad]
-        bad = (out == nid.unsqueeze(1)) | _contains(adjacent, rows * num_nodes + out)
+        bad = (out == nid.unsqueeze(1)) | contains_sorted(
+            adjacent, rows * num_nodes + out
+        )
         if not bool(bad.any()):
             return out
     for i in bad.any(1).nonzero().view(-1).tolist():  # rows near complete
@@ -123,13 +123,6 @@ def negative_draws(
         picks = options[(draws[0] * options.numel()).to(torch.int64)]
         out[i] = torch.where(bad[i], picks, out[i])
     return out
-
-
-def _contains(sorted_keys: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    if not sorted_keys.numel():
-        return torch.zeros_like(key, dtype=torch.bool)
-    at = torch.searchsorted(sorted_keys, key).clamp(max=sorted_keys.numel() - 1)
-    return sorted_keys[at] == key
 
 
 def uniform_hop(
@@ -326,7 +319,7 @@ def link_seed_nodes(csr: OwnedCSR) -> torch.Tensor:
     """int64, ascending: the owned nodes with an in-neighbour besides
     themselves (the seeds a link batch can draw a positive for)."""
     nid = torch.arange(csr.num_owned, dtype=torch.int64) + csr.start
-    row_of, src, _ = _rows(csr, nid)
+    row_of, src = _rows(csr, nid)
     other = torch.zeros(nid.numel(), dtype=torch.int64).index_add_(
         0, row_of, (src != nid.index_select(0, row_of)).to(torch.int64)
     )
